@@ -1,0 +1,482 @@
+//! Validated conversions between API messages and domain types.
+//!
+//! Every inbound function either returns a domain command that satisfies the core's
+//! expectations or an [`Invalid`] naming the request field at fault; it never touches storage.
+
+use once_core::identity::{check_name, check_text, CanonicalArguments, MAX_TOOL_BYTES};
+use once_core::once_id::{self, IntentPart};
+use once_core::*;
+use prost_types::{Duration, Timestamp};
+
+use crate::pb;
+
+/// Longest attempt id, provider name, operator name or resolution id.
+const MAX_NAME_BYTES: usize = 128;
+/// Longest transport context value (client name, session id, request id).
+const MAX_CONTEXT_BYTES: usize = 256;
+/// Longest provider reference.
+const MAX_PROVIDER_REF_BYTES: usize = 255;
+/// Largest ListOperations page.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// Who is calling, as established by authentication (never read from the request body).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub tenant: String,
+    /// The actor recorded for an executor's calls, e.g. `executor:refund-mcp`.
+    pub actor: String,
+}
+
+/// A validated Begin and the wait bound that goes with it.
+#[derive(Debug, Clone)]
+pub struct BeginInput {
+    pub command: BeginCommand,
+    pub wait_ms: i64,
+}
+
+pub fn begin(req: pb::BeginRequest, caller: &Caller, limits: &Limits) -> Result<BeginInput, Invalid> {
+    check_name("tool", &req.tool, MAX_TOOL_BYTES)?;
+    let volatile = req.volatile_fields;
+    for (i, name) in volatile.iter().enumerate() {
+        check_name(&format!("volatile_fields[{i}]"), name, MAX_NAME_BYTES)?;
+    }
+    let arguments = match &req.effect {
+        Some(pb::begin_request::Effect::ArgumentsJson(json)) => {
+            Some(CanonicalArguments::parse("arguments_json", json, &volatile)?)
+        }
+        _ => None,
+    };
+    let fingerprint = match (&req.effect, &arguments) {
+        (Some(pb::begin_request::Effect::Fingerprint(hex)), _) => Fingerprint::parse_hex("fingerprint", hex)?,
+        (_, Some(arguments)) => arguments.fingerprint(),
+        _ => return Err(Invalid::new("effect", "one of arguments_json or fingerprint is required")),
+    };
+    let operation_id = match req.identity {
+        Some(pb::begin_request::Identity::OperationId(id)) => OperationId::parse("operation_id", &id)?,
+        Some(pb::begin_request::Identity::Intent(intent)) => {
+            let parts = intent
+                .parts
+                .into_iter()
+                .enumerate()
+                .map(|(i, part)| match part.kind {
+                    Some(pb::intent_part::Kind::Text(s)) => Ok(IntentPart::Text(s)),
+                    Some(pb::intent_part::Kind::Integer(n)) => Ok(IntentPart::Integer(n)),
+                    Some(pb::intent_part::Kind::Number(x)) => Ok(IntentPart::Number(x)),
+                    None => Err(Invalid::new(format!("intent.parts[{i}]"), "one of text, integer or number is required")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let id = once_id::operation_id(&parts).map_err(|e| e.within("intent"))?;
+            OperationId::parse("intent", &id)?
+        }
+        Some(pb::begin_request::Identity::Derived(_)) => match &arguments {
+            Some(arguments) => arguments.derived_id(&req.tool).map_err(|e| Invalid::new("derived", e.message))?,
+            None => return Err(Invalid::new("arguments_json", "is required to derive the operation id")),
+        },
+        None => {
+            return Err(Invalid::new(
+                "identity",
+                "one of operation_id, intent or derived is required",
+            ))
+        }
+    };
+    check_name("attempt_id", &req.attempt_id, MAX_NAME_BYTES)?;
+    let context = req.context.unwrap_or_default();
+    let context = AttemptContext {
+        client_name: optional_name("context.client_name", context.client_name, MAX_CONTEXT_BYTES)?,
+        session_id: optional_name("context.session_id", context.session_id, MAX_CONTEXT_BYTES)?,
+        request_id: optional_name("context.request_id", context.request_id, MAX_CONTEXT_BYTES)?,
+    };
+    let lease_ttl_ms = lease_ttl("lease_ttl", req.lease_ttl, limits)?;
+    let wait_ms = match req.wait {
+        None => 0,
+        Some(d) => bounded("wait", d, 0, limits.max_wait_ms)?,
+    };
+    let default_retention = if operation_id.is_derived_hash() {
+        limits.retention_derived_ms
+    } else {
+        limits.retention_explicit_ms
+    };
+    let retention_ms = match req.retention {
+        None => default_retention,
+        Some(d) => bounded("retention", d, 0, limits.max_retention_ms)?.max(default_retention),
+    };
+    let provider = optional_name("provider", req.provider, MAX_NAME_BYTES)?;
+    let lookup_hints = json_object("lookup_hints_json", req.lookup_hints_json, limits.max_hints_bytes)?;
+    Ok(BeginInput {
+        command: BeginCommand {
+            tenant: caller.tenant.clone(),
+            operation_id,
+            tool: req.tool,
+            fingerprint,
+            attempt_id: req.attempt_id,
+            context,
+            lease_ttl_ms,
+            retention_ms,
+            new_intent: req.new_intent,
+            provider,
+            lookup_hints,
+            actor: caller.actor.clone(),
+        },
+        wait_ms,
+    })
+}
+
+/// A validated report: the operation it is about and what the attempt says.
+pub fn confirm(req: pb::ConfirmRequest, caller: &Caller, limits: &Limits) -> Result<(OperationId, ReportCommand), Invalid> {
+    let id = OperationId::parse("operation_id", &req.operation_id)?;
+    let fencing_token = fencing_token(req.fencing_token)?;
+    check_result("result", &req.result, limits)?;
+    let provider_ref = optional_name("provider_ref", req.provider_ref, MAX_PROVIDER_REF_BYTES)?;
+    let report = Report::Confirm {
+        result: req.result,
+        provider_ref,
+    };
+    Ok((id, report_command(fencing_token, report, caller)))
+}
+
+pub fn report_absent(req: pb::ReportAbsentRequest, caller: &Caller, limits: &Limits) -> Result<(OperationId, ReportCommand), Invalid> {
+    let id = OperationId::parse("operation_id", &req.operation_id)?;
+    let fencing_token = fencing_token(req.fencing_token)?;
+    check_text("reason", &req.reason, limits.max_reason_bytes)?;
+    let report = Report::Absent { reason: req.reason };
+    Ok((id, report_command(fencing_token, report, caller)))
+}
+
+pub fn report_unknown(req: pb::ReportUnknownRequest, caller: &Caller, limits: &Limits) -> Result<(OperationId, ReportCommand), Invalid> {
+    let id = OperationId::parse("operation_id", &req.operation_id)?;
+    let fencing_token = fencing_token(req.fencing_token)?;
+    check_text("reason", &req.reason, limits.max_reason_bytes)?;
+    let report = Report::Unknown { reason: req.reason };
+    Ok((id, report_command(fencing_token, report, caller)))
+}
+
+fn report_command(fencing_token: u64, report: Report, caller: &Caller) -> ReportCommand {
+    ReportCommand {
+        fencing_token,
+        report,
+        actor: caller.actor.clone(),
+    }
+}
+
+/// A validated heartbeat: operation, fencing token and the lease to extend to.
+pub fn heartbeat(req: pb::HeartbeatRequest, limits: &Limits) -> Result<(OperationId, u64, i64), Invalid> {
+    let id = OperationId::parse("operation_id", &req.operation_id)?;
+    let fencing_token = fencing_token(req.fencing_token)?;
+    let ttl = lease_ttl("lease_ttl", req.lease_ttl, limits)?;
+    Ok((id, fencing_token, ttl))
+}
+
+pub fn get_operation(req: pb::GetOperationRequest) -> Result<OperationId, Invalid> {
+    OperationId::parse("operation_id", &req.operation_id)
+}
+
+pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Invalid> {
+    let states = req
+        .states
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| state_from_pb(&format!("states[{i}]"), *raw))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tool = optional_name("tool", req.tool, MAX_TOOL_BYTES)?;
+    let older_than_ms = req.older_than.map(|d| bounded("older_than", d, 0, i64::MAX / 2)).transpose()?;
+    if req.page_size > MAX_PAGE_SIZE {
+        return Err(Invalid::new("page_size", format!("must be at most {MAX_PAGE_SIZE}")));
+    }
+    let page_size = if req.page_size == 0 { DEFAULT_PAGE_SIZE } else { req.page_size };
+    let after = if req.page_token.is_empty() {
+        None
+    } else {
+        Some(decode_page_token(&req.page_token).ok_or_else(|| Invalid::new("page_token", "is not a token this server issued"))?)
+    };
+    Ok(ListQuery {
+        states,
+        tool,
+        older_than_ms,
+        page_size,
+        after,
+    })
+}
+
+/// A validated operator resolution, with the operator's name for the recorded actor.
+pub fn resolve(req: pb::ResolveRequest, limits: &Limits) -> Result<(OperationId, ResolveCommand), Invalid> {
+    let id = OperationId::parse("operation_id", &req.operation_id)?;
+    let provider_ref = optional_name("provider_ref", req.provider_ref, MAX_PROVIDER_REF_BYTES)?;
+    let resolution = match state_from_pb("outcome", req.outcome)? {
+        State::Confirmed => {
+            check_result("result", &req.result, limits)?;
+            Resolution::Confirmed {
+                result: req.result,
+                provider_ref,
+            }
+        }
+        State::Absent => {
+            if !req.result.is_empty() || provider_ref.is_some() {
+                return Err(Invalid::new("result", "a result or provider_ref only goes with a CONFIRMED outcome"));
+            }
+            Resolution::Absent
+        }
+        other => return Err(Invalid::new("outcome", format!("must be CONFIRMED or ABSENT, not {other}"))),
+    };
+    if req.reason.trim().is_empty() {
+        return Err(Invalid::new("reason", "is mandatory: say why you believe this outcome"));
+    }
+    check_text("reason", &req.reason, limits.max_reason_bytes)?;
+    check_name("operator", &req.operator, MAX_NAME_BYTES)?;
+    check_name("resolution_id", &req.resolution_id, MAX_NAME_BYTES)?;
+    Ok((
+        id,
+        ResolveCommand {
+            resolution,
+            reason: req.reason,
+            actor: format!("operator:{}", req.operator),
+            resolution_id: req.resolution_id,
+        },
+    ))
+}
+
+fn fencing_token(token: u64) -> Result<u64, Invalid> {
+    if token == 0 {
+        return Err(Invalid::new("fencing_token", "must be the token of a granted attempt (1 or more)"));
+    }
+    Ok(token)
+}
+
+fn check_result(field: &str, result: &[u8], limits: &Limits) -> Result<(), Invalid> {
+    if result.len() > limits.max_result_bytes {
+        return Err(Invalid::new(
+            field,
+            format!(
+                "is {} bytes, over the {}-byte limit: store the result elsewhere and confirm with a reference to it",
+                result.len(),
+                limits.max_result_bytes
+            ),
+        )
+        .with_code("RESULT_TOO_LARGE"));
+    }
+    Ok(())
+}
+
+fn optional_name(field: &str, value: String, max: usize) -> Result<Option<String>, Invalid> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    check_name(field, &value, max)?;
+    Ok(Some(value))
+}
+
+fn json_object(field: &str, value: String, max: usize) -> Result<Option<String>, Invalid> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    if value.len() > max {
+        return Err(Invalid::new(field, format!("must be at most {max} bytes, got {}", value.len())));
+    }
+    let parsed: serde_json::Value =
+        serde_json::from_str(&value).map_err(|e| Invalid::new(field, format!("invalid JSON: {e}")))?;
+    if !parsed.is_object() {
+        return Err(Invalid::new(field, "must be a JSON object"));
+    }
+    Ok(Some(value))
+}
+
+fn lease_ttl(field: &str, value: Option<Duration>, limits: &Limits) -> Result<i64, Invalid> {
+    match value {
+        None => Ok(limits.default_lease_ms),
+        Some(d) => bounded(field, d, limits.min_lease_ms, limits.max_lease_ms),
+    }
+}
+
+/// Converts a duration to milliseconds, refusing malformed ones and those outside `[min, max]`.
+fn bounded(field: &str, d: Duration, min_ms: i64, max_ms: i64) -> Result<i64, Invalid> {
+    let well_formed = (0..1_000_000_000).contains(&d.nanos) && d.seconds >= 0;
+    if !well_formed {
+        return Err(Invalid::new(field, "must be a non-negative duration"));
+    }
+    let ms = d
+        .seconds
+        .checked_mul(1000)
+        .and_then(|ms| ms.checked_add(i64::from(d.nanos / 1_000_000)))
+        .ok_or_else(|| Invalid::new(field, "is too long"))?;
+    if ms < min_ms || ms > max_ms {
+        return Err(Invalid::new(field, format!("must be between {min_ms} ms and {max_ms} ms, got {ms} ms")));
+    }
+    Ok(ms)
+}
+
+fn state_from_pb(field: &str, raw: i32) -> Result<State, Invalid> {
+    match pb::OperationState::try_from(raw) {
+        Ok(pb::OperationState::Absent) => Ok(State::Absent),
+        Ok(pb::OperationState::InFlight) => Ok(State::InFlight),
+        Ok(pb::OperationState::Confirmed) => Ok(State::Confirmed),
+        Ok(pb::OperationState::Unknown) => Ok(State::Unknown),
+        Ok(pb::OperationState::Unspecified) => Err(Invalid::new(field, "must name a state")),
+        Err(_) => Err(Invalid::new(field, format!("{raw} is not an OperationState"))),
+    }
+}
+
+pub fn state_to_pb(state: State) -> pb::OperationState {
+    match state {
+        State::Absent => pb::OperationState::Absent,
+        State::InFlight => pb::OperationState::InFlight,
+        State::Confirmed => pb::OperationState::Confirmed,
+        State::Unknown => pb::OperationState::Unknown,
+    }
+}
+
+/// An opaque continuation token for `(created_at, operation_id)`.
+pub fn encode_page_token(created_at: Millis, operation_id: &str) -> String {
+    let mut raw = created_at.to_be_bytes().to_vec();
+    raw.extend_from_slice(operation_id.as_bytes());
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_page_token(token: &str) -> Option<(Millis, String)> {
+    if token.len() % 2 != 0 || token.len() < 18 {
+        return None;
+    }
+    let raw = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    let created_at = i64::from_be_bytes(raw[..8].try_into().ok()?);
+    let id = String::from_utf8(raw[8..].to_vec()).ok()?;
+    OperationId::parse("page_token", &id).ok()?;
+    Some((created_at, id))
+}
+
+pub fn timestamp(ms: Millis) -> Timestamp {
+    Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+pub fn duration(ms: i64) -> Duration {
+    Duration {
+        seconds: ms / 1000,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// Milliseconds since the epoch of a timestamp (for clients).
+pub fn millis(ts: &Timestamp) -> Millis {
+    ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000)
+}
+
+pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb::BeginResponse {
+    use pb::begin_response::Decision;
+    let decision = match decision {
+        BeginDecision::Execute(grant) => Decision::Execute(pb::Execute {
+            attempt: grant.attempt,
+            fencing_token: grant.fencing_token,
+            lease_deadline: Some(timestamp(grant.lease_deadline)),
+            provider_key: grant.provider_key,
+            regranted: grant.regranted,
+        }),
+        BeginDecision::Replay {
+            result,
+            provider_ref,
+            confirmed_at,
+            attempt,
+        } => Decision::Replay(pb::Replay {
+            result,
+            provider_ref: provider_ref.unwrap_or_default(),
+            confirmed_at: Some(timestamp(confirmed_at)),
+            attempt,
+        }),
+        BeginDecision::InProgress {
+            attempt,
+            lease_deadline,
+            retry_after_ms,
+        } => Decision::InProgress(pb::InProgress {
+            attempt,
+            lease_deadline: Some(timestamp(lease_deadline)),
+            retry_after: Some(duration(retry_after_ms)),
+        }),
+        BeginDecision::Unknown { since, reason, blocking } => Decision::Unknown(pb::Unknown {
+            since: Some(timestamp(since)),
+            reason: reason.unwrap_or_default(),
+            blocking_operation_id: blocking.map(|id| id.to_string()).unwrap_or_default(),
+        }),
+        BeginDecision::Conflict { stored, requested } => Decision::Conflict(pb::Conflict {
+            stored_fingerprint: stored.to_hex(),
+            requested_fingerprint: requested.to_hex(),
+        }),
+    };
+    pb::BeginResponse {
+        operation_id: operation_id.to_string(),
+        decision: Some(decision),
+    }
+}
+
+pub fn operation(op: Operation) -> pb::Operation {
+    pb::Operation {
+        operation_id: op.operation_id.to_string(),
+        tool: op.tool,
+        state: state_to_pb(op.state) as i32,
+        fingerprint: op.fingerprint.to_hex(),
+        attempt: op.attempt,
+        lease_deadline: (op.state == State::InFlight).then(|| timestamp(op.lease_deadline)),
+        provider_key: op.provider_key,
+        provider: op.provider.unwrap_or_default(),
+        lookup_hints_json: op.lookup_hints.unwrap_or_default(),
+        result: op.result.unwrap_or_default(),
+        provider_ref: op.provider_ref.unwrap_or_default(),
+        reason: op.reason.unwrap_or_default(),
+        created_at: Some(timestamp(op.created_at)),
+        updated_at: Some(timestamp(op.updated_at)),
+        expires_at: op.expires_at.map(timestamp),
+    }
+}
+
+pub fn attempt(a: Attempt) -> pb::Attempt {
+    pb::Attempt {
+        attempt: a.number,
+        attempt_id: a.attempt_id,
+        started_at: Some(timestamp(a.started_at)),
+        lease_deadline: Some(timestamp(a.lease_deadline)),
+        actor: a.actor,
+        context: Some(pb::AttemptContext {
+            client_name: a.context.client_name.unwrap_or_default(),
+            session_id: a.context.session_id.unwrap_or_default(),
+            request_id: a.context.request_id.unwrap_or_default(),
+        }),
+    }
+}
+
+pub fn event(e: Event) -> pb::Event {
+    let state = |s: Option<State>| s.map_or(pb::OperationState::Unspecified, state_to_pb) as i32;
+    pb::Event {
+        sequence: e.sequence,
+        at: Some(timestamp(e.at)),
+        kind: e.kind,
+        from_state: state(e.from),
+        to_state: state(e.to),
+        attempt: e.attempt.unwrap_or_default(),
+        actor: e.actor,
+        reason: e.reason.unwrap_or_default(),
+        details_json: e.details.unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        let token = encode_page_token(1_700_000_000_123, "refund:o1");
+        assert_eq!(decode_page_token(&token), Some((1_700_000_000_123, "refund:o1".to_owned())));
+        for bad in ["", "zz", "00", &token[..token.len() - 1], "0000000000000000"] {
+            assert_eq!(decode_page_token(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timestamps_round_trip_before_and_after_the_epoch() {
+        for ms in [0, 1, 999, 1000, -1, -1001, 1_700_000_000_123] {
+            assert_eq!(millis(&timestamp(ms)), ms);
+        }
+    }
+}

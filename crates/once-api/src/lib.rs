@@ -1,0 +1,16 @@
+//! The `once.ledger.v1` gRPC API.
+//!
+//! This is the only crate that knows prost types. [`convert`] turns each request into a
+//! validated domain command (refusing malformed input with the field it is about) and each
+//! domain answer back into its message, so a generated type never reaches the core.
+
+pub mod convert;
+
+/// Generated messages, client and server for `once.ledger.v1`.
+#[allow(missing_debug_implementations, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("once.ledger.v1");
+}
+
+/// The encoded descriptors of every file of the API, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

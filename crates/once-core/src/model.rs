@@ -1,0 +1,358 @@
+//! The nouns of the ledger: operations, attempts, events, and the commands that move them.
+
+use std::fmt;
+
+pub use crate::identity::{Fingerprint, OperationId};
+
+/// Milliseconds since the Unix epoch, on the clock the store trusts (the database's, when the
+/// database has one).
+pub type Millis = i64;
+
+/// The truth the ledger holds about an operation's effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// No effect happened (or there is no record at all).
+    Absent,
+    /// One attempt holds a lease and may be performing the effect right now.
+    InFlight,
+    /// The effect happened; its result is stored and replayed.
+    Confirmed,
+    /// The effect may or may not have happened. Never read as permission to retry.
+    Unknown,
+}
+
+impl State {
+    pub const ALL: [State; 4] = [State::Absent, State::InFlight, State::Confirmed, State::Unknown];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Absent => "ABSENT",
+            State::InFlight => "IN_FLIGHT",
+            State::Confirmed => "CONFIRMED",
+            State::Unknown => "UNKNOWN",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
+    /// CONFIRMED and ABSENT are settled: retention may eventually delete them.
+    pub fn is_settled(self) -> bool {
+        matches!(self, State::Confirmed | State::Absent)
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who or what put the operation in its current state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The attempt holding the execution right (a Begin or a report).
+    Attempt,
+    /// The ledger itself, because a lease ran out.
+    Lease,
+    /// A reconciler's verdict from provider truth.
+    Reconciler,
+    /// An operator's resolution.
+    Operator,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Attempt => "attempt",
+            Source::Lease => "lease",
+            Source::Reconciler => "reconciler",
+            Source::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Source> {
+        [Source::Attempt, Source::Lease, Source::Reconciler, Source::Operator]
+            .into_iter()
+            .find(|source| source.as_str() == s)
+    }
+}
+
+/// One logical operation as stored: `(tenant, operation_id)` is its key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Operation {
+    pub tenant: String,
+    pub operation_id: OperationId,
+    pub tool: String,
+    pub fingerprint: Fingerprint,
+    pub state: State,
+    pub source: Source,
+    /// Number of the latest attempt; it is also that attempt's fencing token. Never decreases
+    /// while the row exists.
+    pub attempt: u32,
+    /// The caller-chosen id of the latest attempt, so a transport retry of its Begin is known.
+    pub attempt_id: String,
+    /// When the latest attempt's lease began.
+    pub lease_started_at: Millis,
+    /// When the latest attempt's lease ends, unless extended by a heartbeat.
+    pub lease_deadline: Millis,
+    /// The stored result of a CONFIRMED operation, replayed byte for byte.
+    pub result: Option<Vec<u8>>,
+    pub provider_ref: Option<String>,
+    /// The key the downstream provider deduplicates by; stable across attempts of one life.
+    pub provider_key: String,
+    /// The reconciler that can look this operation up, if any.
+    pub provider: Option<String>,
+    /// JSON hints for that reconciler.
+    pub lookup_hints: Option<String>,
+    /// How long the operation is kept once settled.
+    pub retention_ms: i64,
+    /// When this life of the operation id began (a settled operation past retention starts a
+    /// new life on its next Begin).
+    pub epoch: Millis,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    /// When retention may delete a settled operation; `None` while not settled.
+    pub expires_at: Option<Millis>,
+    /// Why the operation is in its current state, when someone said.
+    pub reason: Option<String>,
+    /// The operator resolution that settled the operation, so a retried Resolve is recognised.
+    pub resolution_id: Option<String>,
+}
+
+impl Operation {
+    /// Settled and past retention: as good as no record.
+    pub fn is_expired(&self, now: Millis) -> bool {
+        self.state.is_settled() && self.expires_at.is_some_and(|at| at <= now)
+    }
+
+    pub fn lease_live(&self, now: Millis) -> bool {
+        self.state == State::InFlight && now < self.lease_deadline
+    }
+}
+
+/// What the caller knows of the transport that carried an attempt, for duplicate forensics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttemptContext {
+    pub client_name: Option<String>,
+    pub session_id: Option<String>,
+    pub request_id: Option<String>,
+}
+
+/// One granted execution right, as recorded in the attempt log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub number: u32,
+    pub attempt_id: String,
+    pub started_at: Millis,
+    pub lease_deadline: Millis,
+    pub actor: String,
+    pub context: AttemptContext,
+}
+
+/// The kinds of event in an operation's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// An attempt was granted the execution right.
+    Claimed,
+    /// The executing attempt reported the effect happened.
+    Confirmed,
+    /// The executing attempt reported the effect certainly did not happen.
+    ReportedAbsent,
+    /// The executing attempt reported it cannot tell.
+    ReportedUnknown,
+    /// The lease ran out with no report.
+    LeaseExpired,
+    /// An operator settled an UNKNOWN operation.
+    Resolved,
+    /// A superseded attempt confirmed an effect after another attempt was granted: the effect
+    /// may have happened twice.
+    DoubleExecution,
+    /// A genuine confirm arrived after a resolution had said ABSENT.
+    ResolutionContradicted,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Claimed => "CLAIMED",
+            EventKind::Confirmed => "CONFIRMED",
+            EventKind::ReportedAbsent => "REPORTED_ABSENT",
+            EventKind::ReportedUnknown => "REPORTED_UNKNOWN",
+            EventKind::LeaseExpired => "LEASE_EXPIRED",
+            EventKind::Resolved => "RESOLVED",
+            EventKind::DoubleExecution => "DOUBLE_EXECUTION",
+            EventKind::ResolutionContradicted => "RESOLUTION_CONTRADICTED",
+        }
+    }
+
+    /// Anomalies are facts about the world the ledger could not prevent; they are counted.
+    pub fn is_anomaly(self) -> bool {
+        matches!(self, EventKind::DoubleExecution | EventKind::ResolutionContradicted)
+    }
+}
+
+/// An event to append, in the same transaction as the transition it records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub kind: EventKind,
+    pub from: Option<State>,
+    pub to: Option<State>,
+    pub attempt: Option<u32>,
+    pub actor: String,
+    pub reason: Option<String>,
+    /// JSON object with whatever else the event needs to be understood later.
+    pub details: Option<String>,
+    /// Set for events that must be recorded once however often their cause repeats.
+    pub dedupe_key: Option<String>,
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub sequence: i64,
+    pub at: Millis,
+    pub kind: String,
+    pub from: Option<State>,
+    pub to: Option<State>,
+    pub attempt: Option<u32>,
+    pub actor: String,
+    pub reason: Option<String>,
+    pub details: Option<String>,
+}
+
+/// A request for the execution right, validated.
+#[derive(Debug, Clone)]
+pub struct BeginCommand {
+    pub tenant: String,
+    pub operation_id: OperationId,
+    pub tool: String,
+    pub fingerprint: Fingerprint,
+    pub attempt_id: String,
+    pub context: AttemptContext,
+    pub lease_ttl_ms: i64,
+    pub retention_ms: i64,
+    /// The caller declares a new business intent: the fresh-id guard does not apply.
+    pub new_intent: bool,
+    pub provider: Option<String>,
+    pub lookup_hints: Option<String>,
+    pub actor: String,
+}
+
+/// The right to perform the effect once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub attempt: u32,
+    pub fencing_token: u64,
+    pub lease_deadline: Millis,
+    pub provider_key: String,
+    /// True when this is the same grant again, for a transport retry of the same Begin.
+    pub regranted: bool,
+}
+
+/// The answer to a Begin.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BeginDecision {
+    Execute(Grant),
+    Replay {
+        result: Vec<u8>,
+        provider_ref: Option<String>,
+        confirmed_at: Millis,
+        attempt: u32,
+    },
+    InProgress {
+        attempt: u32,
+        lease_deadline: Millis,
+        retry_after_ms: i64,
+    },
+    Unknown {
+        since: Millis,
+        reason: Option<String>,
+        /// Set by the fresh-id guard: the UNKNOWN operation with the same tool and fingerprint
+        /// that blocks this one.
+        blocking: Option<OperationId>,
+    },
+    Conflict {
+        stored: Fingerprint,
+        requested: Fingerprint,
+    },
+}
+
+impl BeginDecision {
+    pub fn name(&self) -> &'static str {
+        match self {
+            BeginDecision::Execute(_) => "EXECUTE",
+            BeginDecision::Replay { .. } => "REPLAY",
+            BeginDecision::InProgress { .. } => "IN_PROGRESS",
+            BeginDecision::Unknown { .. } => "UNKNOWN",
+            BeginDecision::Conflict { .. } => "CONFLICT",
+        }
+    }
+}
+
+/// What the executing attempt says happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    Confirm {
+        result: Vec<u8>,
+        provider_ref: Option<String>,
+    },
+    Absent {
+        reason: String,
+    },
+    Unknown {
+        reason: String,
+    },
+}
+
+impl Report {
+    pub fn target(&self) -> State {
+        match self {
+            Report::Confirm { .. } => State::Confirmed,
+            Report::Absent { .. } => State::Absent,
+            Report::Unknown { .. } => State::Unknown,
+        }
+    }
+}
+
+/// A report from the attempt holding fencing token `fencing_token`.
+#[derive(Debug, Clone)]
+pub struct ReportCommand {
+    pub fencing_token: u64,
+    pub report: Report,
+    pub actor: String,
+}
+
+/// The settled truth an operator (or reconciler) assigns to an UNKNOWN operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    Confirmed {
+        result: Vec<u8>,
+        provider_ref: Option<String>,
+    },
+    Absent,
+}
+
+/// An operator's resolution of an UNKNOWN operation.
+#[derive(Debug, Clone)]
+pub struct ResolveCommand {
+    pub resolution: Resolution,
+    pub reason: String,
+    pub actor: String,
+    /// Makes a retried Resolve recognisable.
+    pub resolution_id: String,
+}
+
+/// A page request for ListOperations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Any of these states; every state when empty.
+    pub states: Vec<State>,
+    pub tool: Option<String>,
+    /// Only operations created at least this long ago.
+    pub older_than_ms: Option<i64>,
+    pub page_size: u32,
+    /// Resume after this `(created_at, operation_id)`, from the previous page.
+    pub after: Option<(Millis, String)>,
+}
