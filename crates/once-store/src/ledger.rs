@@ -1,0 +1,182 @@
+//! The domain state machine run over a [`Backend`]: read, decide, write, commit.
+
+use once_core::machine::{self, Plan};
+use once_core::*;
+
+use crate::{Backend, StoreError};
+
+/// How often a first claim is retried after losing the race to create the row.
+const CLAIM_RACE_RETRIES: usize = 3;
+
+/// The ledger over one backend. Cheap to clone; every clone shares the pool.
+#[derive(Debug, Clone)]
+pub struct Ledger<B> {
+    backend: B,
+}
+
+impl<B: Backend> Ledger<B> {
+    pub fn new(backend: B) -> Self {
+        Self { backend }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Decides a Begin and commits whatever the decision needs before returning it.
+    pub async fn begin(&self, cmd: &BeginCommand) -> Result<BeginDecision, StoreError> {
+        // Most Begins that write nothing (replays, IN_PROGRESS, UNKNOWN) are answered from a
+        // plain read: those states only change under a lock, and each answer is true of the
+        // committed state it was read from.
+        let (current, now) = self.backend.read(&cmd.tenant, &cmd.operation_id).await?;
+        if !machine::needs_guard(current.as_ref(), cmd, now) {
+            let (decision, plan) = machine::begin(current.as_ref(), cmd, None, now);
+            if plan.is_empty() {
+                return Ok(decision);
+            }
+        }
+        for _ in 0..CLAIM_RACE_RETRIES {
+            let mut tx = self.backend.begin_write().await?;
+            let (current, now) = self.backend.lock(&mut tx, &cmd.tenant, &cmd.operation_id).await?;
+            let blocking = if machine::needs_guard(current.as_ref(), cmd, now) {
+                let found = self
+                    .backend
+                    .find_blocking(&mut tx, &cmd.tenant, &cmd.tool, &cmd.fingerprint.0, &cmd.operation_id)
+                    .await?;
+                found
+            } else {
+                None
+            };
+            let (decision, plan) = machine::begin(current.as_ref(), cmd, blocking.as_ref(), now);
+            match self.backend.apply(&mut tx, &cmd.tenant, &cmd.operation_id, &plan, now).await {
+                // Another transaction created the row between our read and our insert; the row
+                // now exists and the next round locks it.
+                Err(StoreError::Duplicate) => continue,
+                other => other?,
+            }
+            self.backend.commit(tx).await?;
+            return Ok(decision);
+        }
+        Err(StoreError::Duplicate)
+    }
+
+    /// Applies an executor's report. A refused report may still record an anomaly.
+    pub async fn report(&self, tenant: &str, id: &OperationId, cmd: &ReportCommand) -> Result<State, StoreError> {
+        self.locked(tenant, id, |op, now| {
+            let (outcome, plan) = machine::report(op, cmd, now);
+            (outcome.map_err(StoreError::from), plan)
+        })
+        .await
+    }
+
+    /// Extends a live lease; returns the new deadline.
+    pub async fn heartbeat(&self, tenant: &str, id: &OperationId, fencing_token: u64, ttl_ms: i64) -> Result<Millis, StoreError> {
+        self.locked(tenant, id, |op, now| match machine::heartbeat(op, fencing_token, ttl_ms, now) {
+            Ok((deadline, plan)) => (Ok(deadline), plan),
+            Err(rejection) => (Err(rejection.into()), Plan::default()),
+        })
+        .await
+    }
+
+    /// Applies an operator's resolution of an UNKNOWN operation.
+    pub async fn resolve(&self, tenant: &str, id: &OperationId, cmd: &ResolveCommand) -> Result<State, StoreError> {
+        self.locked(tenant, id, |op, now| match machine::resolve(op, cmd, now) {
+            Ok((state, plan)) => (Ok(state), plan),
+            Err(rejection) => (Err(rejection.into()), Plan::default()),
+        })
+        .await
+    }
+
+    /// Turns one IN_FLIGHT operation whose lease has ended into UNKNOWN. Returns whether it did.
+    pub async fn expire_lease(&self, tenant: &str, id: &OperationId) -> Result<bool, StoreError> {
+        let expired = self
+            .locked(tenant, id, |op, now| match machine::expire_lease(op, now) {
+                Some(plan) => (Ok(true), plan),
+                None => (Ok(false), Plan::default()),
+            })
+            .await;
+        match expired {
+            Err(StoreError::NotFound) => Ok(false),
+            other => other,
+        }
+    }
+
+    /// Locks an existing operation, lets `decide` produce an answer and a plan, and commits the
+    /// plan (even when the answer is a refusal: a refusal may record an anomaly).
+    async fn locked<T>(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan),
+    ) -> Result<T, StoreError> {
+        let mut tx = self.backend.begin_write().await?;
+        let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
+        let Some(op) = current else {
+            return Err(StoreError::NotFound);
+        };
+        let (answer, plan) = decide(&op, now);
+        if !plan.is_empty() {
+            self.backend.apply(&mut tx, tenant, id, &plan, now).await?;
+            self.backend.commit(tx).await?;
+        }
+        answer
+    }
+
+    /// One operation with its attempt log and event history.
+    pub async fn get(&self, tenant: &str, id: &OperationId) -> Result<(Operation, Vec<Attempt>, Vec<Event>), StoreError> {
+        let (op, _) = self.backend.read(tenant, id).await?;
+        let op = op.ok_or(StoreError::NotFound)?;
+        let (attempts, events) = self.backend.history(tenant, id).await?;
+        Ok((op, attempts, events))
+    }
+
+    /// One page of operations and, when there may be more, where the next page starts.
+    pub async fn list(&self, tenant: &str, query: &ListQuery) -> Result<(Vec<Operation>, Option<(Millis, String)>), StoreError> {
+        let mut probe = query.clone();
+        probe.page_size = query.page_size.saturating_add(1);
+        let mut operations = self.backend.list(tenant, &probe).await?;
+        let next = if operations.len() > query.page_size as usize {
+            operations.truncate(query.page_size as usize);
+            operations.last().map(|op| (op.created_at, op.operation_id.to_string()))
+        } else {
+            None
+        };
+        Ok((operations, next))
+    }
+
+    /// Moves up to `limit` IN_FLIGHT operations past their lease to UNKNOWN, each in its own
+    /// transaction with its event. Returns how many moved.
+    pub async fn sweep_leases(&self, limit: u32) -> Result<usize, StoreError> {
+        let mut moved = 0;
+        for (tenant, id) in self.backend.expired_leases(limit).await? {
+            if self.expire_lease(&tenant, &id).await? {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Deletes settled operations past retention, in batches of `batch`, until none is left.
+    pub async fn sweep_retention(&self, batch: u32) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let deleted = self.backend.delete_expired(batch).await?;
+            total += deleted;
+            if deleted < u64::from(batch) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Deletes events older than `age_ms`, in batches of `batch`.
+    pub async fn sweep_events(&self, age_ms: i64, batch: u32) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let deleted = self.backend.delete_events_older_than(age_ms, batch).await?;
+            total += deleted;
+            if deleted < u64::from(batch) {
+                return Ok(total);
+            }
+        }
+    }
+}

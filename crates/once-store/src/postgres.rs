@@ -1,0 +1,113 @@
+//! The PostgreSQL backend: the production and multi-replica store.
+//!
+//! Writers lock the operation row with `SELECT … FOR UPDATE`; a first claim inserts the row and,
+//! if a concurrent claim inserted it first, the unique key refuses the second insert and the
+//! claim is retried against the now-existing row. Every timestamp comes from the database's
+//! `clock_timestamp()`, so replicas with skewed clocks agree on when a lease ends.
+
+use std::time::Duration;
+
+use once_core::{Millis, Operation, OperationId};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Transaction};
+
+use crate::shared::{bind_operation, decode_operation, shared_backend_methods, OPERATION_COLUMNS};
+use crate::{Backend, StoreError};
+
+/// Milliseconds since the epoch by the database's clock.
+macro_rules! pg_now {
+    () => {
+        "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
+    };
+}
+
+#[derive(Debug, Clone)]
+pub struct PgBackend {
+    pool: PgPool,
+}
+
+/// Pool settings for [`PgBackend::connect`].
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    pub max_connections: u32,
+    /// How long a request waits for a connection before answering UNAVAILABLE.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PgSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl PgBackend {
+    /// Connects to `url` and applies pending migrations (serialised across replicas by
+    /// PostgreSQL's advisory lock).
+    pub async fn connect(url: &str, settings: &PgSettings) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse().map_err(StoreError::Internal)?;
+        let options = options.application_name("onced");
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("../../migrations/postgres")
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Internal(e.into()))?;
+        Ok(Self { pool })
+    }
+
+    /// The pool, for tests that inspect the database directly.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl Backend for PgBackend {
+    type Tx = Transaction<'static, Postgres>;
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn lock(&self, tx: &mut Self::Tx, tenant: &str, id: &OperationId) -> Result<(Option<Operation>, Millis), StoreError> {
+        let sql = format!(
+            "SELECT {} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN LATERAL \
+             (SELECT {OPERATION_COLUMNS} FROM operations WHERE tenant = $1 AND operation_id = $2 FOR UPDATE) AS o ON TRUE",
+            pg_now!()
+        );
+        read_with_clock(&sql, &mut **tx, tenant, id).await
+    }
+
+    async fn read(&self, tenant: &str, id: &OperationId) -> Result<(Option<Operation>, Millis), StoreError> {
+        let sql = format!(
+            "SELECT {} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN \
+             (SELECT {OPERATION_COLUMNS} FROM operations WHERE tenant = $1 AND operation_id = $2) AS o ON TRUE",
+            pg_now!()
+        );
+        let mut conn = self.pool.acquire().await?;
+        read_with_clock(&sql, &mut *conn, tenant, id).await
+    }
+
+    shared_backend_methods!(Postgres, pg_now!());
+}
+
+async fn read_with_clock(
+    sql: &str,
+    conn: &mut sqlx::PgConnection,
+    tenant: &str,
+    id: &OperationId,
+) -> Result<(Option<Operation>, Millis), StoreError> {
+    use sqlx::Row as _;
+    let row = sqlx::query(sql).bind(tenant).bind(id.as_str()).fetch_one(conn).await?;
+    let now: Millis = row.try_get("now_ms")?;
+    Ok((decode_operation!(&row), now))
+}

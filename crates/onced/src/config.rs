@@ -1,0 +1,122 @@
+//! `onced` configuration: parsed once from flags and environment, validated, then passed
+//! explicitly to everything that needs it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use once_core::Limits;
+
+/// The once-ledger service.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "onced", version, about = "The once-ledger operation ledger service")]
+pub struct Config {
+    /// Where operations are stored: `sqlite://PATH` (created if missing) or
+    /// `postgres://USER@HOST/DB`.
+    #[arg(long, env = "ONCE_DATABASE_URL", default_value = "sqlite://once.db")]
+    pub database_url: String,
+
+    /// Address the gRPC API listens on.
+    #[arg(long, env = "ONCE_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// Lease granted when a Begin names none.
+    #[arg(long, env = "ONCE_DEFAULT_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub default_lease: Duration,
+
+    /// Longest lease a Begin may ask for; longer effects send heartbeats.
+    #[arg(long, env = "ONCE_MAX_LEASE", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub max_lease: Duration,
+
+    /// How long settled operations with derived (`tool:h:…`) ids are kept.
+    #[arg(long, env = "ONCE_RETENTION_DERIVED", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub retention_derived: Duration,
+
+    /// How long settled operations with explicit or intent ids are kept.
+    #[arg(long, env = "ONCE_RETENTION_EXPLICIT", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub retention_explicit: Duration,
+
+    /// The most retention a Begin may ask for.
+    #[arg(long, env = "ONCE_MAX_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub max_retention: Duration,
+
+    /// How long events are kept.
+    #[arg(long, env = "ONCE_EVENT_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub event_retention: Duration,
+
+    /// Largest result a Confirm may store, in bytes.
+    #[arg(long, env = "ONCE_MAX_RESULT_BYTES", default_value_t = 64 * 1024)]
+    pub max_result_bytes: usize,
+
+    /// Longest a Begin may wait for an IN_PROGRESS operation to settle.
+    #[arg(long, env = "ONCE_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub max_wait: Duration,
+
+    /// How often IN_FLIGHT operations past their lease are turned UNKNOWN.
+    #[arg(long, env = "ONCE_LEASE_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub lease_sweep_interval: Duration,
+
+    /// How often settled operations past retention, and old events, are deleted.
+    #[arg(long, env = "ONCE_RETENTION_SWEEP_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub retention_sweep_interval: Duration,
+
+    /// PostgreSQL connections per replica.
+    #[arg(long, env = "ONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+
+    /// How long a request waits for a database connection before answering UNAVAILABLE.
+    #[arg(long, env = "ONCE_DB_ACQUIRE_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub db_acquire_timeout: Duration,
+}
+
+/// The database `database_url` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Sqlite,
+    Postgres,
+}
+
+impl Config {
+    /// Checks what flags alone cannot, and says which setting is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        self.store_kind()?;
+        if self.default_lease > self.max_lease {
+            return Err("--default-lease must not exceed --max-lease".into());
+        }
+        if self.retention_derived > self.max_retention || self.retention_explicit > self.max_retention {
+            return Err("retention defaults must not exceed --max-retention".into());
+        }
+        if self.lease_sweep_interval.is_zero() || self.retention_sweep_interval.is_zero() {
+            return Err("sweep intervals must be positive".into());
+        }
+        Ok(())
+    }
+
+    pub fn store_kind(&self) -> Result<StoreKind, String> {
+        let url = self.database_url.as_str();
+        if url.starts_with("sqlite:") {
+            Ok(StoreKind::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(StoreKind::Postgres)
+        } else {
+            Err(format!(
+                "--database-url must start with sqlite: or postgres://, got {:?}",
+                url.split(':').next().unwrap_or_default()
+            ))
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Limits {
+            default_lease_ms: ms(self.default_lease),
+            max_lease_ms: ms(self.max_lease),
+            retention_derived_ms: ms(self.retention_derived),
+            retention_explicit_ms: ms(self.retention_explicit),
+            max_retention_ms: ms(self.max_retention),
+            max_wait_ms: ms(self.max_wait),
+            max_result_bytes: self.max_result_bytes,
+            ..Limits::default()
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! `onced`, the once-ledger service.
+//!
+//! [`run`] is built from what it is handed: a validated [`Config`], an already-bound listener
+//! and a shutdown future. It opens the store named by the configuration, serves the ledger API
+//! with gRPC health checking and reflection, runs the sweepers, and on shutdown stops
+//! accepting, lets in-flight requests finish, stops the sweepers and closes the pool.
+
+pub mod config;
+mod service;
+mod status;
+mod sweeper;
+
+use std::future::Future;
+
+use anyhow::Context as _;
+use once_api::pb::ledger_server::LedgerServer;
+use once_store::postgres::PgSettings;
+use once_store::{Backend, Ledger, PgBackend, SqliteBackend};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Config, StoreKind};
+pub use service::{LedgerService, DEFAULT_TENANT};
+pub use status::ERROR_DOMAIN;
+
+/// Serves the ledger on `listener` until `shutdown` completes.
+pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    match config.store_kind().map_err(anyhow::Error::msg)? {
+        StoreKind::Sqlite => {
+            let backend = SqliteBackend::connect(&config.database_url)
+                .await
+                .context("opening the SQLite database")?;
+            serve(Ledger::new(backend), &config, listener, shutdown).await
+        }
+        StoreKind::Postgres => {
+            let settings = PgSettings {
+                max_connections: config.db_max_connections,
+                acquire_timeout: config.db_acquire_timeout,
+            };
+            let backend = PgBackend::connect(&config.database_url, &settings)
+                .await
+                .context("connecting to PostgreSQL")?;
+            serve(Ledger::new(backend), &config, listener, shutdown).await
+        }
+    }
+}
+
+async fn serve<B: Backend>(
+    ledger: Ledger<B>,
+    config: &Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<LedgerServer<LedgerService<B>>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(once_api::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+
+    // Cancelled after the server has drained, so no sweeper outlives the pool it uses.
+    let stop_sweepers = CancellationToken::new();
+    let sweepers = [
+        tokio::spawn(sweeper::leases(ledger.clone(), config.lease_sweep_interval, stop_sweepers.clone())),
+        tokio::spawn(sweeper::retention(
+            ledger.clone(),
+            config.retention_sweep_interval,
+            config.event_retention,
+            stop_sweepers.clone(),
+        )),
+    ];
+
+    let address = listener.local_addr()?;
+    tracing::info!(%address, store = ledger.backend().kind(), "onced serving");
+    let service = LedgerService::new(ledger.clone(), config.limits());
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(LedgerServer::new(service))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .context("serving gRPC")?;
+
+    tracing::info!("stopped accepting; in-flight requests finished");
+    stop_sweepers.cancel();
+    for sweeper in sweepers {
+        let _ = sweeper.await;
+    }
+    ledger.backend().close().await;
+    tracing::info!("database pool closed; bye");
+    Ok(())
+}

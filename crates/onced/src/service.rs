@@ -1,0 +1,179 @@
+//! The `once.ledger.v1.Ledger` gRPC service: validate at the edge, run the ledger, map errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_api::convert::{self, Caller};
+use once_api::pb;
+use once_core::{BeginDecision, Limits};
+use once_store::{Backend, Ledger};
+use tokio::sync::Notify;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::status;
+
+/// The tenant every caller belongs to while authentication is off.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Upper bound on the pause between two looks at an IN_PROGRESS operation during a wait.
+const MAX_WAIT_POLL: Duration = Duration::from_millis(250);
+
+pub struct LedgerService<B> {
+    ledger: Ledger<B>,
+    limits: Limits,
+    /// Woken whenever this replica records a report or resolution, so a Begin waiting on an
+    /// IN_PROGRESS operation looks again at once instead of at its next poll.
+    settled: Arc<Notify>,
+}
+
+impl<B> std::fmt::Debug for LedgerService<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerService").field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> LedgerService<B> {
+    pub fn new(ledger: Ledger<B>, limits: Limits) -> Self {
+        Self {
+            ledger,
+            limits,
+            settled: Arc::new(Notify::new()),
+        }
+    }
+}
+
+/// Establishes who is calling. Authentication is off: every caller is tenant `default`, and
+/// the executor is named after the client it says it is.
+fn caller<T>(_request: &Request<T>, client_name: Option<&str>) -> Caller {
+    let name = client_name.filter(|n| !n.is_empty()).unwrap_or(DEFAULT_TENANT);
+    Caller {
+        tenant: DEFAULT_TENANT.to_owned(),
+        actor: format!("executor:{name}"),
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
+    #[instrument(skip_all, fields(operation_id, tool, decision))]
+    async fn begin(&self, request: Request<pb::BeginRequest>) -> Result<Response<pb::BeginResponse>, Status> {
+        let client_name = request.get_ref().context.as_ref().map(|c| c.client_name.clone());
+        let caller = caller(&request, client_name.as_deref());
+        let input = convert::begin(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        let cmd = input.command;
+        let span = tracing::Span::current();
+        span.record("operation_id", cmd.operation_id.as_str());
+        span.record("tool", cmd.tool.as_str());
+
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(input.wait_ms as u64);
+        let decision = loop {
+            let settled = self.settled.notified();
+            let decision = self.ledger.begin(&cmd).await.map_err(status::store)?;
+            let BeginDecision::InProgress { retry_after_ms, .. } = &decision else {
+                break decision;
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break decision;
+            }
+            let pause = Duration::from_millis(*retry_after_ms as u64).min(MAX_WAIT_POLL).min(deadline - now);
+            tokio::select! {
+                _ = settled => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        };
+        span.record("decision", decision.name());
+        Ok(Response::new(convert::begin_response(&cmd.operation_id, decision)))
+    }
+
+    #[instrument(skip_all, fields(operation_id))]
+    async fn confirm(&self, request: Request<pb::ConfirmRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+        let caller = caller(&request, None);
+        let (id, cmd) = convert::confirm(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        tracing::Span::current().record("operation_id", id.as_str());
+        self.report(&caller, &id, &cmd).await
+    }
+
+    #[instrument(skip_all, fields(operation_id))]
+    async fn report_absent(&self, request: Request<pb::ReportAbsentRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+        let caller = caller(&request, None);
+        let (id, cmd) = convert::report_absent(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        tracing::Span::current().record("operation_id", id.as_str());
+        self.report(&caller, &id, &cmd).await
+    }
+
+    #[instrument(skip_all, fields(operation_id))]
+    async fn report_unknown(&self, request: Request<pb::ReportUnknownRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+        let caller = caller(&request, None);
+        let (id, cmd) = convert::report_unknown(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        tracing::Span::current().record("operation_id", id.as_str());
+        self.report(&caller, &id, &cmd).await
+    }
+
+    #[instrument(skip_all, fields(operation_id))]
+    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let caller = caller(&request, None);
+        let (id, token, ttl) = convert::heartbeat(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        tracing::Span::current().record("operation_id", id.as_str());
+        let deadline = self
+            .ledger
+            .heartbeat(&caller.tenant, &id, token, ttl)
+            .await
+            .map_err(status::store)?;
+        Ok(Response::new(pb::HeartbeatResponse {
+            lease_deadline: Some(convert::timestamp(deadline)),
+        }))
+    }
+
+    #[instrument(skip_all, fields(operation_id))]
+    async fn get_operation(&self, request: Request<pb::GetOperationRequest>) -> Result<Response<pb::GetOperationResponse>, Status> {
+        let caller = caller(&request, None);
+        let id = convert::get_operation(request.into_inner()).map_err(status::invalid)?;
+        tracing::Span::current().record("operation_id", id.as_str());
+        let (op, attempts, events) = self.ledger.get(&caller.tenant, &id).await.map_err(status::store)?;
+        Ok(Response::new(pb::GetOperationResponse {
+            operation: Some(convert::operation(op)),
+            attempts: attempts.into_iter().map(convert::attempt).collect(),
+            events: events.into_iter().map(convert::event).collect(),
+        }))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_operations(&self, request: Request<pb::ListOperationsRequest>) -> Result<Response<pb::ListOperationsResponse>, Status> {
+        let caller = caller(&request, None);
+        let query = convert::list_operations(request.into_inner()).map_err(status::invalid)?;
+        let (operations, next) = self.ledger.list(&caller.tenant, &query).await.map_err(status::store)?;
+        Ok(Response::new(pb::ListOperationsResponse {
+            operations: operations.into_iter().map(convert::operation).collect(),
+            next_page_token: next
+                .map(|(created_at, id)| convert::encode_page_token(created_at, &id))
+                .unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(operation_id, actor))]
+    async fn resolve(&self, request: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
+        let caller = caller(&request, None);
+        let (id, cmd) = convert::resolve(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        let span = tracing::Span::current();
+        span.record("operation_id", id.as_str());
+        span.record("actor", cmd.actor.as_str());
+        let state = self.ledger.resolve(&caller.tenant, &id, &cmd).await.map_err(status::store)?;
+        self.settled.notify_waiters();
+        tracing::info!(state = state.as_str(), "operation resolved");
+        Ok(Response::new(pb::ResolveResponse {
+            state: convert::state_to_pb(state) as i32,
+        }))
+    }
+}
+
+impl<B: Backend> LedgerService<B> {
+    async fn report(&self, caller: &Caller, id: &once_core::OperationId, cmd: &once_core::ReportCommand) -> Result<Response<pb::ReportResponse>, Status> {
+        let state = self.ledger.report(&caller.tenant, id, cmd).await;
+        self.settled.notify_waiters();
+        let state = state.map_err(status::store)?;
+        Ok(Response::new(pb::ReportResponse {
+            state: convert::state_to_pb(state) as i32,
+        }))
+    }
+}
