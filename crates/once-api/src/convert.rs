@@ -35,25 +35,39 @@ pub struct BeginInput {
     pub wait_ms: i64,
 }
 
-pub fn begin(req: pb::BeginRequest, caller: &Caller, limits: &Limits) -> Result<BeginInput, Invalid> {
+pub fn begin(
+    req: pb::BeginRequest,
+    caller: &Caller,
+    limits: &Limits,
+) -> Result<BeginInput, Invalid> {
     check_name("tool", &req.tool, MAX_TOOL_BYTES)?;
     let volatile = req.volatile_fields;
     for (i, name) in volatile.iter().enumerate() {
         check_name(&format!("volatile_fields[{i}]"), name, MAX_NAME_BYTES)?;
     }
-    let arguments = match &req.effect {
-        Some(pb::begin_request::Effect::ArgumentsJson(json)) => {
-            Some(CanonicalArguments::parse("arguments_json", json, &volatile)?)
-        }
-        _ => None,
-    };
+    let arguments =
+        match &req.effect {
+            Some(pb::begin_request::Effect::ArgumentsJson(json)) => Some(
+                CanonicalArguments::parse("arguments_json", json, &volatile)?,
+            ),
+            _ => None,
+        };
     let fingerprint = match (&req.effect, &arguments) {
-        (Some(pb::begin_request::Effect::Fingerprint(hex)), _) => Fingerprint::parse_hex("fingerprint", hex)?,
+        (Some(pb::begin_request::Effect::Fingerprint(hex)), _) => {
+            Fingerprint::parse_hex("fingerprint", hex)?
+        }
         (_, Some(arguments)) => arguments.fingerprint(),
-        _ => return Err(Invalid::new("effect", "one of arguments_json or fingerprint is required")),
+        _ => {
+            return Err(Invalid::new(
+                "effect",
+                "one of arguments_json or fingerprint is required",
+            ))
+        }
     };
     let operation_id = match req.identity {
-        Some(pb::begin_request::Identity::OperationId(id)) => OperationId::parse("operation_id", &id)?,
+        Some(pb::begin_request::Identity::OperationId(id)) => {
+            OperationId::parse("operation_id", &id)?
+        }
         Some(pb::begin_request::Identity::Intent(intent)) => {
             let parts = intent
                 .parts
@@ -63,15 +77,25 @@ pub fn begin(req: pb::BeginRequest, caller: &Caller, limits: &Limits) -> Result<
                     Some(pb::intent_part::Kind::Text(s)) => Ok(IntentPart::Text(s)),
                     Some(pb::intent_part::Kind::Integer(n)) => Ok(IntentPart::Integer(n)),
                     Some(pb::intent_part::Kind::Number(x)) => Ok(IntentPart::Number(x)),
-                    None => Err(Invalid::new(format!("intent.parts[{i}]"), "one of text, integer or number is required")),
+                    None => Err(Invalid::new(
+                        format!("intent.parts[{i}]"),
+                        "one of text, integer or number is required",
+                    )),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let id = once_id::operation_id(&parts).map_err(|e| e.within("intent"))?;
             OperationId::parse("intent", &id)?
         }
         Some(pb::begin_request::Identity::Derived(_)) => match &arguments {
-            Some(arguments) => arguments.derived_id(&req.tool).map_err(|e| Invalid::new("derived", e.message))?,
-            None => return Err(Invalid::new("arguments_json", "is required to derive the operation id")),
+            Some(arguments) => arguments
+                .derived_id(&req.tool)
+                .map_err(|e| Invalid::new("derived", e.message))?,
+            None => {
+                return Err(Invalid::new(
+                    "arguments_json",
+                    "is required to derive the operation id",
+                ))
+            }
         },
         None => {
             return Err(Invalid::new(
@@ -83,7 +107,11 @@ pub fn begin(req: pb::BeginRequest, caller: &Caller, limits: &Limits) -> Result<
     check_name("attempt_id", &req.attempt_id, MAX_NAME_BYTES)?;
     let context = req.context.unwrap_or_default();
     let context = AttemptContext {
-        client_name: optional_name("context.client_name", context.client_name, MAX_CONTEXT_BYTES)?,
+        client_name: optional_name(
+            "context.client_name",
+            context.client_name,
+            MAX_CONTEXT_BYTES,
+        )?,
         session_id: optional_name("context.session_id", context.session_id, MAX_CONTEXT_BYTES)?,
         request_id: optional_name("context.request_id", context.request_id, MAX_CONTEXT_BYTES)?,
     };
@@ -102,7 +130,11 @@ pub fn begin(req: pb::BeginRequest, caller: &Caller, limits: &Limits) -> Result<
         Some(d) => bounded("retention", d, 0, limits.max_retention_ms)?.max(default_retention),
     };
     let provider = optional_name("provider", req.provider, MAX_NAME_BYTES)?;
-    let lookup_hints = json_object("lookup_hints_json", req.lookup_hints_json, limits.max_hints_bytes)?;
+    let lookup_hints = json_object(
+        "lookup_hints_json",
+        req.lookup_hints_json,
+        limits.max_hints_bytes,
+    )?;
     Ok(BeginInput {
         command: BeginCommand {
             tenant: caller.tenant.clone(),
@@ -123,7 +155,11 @@ pub fn begin(req: pb::BeginRequest, caller: &Caller, limits: &Limits) -> Result<
 }
 
 /// A validated report: the operation it is about and what the attempt says.
-pub fn confirm(req: pb::ConfirmRequest, caller: &Caller, limits: &Limits) -> Result<(OperationId, ReportCommand), Invalid> {
+pub fn confirm(
+    req: pb::ConfirmRequest,
+    caller: &Caller,
+    limits: &Limits,
+) -> Result<(OperationId, ReportCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
     check_result("result", &req.result, limits)?;
@@ -135,7 +171,11 @@ pub fn confirm(req: pb::ConfirmRequest, caller: &Caller, limits: &Limits) -> Res
     Ok((id, report_command(fencing_token, report, caller)))
 }
 
-pub fn report_absent(req: pb::ReportAbsentRequest, caller: &Caller, limits: &Limits) -> Result<(OperationId, ReportCommand), Invalid> {
+pub fn report_absent(
+    req: pb::ReportAbsentRequest,
+    caller: &Caller,
+    limits: &Limits,
+) -> Result<(OperationId, ReportCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
     check_text("reason", &req.reason, limits.max_reason_bytes)?;
@@ -143,7 +183,11 @@ pub fn report_absent(req: pb::ReportAbsentRequest, caller: &Caller, limits: &Lim
     Ok((id, report_command(fencing_token, report, caller)))
 }
 
-pub fn report_unknown(req: pb::ReportUnknownRequest, caller: &Caller, limits: &Limits) -> Result<(OperationId, ReportCommand), Invalid> {
+pub fn report_unknown(
+    req: pb::ReportUnknownRequest,
+    caller: &Caller,
+    limits: &Limits,
+) -> Result<(OperationId, ReportCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
     check_text("reason", &req.reason, limits.max_reason_bytes)?;
@@ -160,7 +204,10 @@ fn report_command(fencing_token: u64, report: Report, caller: &Caller) -> Report
 }
 
 /// A validated heartbeat: operation, fencing token and the lease to extend to.
-pub fn heartbeat(req: pb::HeartbeatRequest, limits: &Limits) -> Result<(OperationId, u64, i64), Invalid> {
+pub fn heartbeat(
+    req: pb::HeartbeatRequest,
+    limits: &Limits,
+) -> Result<(OperationId, u64, i64), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
     let ttl = lease_ttl("lease_ttl", req.lease_ttl, limits)?;
@@ -179,15 +226,28 @@ pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Inva
         .map(|(i, raw)| state_from_pb(&format!("states[{i}]"), *raw))
         .collect::<Result<Vec<_>, _>>()?;
     let tool = optional_name("tool", req.tool, MAX_TOOL_BYTES)?;
-    let older_than_ms = req.older_than.map(|d| bounded("older_than", d, 0, i64::MAX / 2)).transpose()?;
+    let older_than_ms = req
+        .older_than
+        .map(|d| bounded("older_than", d, 0, i64::MAX / 2))
+        .transpose()?;
     if req.page_size > MAX_PAGE_SIZE {
-        return Err(Invalid::new("page_size", format!("must be at most {MAX_PAGE_SIZE}")));
+        return Err(Invalid::new(
+            "page_size",
+            format!("must be at most {MAX_PAGE_SIZE}"),
+        ));
     }
-    let page_size = if req.page_size == 0 { DEFAULT_PAGE_SIZE } else { req.page_size };
+    let page_size = if req.page_size == 0 {
+        DEFAULT_PAGE_SIZE
+    } else {
+        req.page_size
+    };
     let after = if req.page_token.is_empty() {
         None
     } else {
-        Some(decode_page_token(&req.page_token).ok_or_else(|| Invalid::new("page_token", "is not a token this server issued"))?)
+        Some(
+            decode_page_token(&req.page_token)
+                .ok_or_else(|| Invalid::new("page_token", "is not a token this server issued"))?,
+        )
     };
     Ok(ListQuery {
         states,
@@ -199,7 +259,10 @@ pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Inva
 }
 
 /// A validated operator resolution, with the operator's name for the recorded actor.
-pub fn resolve(req: pb::ResolveRequest, limits: &Limits) -> Result<(OperationId, ResolveCommand), Invalid> {
+pub fn resolve(
+    req: pb::ResolveRequest,
+    limits: &Limits,
+) -> Result<(OperationId, ResolveCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let provider_ref = optional_name("provider_ref", req.provider_ref, MAX_PROVIDER_REF_BYTES)?;
     let resolution = match state_from_pb("outcome", req.outcome)? {
@@ -212,14 +275,25 @@ pub fn resolve(req: pb::ResolveRequest, limits: &Limits) -> Result<(OperationId,
         }
         State::Absent => {
             if !req.result.is_empty() || provider_ref.is_some() {
-                return Err(Invalid::new("result", "a result or provider_ref only goes with a CONFIRMED outcome"));
+                return Err(Invalid::new(
+                    "result",
+                    "a result or provider_ref only goes with a CONFIRMED outcome",
+                ));
             }
             Resolution::Absent
         }
-        other => return Err(Invalid::new("outcome", format!("must be CONFIRMED or ABSENT, not {other}"))),
+        other => {
+            return Err(Invalid::new(
+                "outcome",
+                format!("must be CONFIRMED or ABSENT, not {other}"),
+            ))
+        }
     };
     if req.reason.trim().is_empty() {
-        return Err(Invalid::new("reason", "is mandatory: say why you believe this outcome"));
+        return Err(Invalid::new(
+            "reason",
+            "is mandatory: say why you believe this outcome",
+        ));
     }
     check_text("reason", &req.reason, limits.max_reason_bytes)?;
     check_name("operator", &req.operator, MAX_NAME_BYTES)?;
@@ -237,7 +311,10 @@ pub fn resolve(req: pb::ResolveRequest, limits: &Limits) -> Result<(OperationId,
 
 fn fencing_token(token: u64) -> Result<u64, Invalid> {
     if token == 0 {
-        return Err(Invalid::new("fencing_token", "must be the token of a granted attempt (1 or more)"));
+        return Err(Invalid::new(
+            "fencing_token",
+            "must be the token of a granted attempt (1 or more)",
+        ));
     }
     Ok(token)
 }
@@ -270,10 +347,13 @@ fn json_object(field: &str, value: String, max: usize) -> Result<Option<String>,
         return Ok(None);
     }
     if value.len() > max {
-        return Err(Invalid::new(field, format!("must be at most {max} bytes, got {}", value.len())));
+        return Err(Invalid::new(
+            field,
+            format!("must be at most {max} bytes, got {}", value.len()),
+        ));
     }
-    let parsed: serde_json::Value =
-        serde_json::from_str(&value).map_err(|e| Invalid::new(field, format!("invalid JSON: {e}")))?;
+    let parsed: serde_json::Value = serde_json::from_str(&value)
+        .map_err(|e| Invalid::new(field, format!("invalid JSON: {e}")))?;
     if !parsed.is_object() {
         return Err(Invalid::new(field, "must be a JSON object"));
     }
@@ -299,7 +379,10 @@ fn bounded(field: &str, d: Duration, min_ms: i64, max_ms: i64) -> Result<i64, In
         .and_then(|ms| ms.checked_add(i64::from(d.nanos / 1_000_000)))
         .ok_or_else(|| Invalid::new(field, "is too long"))?;
     if ms < min_ms || ms > max_ms {
-        return Err(Invalid::new(field, format!("must be between {min_ms} ms and {max_ms} ms, got {ms} ms")));
+        return Err(Invalid::new(
+            field,
+            format!("must be between {min_ms} ms and {max_ms} ms, got {ms} ms"),
+        ));
     }
     Ok(ms)
 }
@@ -311,7 +394,10 @@ fn state_from_pb(field: &str, raw: i32) -> Result<State, Invalid> {
         Ok(pb::OperationState::Confirmed) => Ok(State::Confirmed),
         Ok(pb::OperationState::Unknown) => Ok(State::Unknown),
         Ok(pb::OperationState::Unspecified) => Err(Invalid::new(field, "must name a state")),
-        Err(_) => Err(Invalid::new(field, format!("{raw} is not an OperationState"))),
+        Err(_) => Err(Invalid::new(
+            field,
+            format!("{raw} is not an OperationState"),
+        )),
     }
 }
 
@@ -394,7 +480,11 @@ pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb
             lease_deadline: Some(timestamp(lease_deadline)),
             retry_after: Some(duration(retry_after_ms)),
         }),
-        BeginDecision::Unknown { since, reason, blocking } => Decision::Unknown(pb::Unknown {
+        BeginDecision::Unknown {
+            since,
+            reason,
+            blocking,
+        } => Decision::Unknown(pb::Unknown {
             since: Some(timestamp(since)),
             reason: reason.unwrap_or_default(),
             blocking_operation_id: blocking.map(|id| id.to_string()).unwrap_or_default(),
@@ -467,8 +557,17 @@ mod tests {
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {
         let token = encode_page_token(1_700_000_000_123, "refund:o1");
-        assert_eq!(decode_page_token(&token), Some((1_700_000_000_123, "refund:o1".to_owned())));
-        for bad in ["", "zz", "00", &token[..token.len() - 1], "0000000000000000"] {
+        assert_eq!(
+            decode_page_token(&token),
+            Some((1_700_000_000_123, "refund:o1".to_owned()))
+        );
+        for bad in [
+            "",
+            "zz",
+            "00",
+            &token[..token.len() - 1],
+            "0000000000000000",
+        ] {
             assert_eq!(decode_page_token(bad), None, "{bad:?}");
         }
     }

@@ -25,7 +25,10 @@ pub fn check_name(field: &str, value: &str, max: usize) -> Result<(), Invalid> {
         return Err(Invalid::new(field, "must not be empty"));
     }
     if value.len() > max {
-        return Err(Invalid::new(field, format!("must be at most {max} bytes, got {}", value.len())));
+        return Err(Invalid::new(
+            field,
+            format!("must be at most {max} bytes, got {}", value.len()),
+        ));
     }
     if value.chars().any(char::is_control) {
         return Err(Invalid::new(field, "must not contain control characters"));
@@ -36,9 +39,15 @@ pub fn check_name(field: &str, value: &str, max: usize) -> Result<(), Invalid> {
 /// Checks free text such as a reason: at most `max` bytes; newlines and tabs are allowed.
 pub fn check_text(field: &str, value: &str, max: usize) -> Result<(), Invalid> {
     if value.len() > max {
-        return Err(Invalid::new(field, format!("must be at most {max} bytes, got {}", value.len())));
+        return Err(Invalid::new(
+            field,
+            format!("must be at most {max} bytes, got {}", value.len()),
+        ));
     }
-    if value.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r') {
+    if value
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r')
+    {
         return Err(Invalid::new(field, "must not contain control characters"));
     }
     Ok(())
@@ -66,7 +75,9 @@ impl OperationId {
         };
         head.ends_with(":h")
             && hash.len() == 32
-            && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && hash
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     }
 }
 
@@ -87,9 +98,15 @@ impl Fingerprint {
 
     /// Parses 64 lowercase hex digits.
     pub fn parse_hex(field: &str, value: &str) -> Result<Self, Invalid> {
-        let ok = value.len() == 64 && value.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let ok = value.len() == 64
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if !ok {
-            return Err(Invalid::new(field, "must be 64 lowercase hex digits (a SHA-256 digest)"));
+            return Err(Invalid::new(
+                field,
+                "must be 64 lowercase hex digits (a SHA-256 digest)",
+            ));
         }
         let mut bytes = [0u8; 32];
         hex::decode_to_slice(value, &mut bytes).map_err(|e| Invalid::new(field, e.to_string()))?;
@@ -121,18 +138,27 @@ impl CanonicalArguments {
     /// Parses `json` (an object), drops `idempotency_key` and every listed volatile field, and
     /// canonicalises the rest. `field` names the arguments in errors.
     pub fn parse(field: &str, json: &str, volatile_fields: &[String]) -> Result<Self, Invalid> {
-        let value: Value = serde_json::from_str(json).map_err(|e| Invalid::new(field, format!("invalid JSON: {e}")))?;
+        let value: Value = serde_json::from_str(json)
+            .map_err(|e| Invalid::new(field, format!("invalid JSON: {e}")))?;
         let Value::Object(map) = value else {
             return Err(Invalid::new(field, "must be a JSON object"));
         };
         Self::from_object(field, map, volatile_fields)
     }
 
-    pub fn from_object(field: &str, mut map: Map<String, Value>, volatile_fields: &[String]) -> Result<Self, Invalid> {
+    pub fn from_object(
+        field: &str,
+        mut map: Map<String, Value>,
+        volatile_fields: &[String],
+    ) -> Result<Self, Invalid> {
         let idempotency_key = match map.remove(IDEMPOTENCY_KEY_FIELD) {
             None | Some(Value::Null) => None,
             Some(Value::String(key)) => {
-                check_name(&format!("{field}.{IDEMPOTENCY_KEY_FIELD}"), &key, MAX_OPERATION_ID_BYTES)?;
+                check_name(
+                    &format!("{field}.{IDEMPOTENCY_KEY_FIELD}"),
+                    &key,
+                    MAX_OPERATION_ID_BYTES,
+                )?;
                 Some(key)
             }
             Some(_) => {
@@ -193,9 +219,15 @@ mod tests {
     #[test]
     fn derived_ids_ignore_order_whitespace_and_volatile_fields() {
         let a = args(r#"{"order":"o1","amount":500,"nonce":"x1"}"#, &["nonce"]);
-        let b = args(r#"{ "amount": 500.0, "order": "o1", "nonce": "y2" }"#, &["nonce"]);
+        let b = args(
+            r#"{ "amount": 500.0, "order": "o1", "nonce": "y2" }"#,
+            &["nonce"],
+        );
         assert_eq!(a.canonical, r#"{"amount":500,"order":"o1"}"#);
-        assert_eq!(a.derived_id("refund").unwrap(), b.derived_id("refund").unwrap());
+        assert_eq!(
+            a.derived_id("refund").unwrap(),
+            b.derived_id("refund").unwrap()
+        );
         assert_eq!(a.fingerprint(), b.fingerprint());
         let id = a.derived_id("refund").unwrap();
         assert!(id.as_str().starts_with("refund:h:"));

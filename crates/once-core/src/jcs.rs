@@ -117,7 +117,11 @@ mod tests {
             (0x43143ff3c1cb0959, "1424953923781206.2"),
         ];
         for (bits, expected) in cases {
-            assert_eq!(format_number(f64::from_bits(*bits)), *expected, "bits {bits:#018x}");
+            assert_eq!(
+                format_number(f64::from_bits(*bits)),
+                *expected,
+                "bits {bits:#018x}"
+            );
         }
     }
 
@@ -147,7 +151,12 @@ mod tests {
         }"#;
         let canonical = canonicalize_str(input).unwrap();
         let value: serde_json::Value = serde_json::from_str(&canonical).unwrap();
-        let order: Vec<&str> = value.as_object().unwrap().values().map(|v| v.as_str().unwrap()).collect();
+        let order: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_str().unwrap())
+            .collect();
         let positions: Vec<usize> = [
             "Carriage Return",
             "One",
@@ -192,7 +201,10 @@ mod tests {
 
     #[test]
     fn large_integers_are_doubles() {
-        assert_eq!(canonicalize_str("9007199254740993").unwrap(), "9007199254740992");
+        assert_eq!(
+            canonicalize_str("9007199254740993").unwrap(),
+            "9007199254740992"
+        );
         assert_eq!(canonicalize_str("1e400").is_err(), true);
     }
 

@@ -109,7 +109,11 @@ pub fn begin(
         }
         State::InFlight if now >= op.lease_deadline => {
             let plan = expire_lease(op, now).expect("lease is IN_FLIGHT and past its deadline");
-            let expired = plan.operation.as_ref().expect("expiry writes the operation").operation();
+            let expired = plan
+                .operation
+                .as_ref()
+                .expect("expiry writes the operation")
+                .operation();
             let decision = BeginDecision::Unknown {
                 since: expired.updated_at,
                 reason: expired.reason.clone(),
@@ -131,7 +135,8 @@ pub fn begin(
             let decision = BeginDecision::InProgress {
                 attempt: op.attempt,
                 lease_deadline: op.lease_deadline,
-                retry_after_ms: (op.lease_deadline - now).clamp(MIN_RETRY_AFTER_MS, MAX_RETRY_AFTER_MS),
+                retry_after_ms: (op.lease_deadline - now)
+                    .clamp(MIN_RETRY_AFTER_MS, MAX_RETRY_AFTER_MS),
             };
             (decision, Plan::default())
         }
@@ -167,7 +172,11 @@ fn guarded(blocking: &OperationId, now: Millis) -> (BeginDecision, Plan) {
 }
 
 /// A first claim, or a claim on an id whose previous life ended with retention.
-fn claim_new_life(previous: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> (BeginDecision, Plan) {
+fn claim_new_life(
+    previous: Option<&Operation>,
+    cmd: &BeginCommand,
+    now: Millis,
+) -> (BeginDecision, Plan) {
     let attempt = previous.map_or(1, |op| op.attempt + 1);
     let op = Operation {
         tenant: cmd.tenant.clone(),
@@ -193,13 +202,21 @@ fn claim_new_life(previous: Option<&Operation>, cmd: &BeginCommand, now: Millis)
         reason: None,
         resolution_id: None,
     };
-    let details = previous.map(|p| json!({ "previous_life_expired_at": p.expires_at, "previous_state": p.state.as_str() }).to_string());
+    let details = previous.map(|p| {
+        json!({ "previous_life_expired_at": p.expires_at, "previous_state": p.state.as_str() })
+            .to_string()
+    });
     let write = if previous.is_some() {
         Write::Update(op)
     } else {
         Write::Insert(op)
     };
-    granted(previous.map(|p| p.state).unwrap_or(State::Absent), write, cmd, details)
+    granted(
+        previous.map(|p| p.state).unwrap_or(State::Absent),
+        write,
+        cmd,
+        details,
+    )
 }
 
 /// A new attempt after an ABSENT outcome: same life, same provider key, next fencing token.
@@ -225,7 +242,12 @@ fn claim_again(op: &Operation, cmd: &BeginCommand, now: Millis) -> (BeginDecisio
     granted(State::Absent, Write::Update(next), cmd, None)
 }
 
-fn granted(from: State, write: Write, cmd: &BeginCommand, details: Option<String>) -> (BeginDecision, Plan) {
+fn granted(
+    from: State,
+    write: Write,
+    cmd: &BeginCommand,
+    details: Option<String>,
+) -> (BeginDecision, Plan) {
     let op = write.operation();
     let grant = Grant {
         attempt: op.attempt,
@@ -290,7 +312,11 @@ pub fn expire_lease(op: &Operation, now: Millis) -> Option<Plan> {
 
 /// Applies a report from the attempt holding `cmd.fencing_token`. On success returns the state
 /// the operation is in afterwards.
-pub fn report(op: &Operation, cmd: &ReportCommand, now: Millis) -> (Result<State, Rejection>, Plan) {
+pub fn report(
+    op: &Operation,
+    cmd: &ReportCommand,
+    now: Millis,
+) -> (Result<State, Rejection>, Plan) {
     let token = cmd.fencing_token;
     if token != op.attempt as u64 {
         let mut plan = Plan::default();
@@ -310,7 +336,13 @@ pub fn report(op: &Operation, cmd: &ReportCommand, now: Millis) -> (Result<State
                 dedupe_key: Some(format!("DOUBLE_EXECUTION:{token}")),
             });
         }
-        return (Err(Rejection::ExecutionRightLost { token, latest: op.attempt }), plan);
+        return (
+            Err(Rejection::ExecutionRightLost {
+                token,
+                latest: op.attempt,
+            }),
+            plan,
+        );
     }
 
     let target = cmd.report.target();
@@ -321,16 +353,27 @@ pub fn report(op: &Operation, cmd: &ReportCommand, now: Millis) -> (Result<State
         }
         // Reports are idempotent: the same report again changes nothing.
         (State::Unknown, Report::Unknown { .. }) => (Ok(State::Unknown), Plan::default()),
-        (State::Confirmed, Report::Confirm { result, provider_ref }) => {
+        (
+            State::Confirmed,
+            Report::Confirm {
+                result,
+                provider_ref,
+            },
+        ) => {
             if op.result.as_ref() == Some(result) && op.provider_ref == *provider_ref {
                 (Ok(State::Confirmed), Plan::default())
             } else {
-                (Err(Rejection::AlreadySettled { state: op.state }), Plan::default())
+                (
+                    Err(Rejection::AlreadySettled { state: op.state }),
+                    Plan::default(),
+                )
             }
         }
         (State::Absent, Report::Absent { .. }) => (Ok(State::Absent), Plan::default()),
         // An UNKNOWN report adds nothing to a settled truth.
-        (State::Confirmed | State::Absent, Report::Unknown { .. }) => (Ok(op.state), Plan::default()),
+        (State::Confirmed | State::Absent, Report::Unknown { .. }) => {
+            (Ok(op.state), Plan::default())
+        }
         // A genuine confirm after someone other than this attempt said ABSENT: the effect did
         // happen. Record the truth, and the contradiction as an anomaly.
         (State::Absent, Report::Confirm { .. }) if op.source != Source::Attempt => {
@@ -351,7 +394,10 @@ pub fn report(op: &Operation, cmd: &ReportCommand, now: Millis) -> (Result<State
             });
             (Ok(State::Confirmed), plan)
         }
-        (State::Absent | State::Confirmed, _) => (Err(Rejection::AlreadySettled { state: op.state }), Plan::default()),
+        (State::Absent | State::Confirmed, _) => (
+            Err(Rejection::AlreadySettled { state: op.state }),
+            Plan::default(),
+        ),
     }
 }
 
@@ -360,7 +406,10 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
     next.source = Source::Attempt;
     next.updated_at = now;
     let (kind, reason) = match &cmd.report {
-        Report::Confirm { result, provider_ref } => {
+        Report::Confirm {
+            result,
+            provider_ref,
+        } => {
             next.result = Some(result.clone());
             next.provider_ref = provider_ref.clone();
             next.reason = None;
@@ -378,7 +427,8 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
     next.state = cmd.report.target();
     next.expires_at = next.state.is_settled().then(|| now + next.retention_ms);
     let late = op.state != State::InFlight || now >= op.lease_deadline;
-    let details = late.then(|| json!({ "late": true, "previous_source": op.source.as_str() }).to_string());
+    let details =
+        late.then(|| json!({ "late": true, "previous_source": op.source.as_str() }).to_string());
     Plan {
         operation: Some(Write::Update(next)),
         attempt: None,
@@ -397,7 +447,12 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
 
 /// Extends the live lease of the latest attempt to `now + ttl` (never shortens it). Returns the
 /// new deadline.
-pub fn heartbeat(op: &Operation, fencing_token: u64, ttl_ms: i64, now: Millis) -> Result<(Millis, Plan), Rejection> {
+pub fn heartbeat(
+    op: &Operation,
+    fencing_token: u64,
+    ttl_ms: i64,
+    now: Millis,
+) -> Result<(Millis, Plan), Rejection> {
     if fencing_token != op.attempt as u64 {
         return Err(Rejection::ExecutionRightLost {
             token: fencing_token,
@@ -405,7 +460,9 @@ pub fn heartbeat(op: &Operation, fencing_token: u64, ttl_ms: i64, now: Millis) -
         });
     }
     if !op.lease_live(now) {
-        return Err(Rejection::LeaseExpired { token: fencing_token });
+        return Err(Rejection::LeaseExpired {
+            token: fencing_token,
+        });
     }
     let deadline = op.lease_deadline.max(now + ttl_ms);
     if deadline == op.lease_deadline {
@@ -423,7 +480,11 @@ pub fn heartbeat(op: &Operation, fencing_token: u64, ttl_ms: i64, now: Millis) -
 
 /// Applies an operator's resolution to an UNKNOWN operation. A retry of a resolution that
 /// already took effect gets the same answer.
-pub fn resolve(op: &Operation, cmd: &ResolveCommand, now: Millis) -> Result<(State, Plan), Rejection> {
+pub fn resolve(
+    op: &Operation,
+    cmd: &ResolveCommand,
+    now: Millis,
+) -> Result<(State, Plan), Rejection> {
     let target = match cmd.resolution {
         Resolution::Confirmed { .. } => State::Confirmed,
         Resolution::Absent => State::Absent,
@@ -441,7 +502,11 @@ pub fn resolve(op: &Operation, cmd: &ResolveCommand, now: Millis) -> Result<(Sta
     next.reason = Some(cmd.reason.clone());
     next.resolution_id = Some(cmd.resolution_id.clone());
     next.expires_at = Some(now + op.retention_ms);
-    if let Resolution::Confirmed { result, provider_ref } = &cmd.resolution {
+    if let Resolution::Confirmed {
+        result,
+        provider_ref,
+    } = &cmd.resolution
+    {
         next.result = Some(result.clone());
         next.provider_ref = provider_ref.clone();
     }
@@ -452,7 +517,10 @@ pub fn resolve(op: &Operation, cmd: &ResolveCommand, now: Millis) -> Result<(Sta
         attempt: Some(op.attempt),
         actor: cmd.actor.clone(),
         reason: Some(cmd.reason.clone()),
-        details: Some(json!({ "resolution_id": cmd.resolution_id, "provider_ref": next.provider_ref }).to_string()),
+        details: Some(
+            json!({ "resolution_id": cmd.resolution_id, "provider_ref": next.provider_ref })
+                .to_string(),
+        ),
         dedupe_key: None,
     };
     Ok((

@@ -22,7 +22,12 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 4] = [State::Absent, State::InFlight, State::Confirmed, State::Unknown];
+    pub const ALL: [State; 4] = [
+        State::Absent,
+        State::InFlight,
+        State::Confirmed,
+        State::Unknown,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -73,9 +78,14 @@ impl Source {
     }
 
     pub fn parse(s: &str) -> Option<Source> {
-        [Source::Attempt, Source::Lease, Source::Reconciler, Source::Operator]
-            .into_iter()
-            .find(|source| source.as_str() == s)
+        [
+            Source::Attempt,
+            Source::Lease,
+            Source::Reconciler,
+            Source::Operator,
+        ]
+        .into_iter()
+        .find(|source| source.as_str() == s)
     }
 }
 
@@ -189,7 +199,10 @@ impl EventKind {
 
     /// Anomalies are facts about the world the ledger could not prevent; they are counted.
     pub fn is_anomaly(self) -> bool {
-        matches!(self, EventKind::DoubleExecution | EventKind::ResolutionContradicted)
+        matches!(
+            self,
+            EventKind::DoubleExecution | EventKind::ResolutionContradicted
+        )
     }
 }
 

@@ -31,7 +31,9 @@ impl IntentPart {
             IntentPart::Integer(n) => render_integer(*n),
             IntentPart::Number(x) => {
                 if !x.is_finite() {
-                    return Err(format!("{INVALID_OPERATION_ID}: {x} is not a finite number"));
+                    return Err(format!(
+                        "{INVALID_OPERATION_ID}: {x} is not a finite number"
+                    ));
                 }
                 if x.fract() != 0.0 {
                     return Err(format!("{INVALID_OPERATION_ID}: {x} is not an integer"));
@@ -59,10 +61,18 @@ impl IntentPart {
                     Ok(IntentPart::Number(n.as_f64().unwrap_or(f64::NAN)))
                 }
             }
-            Value::Bool(_) => Err(format!("{INVALID_OPERATION_ID}: booleans are not intent parts")),
-            Value::Null => Err(format!("{INVALID_OPERATION_ID}: null is not an intent part")),
-            Value::Array(_) => Err(format!("{INVALID_OPERATION_ID}: arrays are not intent parts")),
-            Value::Object(_) => Err(format!("{INVALID_OPERATION_ID}: objects are not intent parts")),
+            Value::Bool(_) => Err(format!(
+                "{INVALID_OPERATION_ID}: booleans are not intent parts"
+            )),
+            Value::Null => Err(format!(
+                "{INVALID_OPERATION_ID}: null is not an intent part"
+            )),
+            Value::Array(_) => Err(format!(
+                "{INVALID_OPERATION_ID}: arrays are not intent parts"
+            )),
+            Value::Object(_) => Err(format!(
+                "{INVALID_OPERATION_ID}: objects are not intent parts"
+            )),
         }
     }
 }
@@ -92,7 +102,11 @@ pub fn operation_id(parts: &[IntentPart]) -> Result<String, Invalid> {
     let rendered = parts
         .iter()
         .enumerate()
-        .map(|(i, p)| p.render().map_err(|m| Invalid::new(format!("parts[{i}]"), m).with_code("INVALID_OPERATION_ID")))
+        .map(|(i, p)| {
+            p.render().map_err(|m| {
+                Invalid::new(format!("parts[{i}]"), m).with_code("INVALID_OPERATION_ID")
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut hasher = Sha256::new();
@@ -103,7 +117,11 @@ pub fn operation_id(parts: &[IntentPart]) -> Result<String, Invalid> {
         hasher.update(part.as_bytes());
     }
     let digest = hex::encode(hasher.finalize());
-    Ok(format!("{}:{}", readable_prefix(&rendered[0]), &digest[..32]))
+    Ok(format!(
+        "{}:{}",
+        readable_prefix(&rendered[0]),
+        &digest[..32]
+    ))
 }
 
 fn len_u32(n: usize) -> Result<u32, Invalid> {
@@ -150,20 +168,32 @@ mod tests {
 
     #[test]
     fn shared_examples() {
-        check(&[text("order"), text("123")], "order:811f7fc3e6463f1ebe36518adfb37345");
+        check(
+            &[text("order"), text("123")],
+            "order:811f7fc3e6463f1ebe36518adfb37345",
+        );
         check(
             &[text("Order Created"), text("ABC")],
             "order-created:f54fb3f736237d6e895b356232cf456b",
         );
-        check(&[text("order"), IntentPart::Integer(42)], "order:40ffb083c1b146b4786b631bcbf0b5c2");
+        check(
+            &[text("order"), IntentPart::Integer(42)],
+            "order:40ffb083c1b146b4786b631bcbf0b5c2",
+        );
     }
 
     #[test]
     fn integral_numbers_render_as_integers() {
         let as_int = operation_id(&[text("order"), IntentPart::Integer(42)]).unwrap();
-        assert_eq!(operation_id(&[text("order"), IntentPart::Number(42.0)]).unwrap(), as_int);
+        assert_eq!(
+            operation_id(&[text("order"), IntentPart::Number(42.0)]).unwrap(),
+            as_int
+        );
         let zero = operation_id(&[text("n"), IntentPart::Integer(0)]).unwrap();
-        assert_eq!(operation_id(&[text("n"), IntentPart::Number(-0.0)]).unwrap(), zero);
+        assert_eq!(
+            operation_id(&[text("n"), IntentPart::Number(-0.0)]).unwrap(),
+            zero
+        );
         // A number part and the same digits as text are the same bytes in the digest.
         assert_eq!(operation_id(&[text("order"), text("42")]).unwrap(), as_int);
     }
@@ -178,7 +208,10 @@ mod tests {
         assert!(operation_id(&[IntentPart::Integer(i64::MIN)]).is_err());
         assert!(operation_id(&[IntentPart::Number(max as f64)]).is_ok());
         assert!(operation_id(&[IntentPart::Number(9_007_199_254_740_992.0)]).is_err());
-        assert_eq!(IntentPart::Integer(-max).render().unwrap(), "-9007199254740991");
+        assert_eq!(
+            IntentPart::Integer(-max).render().unwrap(),
+            "-9007199254740991"
+        );
     }
 
     #[test]
@@ -194,7 +227,15 @@ mod tests {
             assert_eq!(err.field, "parts[1]", "{bad:?}");
             assert!(err.message.starts_with(INVALID_OPERATION_ID));
         }
-        for json in ["true", "null", "[]", "{}", "1.5", "18446744073709551615", "-9007199254740992"] {
+        for json in [
+            "true",
+            "null",
+            "[]",
+            "{}",
+            "1.5",
+            "18446744073709551615",
+            "-9007199254740992",
+        ] {
             let value: serde_json::Value = serde_json::from_str(json).unwrap();
             let refused = IntentPart::from_json(&value).and_then(|p| p.render());
             assert!(refused.is_err(), "{json} must be refused");
@@ -228,7 +269,10 @@ mod tests {
         assert_eq!(readable_prefix(&long), "x".repeat(48));
         // Truncation happens after trimming, so the prefix may end in a hyphen.
         let hyphen_at_48 = format!("{}!b", "a".repeat(47));
-        assert_eq!(readable_prefix(&hyphen_at_48), format!("{}-", "a".repeat(47)));
+        assert_eq!(
+            readable_prefix(&hyphen_at_48),
+            format!("{}-", "a".repeat(47))
+        );
     }
 
     #[test]
@@ -250,6 +294,9 @@ mod tests {
         let composed = operation_id(&[text("caf\u{e9}")]).unwrap();
         let decomposed = operation_id(&[text("cafe\u{301}")]).unwrap();
         assert_ne!(composed, decomposed);
-        assert_ne!(operation_id(&[text(" a")]).unwrap(), operation_id(&[text("a")]).unwrap());
+        assert_ne!(
+            operation_id(&[text(" a")]).unwrap(),
+            operation_id(&[text("a")]).unwrap()
+        );
     }
 }

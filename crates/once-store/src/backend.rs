@@ -29,7 +29,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
 
     /// Reads the operation and the store's clock without taking any lock.
-    fn read(&self, tenant: &str, id: &OperationId) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
+    fn read(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
 
     /// The fresh-id guard: an UNKNOWN operation of the same tenant, tool and fingerprint under
     /// another id.
@@ -43,24 +47,46 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<OperationId>, StoreError>> + Send;
 
     /// Writes a plan. An insert that meets an existing row fails with [`StoreError::Duplicate`].
-    fn apply(&self, tx: &mut Self::Tx, tenant: &str, id: &OperationId, plan: &Plan, now: Millis) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn apply(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+        plan: &Plan,
+        now: Millis,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The attempt log and event history of one operation, oldest first.
-    fn history(&self, tenant: &str, id: &OperationId) -> impl Future<Output = Result<(Vec<Attempt>, Vec<Event>), StoreError>> + Send;
+    fn history(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> impl Future<Output = Result<(Vec<Attempt>, Vec<Event>), StoreError>> + Send;
 
     /// One page of operations, oldest first, and the store's clock.
-    fn list(&self, tenant: &str, query: &ListQuery) -> impl Future<Output = Result<Vec<Operation>, StoreError>> + Send;
+    fn list(
+        &self,
+        tenant: &str,
+        query: &ListQuery,
+    ) -> impl Future<Output = Result<Vec<Operation>, StoreError>> + Send;
 
     /// Up to `limit` IN_FLIGHT operations whose lease has ended, by the store's clock.
-    fn expired_leases(&self, limit: u32) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
+    fn expired_leases(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
     /// Deletes up to `limit` settled operations past retention; returns how many.
     fn delete_expired(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Deletes up to `limit` events older than `age_ms`; returns how many.
-    fn delete_events_older_than(&self, age_ms: i64, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn delete_events_older_than(
+        &self,
+        age_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Closes the pool: waits for checked-out connections to return, then closes them.
     fn close(&self) -> impl Future<Output = ()> + Send;

@@ -37,18 +37,31 @@ impl<B: Backend> Ledger<B> {
         }
         for _ in 0..CLAIM_RACE_RETRIES {
             let mut tx = self.backend.begin_write().await?;
-            let (current, now) = self.backend.lock(&mut tx, &cmd.tenant, &cmd.operation_id).await?;
+            let (current, now) = self
+                .backend
+                .lock(&mut tx, &cmd.tenant, &cmd.operation_id)
+                .await?;
             let blocking = if machine::needs_guard(current.as_ref(), cmd, now) {
                 let found = self
                     .backend
-                    .find_blocking(&mut tx, &cmd.tenant, &cmd.tool, &cmd.fingerprint.0, &cmd.operation_id)
+                    .find_blocking(
+                        &mut tx,
+                        &cmd.tenant,
+                        &cmd.tool,
+                        &cmd.fingerprint.0,
+                        &cmd.operation_id,
+                    )
                     .await?;
                 found
             } else {
                 None
             };
             let (decision, plan) = machine::begin(current.as_ref(), cmd, blocking.as_ref(), now);
-            match self.backend.apply(&mut tx, &cmd.tenant, &cmd.operation_id, &plan, now).await {
+            match self
+                .backend
+                .apply(&mut tx, &cmd.tenant, &cmd.operation_id, &plan, now)
+                .await
+            {
                 // Another transaction created the row between our read and our insert; the row
                 // now exists and the next round locks it.
                 Err(StoreError::Duplicate) => continue,
@@ -61,7 +74,12 @@ impl<B: Backend> Ledger<B> {
     }
 
     /// Applies an executor's report. A refused report may still record an anomaly.
-    pub async fn report(&self, tenant: &str, id: &OperationId, cmd: &ReportCommand) -> Result<State, StoreError> {
+    pub async fn report(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        cmd: &ReportCommand,
+    ) -> Result<State, StoreError> {
         self.locked(tenant, id, |op, now| {
             let (outcome, plan) = machine::report(op, cmd, now);
             (outcome.map_err(StoreError::from), plan)
@@ -70,16 +88,29 @@ impl<B: Backend> Ledger<B> {
     }
 
     /// Extends a live lease; returns the new deadline.
-    pub async fn heartbeat(&self, tenant: &str, id: &OperationId, fencing_token: u64, ttl_ms: i64) -> Result<Millis, StoreError> {
-        self.locked(tenant, id, |op, now| match machine::heartbeat(op, fencing_token, ttl_ms, now) {
-            Ok((deadline, plan)) => (Ok(deadline), plan),
-            Err(rejection) => (Err(rejection.into()), Plan::default()),
+    pub async fn heartbeat(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        fencing_token: u64,
+        ttl_ms: i64,
+    ) -> Result<Millis, StoreError> {
+        self.locked(tenant, id, |op, now| {
+            match machine::heartbeat(op, fencing_token, ttl_ms, now) {
+                Ok((deadline, plan)) => (Ok(deadline), plan),
+                Err(rejection) => (Err(rejection.into()), Plan::default()),
+            }
         })
         .await
     }
 
     /// Applies an operator's resolution of an UNKNOWN operation.
-    pub async fn resolve(&self, tenant: &str, id: &OperationId, cmd: &ResolveCommand) -> Result<State, StoreError> {
+    pub async fn resolve(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        cmd: &ResolveCommand,
+    ) -> Result<State, StoreError> {
         self.locked(tenant, id, |op, now| match machine::resolve(op, cmd, now) {
             Ok((state, plan)) => (Ok(state), plan),
             Err(rejection) => (Err(rejection.into()), Plan::default()),
@@ -123,7 +154,11 @@ impl<B: Backend> Ledger<B> {
     }
 
     /// One operation with its attempt log and event history.
-    pub async fn get(&self, tenant: &str, id: &OperationId) -> Result<(Operation, Vec<Attempt>, Vec<Event>), StoreError> {
+    pub async fn get(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Operation, Vec<Attempt>, Vec<Event>), StoreError> {
         let (op, _) = self.backend.read(tenant, id).await?;
         let op = op.ok_or(StoreError::NotFound)?;
         let (attempts, events) = self.backend.history(tenant, id).await?;
@@ -131,13 +166,19 @@ impl<B: Backend> Ledger<B> {
     }
 
     /// One page of operations and, when there may be more, where the next page starts.
-    pub async fn list(&self, tenant: &str, query: &ListQuery) -> Result<(Vec<Operation>, Option<(Millis, String)>), StoreError> {
+    pub async fn list(
+        &self,
+        tenant: &str,
+        query: &ListQuery,
+    ) -> Result<(Vec<Operation>, Option<(Millis, String)>), StoreError> {
         let mut probe = query.clone();
         probe.page_size = query.page_size.saturating_add(1);
         let mut operations = self.backend.list(tenant, &probe).await?;
         let next = if operations.len() > query.page_size as usize {
             operations.truncate(query.page_size as usize);
-            operations.last().map(|op| (op.created_at, op.operation_id.to_string()))
+            operations
+                .last()
+                .map(|op| (op.created_at, op.operation_id.to_string()))
         } else {
             None
         };

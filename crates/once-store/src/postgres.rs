@@ -78,23 +78,32 @@ impl Backend for PgBackend {
         Ok(self.pool.begin().await?)
     }
 
-    async fn lock(&self, tx: &mut Self::Tx, tenant: &str, id: &OperationId) -> Result<(Option<Operation>, Millis), StoreError> {
+    async fn lock(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Option<Operation>, Millis), StoreError> {
         let sql = format!(
             "SELECT {} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN LATERAL \
              (SELECT {OPERATION_COLUMNS} FROM operations WHERE tenant = $1 AND operation_id = $2 FOR UPDATE) AS o ON TRUE",
             pg_now!()
         );
-        read_with_clock(&sql, &mut **tx, tenant, id).await
+        read_with_clock(&sql, tx, tenant, id).await
     }
 
-    async fn read(&self, tenant: &str, id: &OperationId) -> Result<(Option<Operation>, Millis), StoreError> {
+    async fn read(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Option<Operation>, Millis), StoreError> {
         let sql = format!(
             "SELECT {} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN \
              (SELECT {OPERATION_COLUMNS} FROM operations WHERE tenant = $1 AND operation_id = $2) AS o ON TRUE",
             pg_now!()
         );
         let mut conn = self.pool.acquire().await?;
-        read_with_clock(&sql, &mut *conn, tenant, id).await
+        read_with_clock(&sql, &mut conn, tenant, id).await
     }
 
     shared_backend_methods!(Postgres, pg_now!());
@@ -107,7 +116,11 @@ async fn read_with_clock(
     id: &OperationId,
 ) -> Result<(Option<Operation>, Millis), StoreError> {
     use sqlx::Row as _;
-    let row = sqlx::query(sql).bind(tenant).bind(id.as_str()).fetch_one(conn).await?;
+    let row = sqlx::query(sql)
+        .bind(tenant)
+        .bind(id.as_str())
+        .fetch_one(conn)
+        .await?;
     let now: Millis = row.try_get("now_ms")?;
     Ok((decode_operation!(&row), now))
 }

@@ -49,10 +49,15 @@ pub(crate) fn operation_id(value: String) -> Result<OperationId, StoreError> {
 }
 
 pub(crate) fn attempt_number(value: i64) -> Result<u32, StoreError> {
-    u32::try_from(value).map_err(|_| StoreError::Corrupt(format!("attempt number {value} out of range")))
+    u32::try_from(value)
+        .map_err(|_| StoreError::Corrupt(format!("attempt number {value} out of range")))
 }
 
-pub(crate) fn context(client_name: Option<String>, session_id: Option<String>, request_id: Option<String>) -> AttemptContext {
+pub(crate) fn context(
+    client_name: Option<String>,
+    session_id: Option<String>,
+    request_id: Option<String>,
+) -> AttemptContext {
     AttemptContext {
         client_name,
         session_id,

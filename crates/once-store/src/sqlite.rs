@@ -8,7 +8,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use once_core::{Millis, Operation, OperationId};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{Sqlite, Transaction};
 
 use crate::shared::{bind_operation, decode_operation, shared_backend_methods, OPERATION_COLUMNS};
@@ -69,14 +71,23 @@ impl Backend for SqliteBackend {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
-    async fn lock(&self, tx: &mut Self::Tx, tenant: &str, id: &OperationId) -> Result<(Option<Operation>, Millis), StoreError> {
+    async fn lock(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Option<Operation>, Millis), StoreError> {
         // The transaction already holds the write lock, so a plain read is a locked read.
-        read_with_clock(&mut **tx, tenant, id).await
+        read_with_clock(tx, tenant, id).await
     }
 
-    async fn read(&self, tenant: &str, id: &OperationId) -> Result<(Option<Operation>, Millis), StoreError> {
+    async fn read(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Option<Operation>, Millis), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        read_with_clock(&mut *conn, tenant, id).await
+        read_with_clock(&mut conn, tenant, id).await
     }
 
     shared_backend_methods!(Sqlite, sqlite_now!());
@@ -93,7 +104,11 @@ async fn read_with_clock(
          LEFT JOIN (SELECT {OPERATION_COLUMNS} FROM operations WHERE tenant = $1 AND operation_id = $2) AS o ON 1 = 1",
         sqlite_now!()
     );
-    let row = sqlx::query(&sql).bind(tenant).bind(id.as_str()).fetch_one(conn).await?;
+    let row = sqlx::query(&sql)
+        .bind(tenant)
+        .bind(id.as_str())
+        .fetch_one(conn)
+        .await?;
     let now: Millis = row.try_get("now_ms")?;
     Ok((decode_operation!(&row), now))
 }

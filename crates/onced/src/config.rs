@@ -9,7 +9,12 @@ use once_core::Limits;
 
 /// The once-ledger service.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "onced", version, about = "The once-ledger operation ledger service")]
+#[command(
+    name = "onced",
+    version,
+    about = "The once-ledger operation ledger service",
+    args_override_self = true
+)]
 pub struct Config {
     /// Where operations are stored: `sqlite://PATH` (created if missing) or
     /// `postgres://USER@HOST/DB`.
@@ -83,7 +88,9 @@ impl Config {
         if self.default_lease > self.max_lease {
             return Err("--default-lease must not exceed --max-lease".into());
         }
-        if self.retention_derived > self.max_retention || self.retention_explicit > self.max_retention {
+        if self.retention_derived > self.max_retention
+            || self.retention_explicit > self.max_retention
+        {
             return Err("retention defaults must not exceed --max-retention".into());
         }
         if self.lease_sweep_interval.is_zero() || self.retention_sweep_interval.is_zero() {

@@ -25,7 +25,11 @@ pub use service::{LedgerService, DEFAULT_TENANT};
 pub use status::ERROR_DOMAIN;
 
 /// Serves the ledger on `listener` until `shutdown` completes.
-pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
     match config.store_kind().map_err(anyhow::Error::msg)? {
         StoreKind::Sqlite => {
@@ -64,7 +68,11 @@ async fn serve<B: Backend>(
     // Cancelled after the server has drained, so no sweeper outlives the pool it uses.
     let stop_sweepers = CancellationToken::new();
     let sweepers = [
-        tokio::spawn(sweeper::leases(ledger.clone(), config.lease_sweep_interval, stop_sweepers.clone())),
+        tokio::spawn(sweeper::leases(
+            ledger.clone(),
+            config.lease_sweep_interval,
+            stop_sweepers.clone(),
+        )),
         tokio::spawn(sweeper::retention(
             ledger.clone(),
             config.retention_sweep_interval,

@@ -29,7 +29,9 @@ pub struct LedgerService<B> {
 
 impl<B> std::fmt::Debug for LedgerService<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LedgerService").field("limits", &self.limits).finish_non_exhaustive()
+        f.debug_struct("LedgerService")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
 }
 
@@ -46,7 +48,9 @@ impl<B: Backend> LedgerService<B> {
 /// Establishes who is calling. Authentication is off: every caller is tenant `default`, and
 /// the executor is named after the client it says it is.
 fn caller<T>(_request: &Request<T>, client_name: Option<&str>) -> Caller {
-    let name = client_name.filter(|n| !n.is_empty()).unwrap_or(DEFAULT_TENANT);
+    let name = client_name
+        .filter(|n| !n.is_empty())
+        .unwrap_or(DEFAULT_TENANT);
     Caller {
         tenant: DEFAULT_TENANT.to_owned(),
         actor: format!("executor:{name}"),
@@ -56,10 +60,18 @@ fn caller<T>(_request: &Request<T>, client_name: Option<&str>) -> Caller {
 #[tonic::async_trait]
 impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
     #[instrument(skip_all, fields(operation_id, tool, decision))]
-    async fn begin(&self, request: Request<pb::BeginRequest>) -> Result<Response<pb::BeginResponse>, Status> {
-        let client_name = request.get_ref().context.as_ref().map(|c| c.client_name.clone());
+    async fn begin(
+        &self,
+        request: Request<pb::BeginRequest>,
+    ) -> Result<Response<pb::BeginResponse>, Status> {
+        let client_name = request
+            .get_ref()
+            .context
+            .as_ref()
+            .map(|c| c.client_name.clone());
         let caller = caller(&request, client_name.as_deref());
-        let input = convert::begin(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        let input =
+            convert::begin(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
         let cmd = input.command;
         let span = tracing::Span::current();
         span.record("operation_id", cmd.operation_id.as_str());
@@ -76,44 +88,65 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             if now >= deadline {
                 break decision;
             }
-            let pause = Duration::from_millis(*retry_after_ms as u64).min(MAX_WAIT_POLL).min(deadline - now);
+            let pause = Duration::from_millis(*retry_after_ms as u64)
+                .min(MAX_WAIT_POLL)
+                .min(deadline - now);
             tokio::select! {
                 _ = settled => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         };
         span.record("decision", decision.name());
-        Ok(Response::new(convert::begin_response(&cmd.operation_id, decision)))
+        Ok(Response::new(convert::begin_response(
+            &cmd.operation_id,
+            decision,
+        )))
     }
 
     #[instrument(skip_all, fields(operation_id))]
-    async fn confirm(&self, request: Request<pb::ConfirmRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+    async fn confirm(
+        &self,
+        request: Request<pb::ConfirmRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, cmd) = convert::confirm(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        let (id, cmd) = convert::confirm(request.into_inner(), &caller, &self.limits)
+            .map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         self.report(&caller, &id, &cmd).await
     }
 
     #[instrument(skip_all, fields(operation_id))]
-    async fn report_absent(&self, request: Request<pb::ReportAbsentRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+    async fn report_absent(
+        &self,
+        request: Request<pb::ReportAbsentRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, cmd) = convert::report_absent(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        let (id, cmd) = convert::report_absent(request.into_inner(), &caller, &self.limits)
+            .map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         self.report(&caller, &id, &cmd).await
     }
 
     #[instrument(skip_all, fields(operation_id))]
-    async fn report_unknown(&self, request: Request<pb::ReportUnknownRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+    async fn report_unknown(
+        &self,
+        request: Request<pb::ReportUnknownRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, cmd) = convert::report_unknown(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
+        let (id, cmd) = convert::report_unknown(request.into_inner(), &caller, &self.limits)
+            .map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         self.report(&caller, &id, &cmd).await
     }
 
     #[instrument(skip_all, fields(operation_id))]
-    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, token, ttl) = convert::heartbeat(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        let (id, token, ttl) =
+            convert::heartbeat(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         let deadline = self
             .ledger
@@ -126,11 +159,18 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
     }
 
     #[instrument(skip_all, fields(operation_id))]
-    async fn get_operation(&self, request: Request<pb::GetOperationRequest>) -> Result<Response<pb::GetOperationResponse>, Status> {
+    async fn get_operation(
+        &self,
+        request: Request<pb::GetOperationRequest>,
+    ) -> Result<Response<pb::GetOperationResponse>, Status> {
         let caller = caller(&request, None);
         let id = convert::get_operation(request.into_inner()).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
-        let (op, attempts, events) = self.ledger.get(&caller.tenant, &id).await.map_err(status::store)?;
+        let (op, attempts, events) = self
+            .ledger
+            .get(&caller.tenant, &id)
+            .await
+            .map_err(status::store)?;
         Ok(Response::new(pb::GetOperationResponse {
             operation: Some(convert::operation(op)),
             attempts: attempts.into_iter().map(convert::attempt).collect(),
@@ -139,10 +179,17 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
     }
 
     #[instrument(skip_all)]
-    async fn list_operations(&self, request: Request<pb::ListOperationsRequest>) -> Result<Response<pb::ListOperationsResponse>, Status> {
+    async fn list_operations(
+        &self,
+        request: Request<pb::ListOperationsRequest>,
+    ) -> Result<Response<pb::ListOperationsResponse>, Status> {
         let caller = caller(&request, None);
         let query = convert::list_operations(request.into_inner()).map_err(status::invalid)?;
-        let (operations, next) = self.ledger.list(&caller.tenant, &query).await.map_err(status::store)?;
+        let (operations, next) = self
+            .ledger
+            .list(&caller.tenant, &query)
+            .await
+            .map_err(status::store)?;
         Ok(Response::new(pb::ListOperationsResponse {
             operations: operations.into_iter().map(convert::operation).collect(),
             next_page_token: next
@@ -152,13 +199,21 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
     }
 
     #[instrument(skip_all, fields(operation_id, actor))]
-    async fn resolve(&self, request: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
+    async fn resolve(
+        &self,
+        request: Request<pb::ResolveRequest>,
+    ) -> Result<Response<pb::ResolveResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, cmd) = convert::resolve(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        let (id, cmd) =
+            convert::resolve(request.into_inner(), &self.limits).map_err(status::invalid)?;
         let span = tracing::Span::current();
         span.record("operation_id", id.as_str());
         span.record("actor", cmd.actor.as_str());
-        let state = self.ledger.resolve(&caller.tenant, &id, &cmd).await.map_err(status::store)?;
+        let state = self
+            .ledger
+            .resolve(&caller.tenant, &id, &cmd)
+            .await
+            .map_err(status::store)?;
         self.settled.notify_waiters();
         tracing::info!(state = state.as_str(), "operation resolved");
         Ok(Response::new(pb::ResolveResponse {
@@ -168,7 +223,12 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
-    async fn report(&self, caller: &Caller, id: &once_core::OperationId, cmd: &once_core::ReportCommand) -> Result<Response<pb::ReportResponse>, Status> {
+    async fn report(
+        &self,
+        caller: &Caller,
+        id: &once_core::OperationId,
+        cmd: &once_core::ReportCommand,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
         let state = self.ledger.report(&caller.tenant, id, cmd).await;
         self.settled.notify_waiters();
         let state = state.map_err(status::store)?;

@@ -12,7 +12,13 @@ use tonic_types::{ErrorDetails, StatusExt};
 pub const ERROR_DOMAIN: &str = "once.ledger.v1";
 
 fn status(code: Code, reason: &str, message: String, metadata: Vec<(String, String)>) -> Status {
-    let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata.into_iter().collect::<std::collections::HashMap<_, _>>());
+    let details = ErrorDetails::with_error_info(
+        reason,
+        ERROR_DOMAIN,
+        metadata
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>(),
+    );
     Status::with_error_details(code, message, details)
 }
 
@@ -20,7 +26,9 @@ pub fn invalid(error: Invalid) -> Status {
     let mut details = ErrorDetails::with_error_info(
         error.code,
         ERROR_DOMAIN,
-        [("field".to_owned(), error.field.clone())].into_iter().collect::<std::collections::HashMap<_, _>>(),
+        [("field".to_owned(), error.field.clone())]
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>(),
     );
     details.add_bad_request_violation(error.field.clone(), error.message.clone());
     Status::with_error_details(Code::InvalidArgument, error.to_string(), details)
@@ -28,7 +36,12 @@ pub fn invalid(error: Invalid) -> Status {
 
 pub fn store(error: StoreError) -> Status {
     match error {
-        StoreError::NotFound => status(Code::NotFound, "OPERATION_NOT_FOUND", "no such operation".into(), vec![]),
+        StoreError::NotFound => status(
+            Code::NotFound,
+            "OPERATION_NOT_FOUND",
+            "no such operation".into(),
+            vec![],
+        ),
         StoreError::Rejected(rejection) => rejected(rejection),
         StoreError::Unavailable(source) => {
             tracing::warn!(error = %source, "database unavailable");
@@ -63,7 +76,10 @@ fn rejected(rejection: Rejection) -> Status {
             Code::FailedPrecondition,
             "EXECUTION_RIGHT_LOST",
             message,
-            vec![("fencing_token".into(), token.to_string()), ("latest_attempt".into(), latest.to_string())],
+            vec![
+                ("fencing_token".into(), token.to_string()),
+                ("latest_attempt".into(), latest.to_string()),
+            ],
         ),
         Rejection::LeaseExpired { token } => status(
             Code::FailedPrecondition,

@@ -31,7 +31,12 @@ pub async fn leases<B: Backend>(ledger: Ledger<B>, interval: Duration, stop: Can
 }
 
 /// Deletes settled operations past retention and events past `event_retention`.
-pub async fn retention<B: Backend>(ledger: Ledger<B>, interval: Duration, event_retention: Duration, stop: CancellationToken) {
+pub async fn retention<B: Backend>(
+    ledger: Ledger<B>,
+    interval: Duration,
+    event_retention: Duration,
+    stop: CancellationToken,
+) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let event_age_ms = i64::try_from(event_retention.as_millis()).unwrap_or(i64::MAX);

@@ -1,0 +1,14 @@
+//! The once-ledger integration suite: real `onced` servers on real sockets, over real SQLite
+//! files and real PostgreSQL databases. Every scenario runs on both backends.
+
+mod support;
+
+mod concurrency;
+mod decisions;
+mod durability;
+mod invariants;
+mod leases;
+mod outage;
+mod retention;
+mod service;
+mod validation;

@@ -1,0 +1,174 @@
+//! Retention: settled operations start a new life after it; others are never swept.
+
+use std::time::Duration;
+
+use once_api::pb;
+
+use crate::support::*;
+
+on_both_backends!(
+    confirmed_past_retention_executes_again,
+    sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest,
+    caller_may_ask_for_longer_retention,
+);
+
+async fn confirmed_past_retention_executes_again(store: Store) {
+    let db = TestDb::new(store).await;
+    // The sweeper is kept out of the way: Begin alone must see that retention has passed.
+    let ledger = TestLedger::spawn_with(
+        &db,
+        &[
+            "--retention-explicit",
+            "1ms",
+            "--retention-sweep-interval",
+            "1h",
+        ],
+    )
+    .await;
+    let mut client = ledger.client().await;
+
+    let first = claim(&mut client, begin("ret-1", ARGS)).await;
+    confirm(&mut client, "ret-1", first.fencing_token, b"old")
+        .await
+        .unwrap();
+    let again = eventually(Duration::from_secs(5), "retention to pass", || {
+        let mut client = client.clone();
+        async move {
+            let response = client
+                .begin(begin("ret-1", ARGS))
+                .await
+                .unwrap()
+                .into_inner();
+            (decision_name(&response) == "EXECUTE").then(|| expect_execute(&response))
+        }
+    })
+    .await;
+    assert_eq!(again.attempt, 2, "fencing tokens keep growing across lives");
+    assert_ne!(
+        again.provider_key, first.provider_key,
+        "a new life gets a new provider key"
+    );
+
+    // ABSENT past retention, with different arguments this time: a new life, not a conflict.
+    let grant = claim(&mut client, begin("ret-2", ARGS)).await;
+    report_absent(&mut client, "ret-2", grant.fencing_token)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(5), "retention to pass", || {
+        let mut client = client.clone();
+        async move {
+            let response = client
+                .begin(begin("ret-2", r#"{"different":1}"#))
+                .await
+                .unwrap()
+                .into_inner();
+            (decision_name(&response) == "EXECUTE").then_some(())
+        }
+    })
+    .await;
+    ledger.stop().await;
+}
+
+async fn sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn_with(
+        &db,
+        &[
+            "--retention-explicit",
+            "1ms",
+            "--retention-sweep-interval",
+            "50ms",
+            "--event-retention",
+            "1h",
+        ],
+    )
+    .await;
+    let mut client = ledger.client().await;
+
+    for i in 0..30 {
+        let id = format!("ret-bulk-{i}");
+        let grant = claim(&mut client, begin(&id, ARGS)).await;
+        if i % 2 == 0 {
+            confirm(&mut client, &id, grant.fencing_token, b"ok")
+                .await
+                .unwrap();
+        } else {
+            report_absent(&mut client, &id, grant.fencing_token)
+                .await
+                .unwrap();
+        }
+    }
+    let mut long_lease = begin("ret-in-flight", ARGS);
+    long_lease.lease_ttl = Some(ms(3_600_000));
+    claim(&mut client, long_lease).await;
+    let grant = claim(&mut client, begin("ret-unknown", ARGS)).await;
+    report_unknown(&mut client, "ret-unknown", grant.fencing_token)
+        .await
+        .unwrap();
+
+    eventually(
+        Duration::from_secs(10),
+        "settled operations swept",
+        || async { (db.scalar("SELECT count(*) FROM operations").await == 2).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM attempts").await,
+        2,
+        "attempts go with their operation"
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM events").await,
+        63,
+        "events are kept for their own retention"
+    );
+    assert_eq!(
+        state_of(&mut client, "ret-in-flight").await,
+        pb::OperationState::InFlight
+    );
+    assert_eq!(
+        state_of(&mut client, "ret-unknown").await,
+        pb::OperationState::Unknown
+    );
+    ledger.stop().await;
+}
+
+async fn caller_may_ask_for_longer_retention(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn_with(
+        &db,
+        &[
+            "--retention-explicit",
+            "1ms",
+            "--retention-sweep-interval",
+            "50ms",
+        ],
+    )
+    .await;
+    let mut client = ledger.client().await;
+
+    let mut kept = begin("ret-kept", ARGS);
+    kept.retention = Some(ms(3_600_000));
+    let grant = claim(&mut client, kept).await;
+    confirm(&mut client, "ret-kept", grant.fencing_token, b"kept")
+        .await
+        .unwrap();
+    let grant = claim(&mut client, begin("ret-short", ARGS)).await;
+    confirm(&mut client, "ret-short", grant.fencing_token, b"short")
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the short one swept", || async {
+        (db.scalar("SELECT count(*) FROM operations WHERE operation_id = 'ret-short'")
+            .await
+            == 0)
+            .then_some(())
+    })
+    .await;
+    let replay = client
+        .begin(begin("ret-kept", ARGS))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(expect_replay(&replay).result, b"kept");
+    ledger.stop().await;
+}
