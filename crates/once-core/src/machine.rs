@@ -532,3 +532,7 @@ pub fn resolve(
         },
     ))
 }
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;
