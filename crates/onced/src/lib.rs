@@ -59,10 +59,17 @@ async fn serve<B: Backend>(
 ) -> anyhow::Result<()> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LedgerServer<LedgerService<B>>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(once_api::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Both reflection versions: grpcurl and newer tools ask v1, older clients v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(once_api::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
         .build_v1()
+        .context("building the reflection service")?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
         .context("building the reflection service")?;
 
     // Cancelled after the server has drained, so no sweeper outlives the pool it uses.
@@ -86,7 +93,8 @@ async fn serve<B: Backend>(
     let service = LedgerService::new(ledger.clone(), config.limits());
     tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(LedgerServer::new(service))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
