@@ -1,5 +1,6 @@
 -- once-ledger schema (PostgreSQL). Times are milliseconds since the Unix epoch.
--- Keyed by tenant first, as in PostgreSQL.
+-- Keyed by tenant first, so it can be hash-partitioned. created_at is when the current life of the
+-- operation id began: a settled operation past retention starts a new life on its next Begin.
 
 CREATE TABLE operations (
     tenant           TEXT    NOT NULL,
@@ -18,7 +19,6 @@ CREATE TABLE operations (
     provider         TEXT,
     lookup_hints     TEXT,
     retention_ms     BIGINT NOT NULL,
-    epoch            BIGINT NOT NULL,
     created_at       BIGINT NOT NULL,
     updated_at       BIGINT NOT NULL,
     expires_at       BIGINT,

@@ -1,5 +1,6 @@
 -- once-ledger schema (SQLite). Times are milliseconds since the Unix epoch.
--- Keyed by tenant first, as in PostgreSQL.
+-- Keyed by tenant first, as in PostgreSQL. created_at is when the current life of the
+-- operation id began: a settled operation past retention starts a new life on its next Begin.
 
 CREATE TABLE operations (
     tenant           TEXT    NOT NULL,
@@ -18,7 +19,6 @@ CREATE TABLE operations (
     provider         TEXT,
     lookup_hints     TEXT,
     retention_ms     INTEGER NOT NULL,
-    epoch            INTEGER NOT NULL,
     created_at       INTEGER NOT NULL,
     updated_at       INTEGER NOT NULL,
     expires_at       INTEGER,

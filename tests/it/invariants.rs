@@ -224,7 +224,8 @@ async fn invariant_4_retention_never_deletes_unknown_or_in_flight(store: Store) 
         .unwrap();
 
     // However old: age every timestamp to the first second of the epoch.
-    db.execute("UPDATE operations SET created_at = 1, updated_at = 1, epoch = 1 WHERE state <> 'CONFIRMED'").await;
+    db.execute("UPDATE operations SET created_at = 1, updated_at = 1 WHERE state <> 'CONFIRMED'")
+        .await;
 
     // The sweeper has run once the settled operation is gone.
     eventually(

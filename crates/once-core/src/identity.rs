@@ -195,15 +195,15 @@ impl CanonicalArguments {
 /// The key handed to the downstream provider's own idempotency mechanism.
 ///
 /// Stable for every attempt of one operation, different across tenants, and fresh when an
-/// operation id starts a new life after retention (`epoch` is the time that life began).
-pub fn provider_key(tenant: &str, operation_id: &OperationId, epoch_ms: i64) -> String {
+/// operation id starts a new life after retention (`life_began_ms` is when that life began).
+pub fn provider_key(tenant: &str, operation_id: &OperationId, life_began_ms: i64) -> String {
     let mut hasher = Sha256::new();
     hasher.update(b"once-provider-key-v1\0");
     for part in [tenant.as_bytes(), operation_id.as_str().as_bytes()] {
         hasher.update((part.len() as u32).to_be_bytes());
         hasher.update(part);
     }
-    hasher.update(epoch_ms.to_be_bytes());
+    hasher.update(life_began_ms.to_be_bytes());
     format!("once_{}", &hex::encode(hasher.finalize())[..40])
 }
 

@@ -118,9 +118,8 @@ pub struct Operation {
     pub lookup_hints: Option<String>,
     /// How long the operation is kept once settled.
     pub retention_ms: i64,
-    /// When this life of the operation id began (a settled operation past retention starts a
-    /// new life on its next Begin).
-    pub epoch: Millis,
+    /// When this life of the operation id began: a settled operation past retention starts a
+    /// new life on its next Begin.
     pub created_at: Millis,
     pub updated_at: Millis,
     /// When retention may delete a settled operation; `None` while not settled.

@@ -9,17 +9,17 @@ use crate::StoreError;
 /// The columns of `operations`, in the order [`bind_operation!`] binds them.
 pub(crate) const OPERATION_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, attempt_id, \
      lease_started_at, lease_deadline, result, provider_ref, provider_key, provider, lookup_hints, retention_ms, \
-     epoch, created_at, updated_at, expires_at, reason, resolution_id";
+     created_at, updated_at, expires_at, reason, resolution_id";
 
 pub(crate) const INSERT_OPERATION: &str = "INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, source, attempt, attempt_id, \
      lease_started_at, lease_deadline, result, provider_ref, provider_key, provider, lookup_hints, retention_ms, \
-     epoch, created_at, updated_at, expires_at, reason, resolution_id) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)";
+     created_at, updated_at, expires_at, reason, resolution_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)";
 
 pub(crate) const UPDATE_OPERATION: &str = "UPDATE operations SET tool = $3, fingerprint = $4, state = $5, source = $6, attempt = $7, \
      attempt_id = $8, lease_started_at = $9, lease_deadline = $10, result = $11, provider_ref = $12, \
-     provider_key = $13, provider = $14, lookup_hints = $15, retention_ms = $16, epoch = $17, created_at = $18, \
-     updated_at = $19, expires_at = $20, reason = $21, resolution_id = $22 \
+     provider_key = $13, provider = $14, lookup_hints = $15, retention_ms = $16, created_at = $17, \
+     updated_at = $18, expires_at = $19, reason = $20, resolution_id = $21 \
      WHERE tenant = $1 AND operation_id = $2";
 
 pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (tenant, operation_id, number, attempt_id, started_at, lease_deadline, actor, \
@@ -86,7 +86,6 @@ macro_rules! bind_operation {
             .bind(op.provider.clone())
             .bind(op.lookup_hints.clone())
             .bind(op.retention_ms)
-            .bind(op.epoch)
             .bind(op.created_at)
             .bind(op.updated_at)
             .bind(op.expires_at)
@@ -121,7 +120,6 @@ macro_rules! decode_operation {
                 provider: row.try_get("provider")?,
                 lookup_hints: row.try_get("lookup_hints")?,
                 retention_ms: row.try_get("retention_ms")?,
-                epoch: row.try_get("epoch")?,
                 created_at: row.try_get("created_at")?,
                 updated_at: row.try_get("updated_at")?,
                 expires_at: row.try_get("expires_at")?,

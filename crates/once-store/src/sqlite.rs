@@ -18,6 +18,8 @@ use crate::{Backend, StoreError};
 
 /// How long a writer waits for another process's write lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often start-up migration is retried when another process migrates the same file.
+const MIGRATION_TRIES: u64 = 5;
 
 /// Milliseconds since the epoch by SQLite's clock (the host's).
 macro_rules! sqlite_now {
@@ -47,10 +49,7 @@ impl SqliteBackend {
             .acquire_timeout(BUSY_TIMEOUT)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("../../migrations/sqlite")
-            .run(&pool)
-            .await
-            .map_err(|e| StoreError::Internal(e.into()))?;
+        migrate(&pool).await?;
         Ok(Self { pool })
     }
 
@@ -91,6 +90,25 @@ impl Backend for SqliteBackend {
     }
 
     shared_backend_methods!(Sqlite, sqlite_now!());
+}
+
+/// Applies pending migrations. SQLite has no lock that spans the migrator's transactions, so
+/// when several processes open a new file at once one of them may find a migration applied
+/// under it; it then looks again, and finds nothing left to do.
+async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
+    let migrator = sqlx::migrate!("../../migrations/sqlite");
+    let mut tries = 0;
+    loop {
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(error) if tries < MIGRATION_TRIES => {
+                tries += 1;
+                tracing::debug!(%error, tries, "migration raced another process; trying again");
+                tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+            }
+            Err(error) => return Err(StoreError::Internal(error.into())),
+        }
+    }
 }
 
 async fn read_with_clock(
