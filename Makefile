@@ -16,4 +16,4 @@ fmt:
 	cargo fmt --all
 
 lint:
-	cargo fmt --all -- --check && cargo clippy --workspace --all-targets -- -D warnings
+	cargo fmt --all -- --check && cargo clippy --workspace --all-targets --all-features -- -D warnings

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod client;
 mod concurrency;
 mod decisions;
 mod durability;

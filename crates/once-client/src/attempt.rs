@@ -1,0 +1,207 @@
+//! The execution right granted by an EXECUTE decision.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use once_api::pb;
+use tokio::sync::Notify;
+
+use crate::client::{duration, system_time, ClientError, LedgerClient};
+
+/// The right to perform one operation's effect once.
+///
+/// While it lives, a background task heartbeats the lease, so an effect may run longer than one
+/// lease. Report exactly once with [`confirm`](Self::confirm), [`absent`](Self::absent) or
+/// [`unknown`](Self::unknown). Dropped without a report (an early return, a cancelled future, a
+/// panic), it reports UNKNOWN on its own: an attempt that did not say what happened never
+/// becomes ABSENT.
+#[derive(Debug)]
+pub struct Attempt {
+    client: LedgerClient,
+    operation_id: String,
+    grant: pb::Execute,
+    /// Stops the heartbeat task when the attempt reports or is dropped.
+    stop_heartbeat: Arc<Notify>,
+    reported: bool,
+}
+
+impl Attempt {
+    pub(crate) fn start(
+        client: LedgerClient,
+        operation_id: String,
+        grant: pb::Execute,
+        lease_ttl: Duration,
+    ) -> Self {
+        let stop_heartbeat = Arc::new(Notify::new());
+        tokio::spawn(heartbeat(
+            client.clone(),
+            operation_id.clone(),
+            grant.fencing_token,
+            lease_ttl,
+            stop_heartbeat.clone(),
+        ));
+        Self {
+            client,
+            operation_id,
+            grant,
+            stop_heartbeat,
+            reported: false,
+        }
+    }
+
+    pub fn operation_id(&self) -> &str {
+        &self.operation_id
+    }
+
+    /// The key to pass to the provider's idempotency mechanism.
+    pub fn provider_key(&self) -> &str {
+        &self.grant.provider_key
+    }
+
+    pub fn number(&self) -> u32 {
+        self.grant.attempt
+    }
+
+    pub fn fencing_token(&self) -> u64 {
+        self.grant.fencing_token
+    }
+
+    pub fn lease_deadline(&self) -> Option<SystemTime> {
+        self.grant.lease_deadline.map(system_time)
+    }
+
+    /// The effect happened: the ledger stores `result` and replays it to every later caller.
+    pub async fn confirm(
+        mut self,
+        result: Vec<u8>,
+        provider_ref: Option<String>,
+    ) -> Result<(), ClientError> {
+        self.finish();
+        let request = pb::ConfirmRequest {
+            operation_id: self.operation_id.clone(),
+            fencing_token: self.grant.fencing_token,
+            result,
+            provider_ref: provider_ref.unwrap_or_default(),
+        };
+        self.client
+            .call(
+                Duration::ZERO,
+                |mut grpc, r| async move { grpc.confirm(r).await },
+                request,
+            )
+            .await
+            .map(drop)
+    }
+
+    /// The effect certainly did not happen; a later attempt may run.
+    pub async fn absent(mut self, reason: &str) -> Result<(), ClientError> {
+        self.finish();
+        let request = pb::ReportAbsentRequest {
+            operation_id: self.operation_id.clone(),
+            fencing_token: self.grant.fencing_token,
+            reason: reason.into(),
+        };
+        self.client
+            .call(
+                Duration::ZERO,
+                |mut grpc, r| async move { grpc.report_absent(r).await },
+                request,
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Nobody can tell whether the effect happened.
+    pub async fn unknown(mut self, reason: &str) -> Result<(), ClientError> {
+        self.finish();
+        report_unknown(
+            &self.client,
+            &self.operation_id,
+            self.grant.fencing_token,
+            reason,
+        )
+        .await
+    }
+
+    fn finish(&mut self) {
+        self.reported = true;
+        self.stop_heartbeat.notify_one();
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        self.stop_heartbeat.notify_one();
+        if self.reported {
+            return;
+        }
+        let (client, id, token) = (
+            self.client.clone(),
+            self.operation_id.clone(),
+            self.grant.fencing_token,
+        );
+        // Best effort: if this report is lost too, the lease runs out and the ledger makes the
+        // operation UNKNOWN by itself.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = report_unknown(&client, &id, token, "the attempt ended without a report").await {
+                    tracing::warn!(operation_id = %id, %error, "could not report an abandoned attempt; its lease will expire");
+                }
+            });
+        }
+    }
+}
+
+async fn report_unknown(
+    client: &LedgerClient,
+    operation_id: &str,
+    token: u64,
+    reason: &str,
+) -> Result<(), ClientError> {
+    let request = pb::ReportUnknownRequest {
+        operation_id: operation_id.into(),
+        fencing_token: token,
+        reason: reason.into(),
+    };
+    client
+        .call(
+            Duration::ZERO,
+            |mut grpc, r| async move { grpc.report_unknown(r).await },
+            request,
+        )
+        .await
+        .map(drop)
+}
+
+/// Extends the lease every third of its length until stopped or refused.
+async fn heartbeat(
+    client: LedgerClient,
+    operation_id: String,
+    token: u64,
+    ttl: Duration,
+    stop: Arc<Notify>,
+) {
+    let period = (ttl / 3).max(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            _ = stop.notified() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let request = pb::HeartbeatRequest {
+            operation_id: operation_id.clone(),
+            fencing_token: token,
+            lease_ttl: Some(duration(ttl)),
+        };
+        if let Err(error) = client
+            .call(
+                Duration::ZERO,
+                |mut grpc, r| async move { grpc.heartbeat(r).await },
+                request,
+            )
+            .await
+        {
+            tracing::warn!(%operation_id, %error, "lease heartbeat refused; the attempt lost its lease");
+            return;
+        }
+    }
+}

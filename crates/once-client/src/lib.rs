@@ -1,0 +1,43 @@
+//! The once-ledger client: what a service links to ask the ledger before a side effect and to
+//! report after it.
+//!
+//! ```no_run
+//! # async fn refund() -> Result<(), once_client::ClientError> {
+//! use once_client::{EffectError, LedgerClient, OperationSpec, Outcome};
+//!
+//! let ledger = LedgerClient::connect(once_client::ClientConfig::new("http://127.0.0.1:50051"))?;
+//! let args = serde_json::json!({"order_id": "order_4821", "amount_cents": 500});
+//! let spec = OperationSpec::new("issue_refund", args).intent(["refund", "order_4821"]);
+//! let outcome = ledger
+//!     .run(&spec, |attempt| async move {
+//!         // Call the provider with attempt.provider_key as its idempotency key.
+//!         let _ = attempt.provider_key;
+//!         Ok::<_, EffectError>(once_client::Effect::new(br#"{"refund":"re_1"}"#.to_vec()))
+//!     })
+//!     .await?;
+//! match outcome {
+//!     Outcome::Executed { .. } | Outcome::Replayed { .. } => {}
+//!     _ => { /* in progress, unknown or conflict: do not retry */ }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Guarantees: a retried ledger RPC never creates a second attempt (Begin is retried with the
+//! same attempt id, reports with the same fencing token); when the ledger cannot be reached the
+//! effect is not performed ([`ClientError::Unreachable`]); an attempt that ends without a report
+//! — dropped, cancelled, panicked — is reported UNKNOWN, never ABSENT.
+
+mod attempt;
+mod client;
+mod spec;
+
+#[cfg(feature = "rmcp")]
+pub mod mcp;
+
+pub use attempt::Attempt;
+pub use client::{
+    ClientConfig, ClientError, Decision, Effect, EffectContext, EffectError, LedgerClient, Outcome,
+    Replay,
+};
+pub use once_api::pb::AttemptContext;
+pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};

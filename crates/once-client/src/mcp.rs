@@ -1,0 +1,224 @@
+//! The `rmcp` integration: the attempt context of an MCP request, and the tool result the
+//! model should read for each outcome (MCP tool results carry no headers, so everything the
+//! model must know is in the body).
+//!
+//! - REPLAY is never an error (an error makes a model retry): the original text, verbatim, then
+//!   a marker `{"replayed": true, "operation_id": …, "original_time": …}`.
+//! - IN_PROGRESS, UNKNOWN and CONFLICT are error results whose text says what happened, that the
+//!   model must not retry, and which status tool to call.
+//! - An unreachable ledger fails closed: the action was not performed; retrying later is safe.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rmcp::model::{CallToolResult, ContentBlock, NumberOrString, ProgressNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::RoleServer;
+use serde_json::json;
+
+use crate::{AttemptContext, ClientError, Outcome, Replay, META_IDEMPOTENCY_KEY};
+
+/// The transport facts of an MCP request, for the ledger's attempt log: the JSON-RPC request
+/// id, the MCP session id (Streamable HTTP), and the client's name from its handshake.
+pub fn attempt_context(ctx: &RequestContext<RoleServer>) -> AttemptContext {
+    let request_id = match &ctx.id {
+        NumberOrString::Number(n) => n.to_string(),
+        NumberOrString::String(s) => s.to_string(),
+    };
+    let session_id = ctx
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.headers.get("mcp-session-id"))
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned)
+        .unwrap_or_default();
+    let client_name = ctx
+        .peer
+        .peer_info()
+        .map(|info| info.client_info.name.clone())
+        .unwrap_or_default();
+    AttemptContext {
+        client_name,
+        session_id,
+        request_id,
+    }
+}
+
+/// The explicit idempotency key a client put in the request's `_meta`, if any.
+pub fn meta_idempotency_key(ctx: &RequestContext<RoleServer>) -> Option<String> {
+    ctx.meta
+        .get(META_IDEMPOTENCY_KEY)
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
+}
+
+/// Runs `work` while telling the client, once a second, that the call is still going — when
+/// the client asked for progress with a progress token.
+pub async fn with_progress<F: Future>(
+    ctx: &RequestContext<RoleServer>,
+    message: &str,
+    work: F,
+) -> F::Output {
+    let Some(token) = ctx.meta.get_progress_token() else {
+        return work.await;
+    };
+    let peer = ctx.peer.clone();
+    tokio::pin!(work);
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    ticks.tick().await;
+    let mut progress = 0.0;
+    loop {
+        tokio::select! {
+            output = &mut work => return output,
+            _ = ticks.tick() => {
+                progress += 1.0;
+                let note = ProgressNotificationParam::new(token.clone(), progress).with_message(message);
+                if peer.notify_progress(note).await.is_err() {
+                    tracing::debug!("client stopped listening for progress");
+                }
+            }
+        }
+    }
+}
+
+/// The tool result for an outcome. `status_tool` is the read-only tool the model should call
+/// to follow an operation that is in progress or being verified.
+pub fn tool_result(outcome: &Outcome, status_tool: &str) -> CallToolResult {
+    match outcome {
+        Outcome::Executed { effect, .. } => {
+            CallToolResult::success(vec![ContentBlock::text(text(&effect.result))])
+        }
+        Outcome::Replayed(replay) => replayed(replay),
+        Outcome::NotPerformed {
+            operation_id,
+            reason,
+        } => error(format!(
+            "The action was not performed: {reason}. Nothing changed (operation {operation_id}). \
+             You may correct the request and try again."
+        )),
+        Outcome::Ambiguous { operation_id, .. } | Outcome::Unknown { operation_id, .. } => {
+            error(format!(
+                "The outcome of this action is being verified: it may or may not have happened. \
+             Do not retry it, and do not retry it under a different id or idempotency key: that \
+             could perform it twice. On-call staff have the operation id {operation_id}; call \
+             {status_tool} to follow it."
+            ))
+        }
+        Outcome::InProgress {
+            operation_id,
+            retry_after,
+        } => error(format!(
+            "This action is already in progress (operation {operation_id}). Do not retry it. \
+             Call {status_tool} in about {} seconds to see its result.",
+            retry_after.as_secs().max(1)
+        )),
+        Outcome::Conflict { operation_id, .. } => error(format!(
+            "This action was already requested with different arguments (operation \
+             {operation_id}), so it was not performed again. Do not retry with changed arguments \
+             under the same identity; if a different action is intended, it needs a different \
+             identity. Call {status_tool} to see the original request's state."
+        )),
+    }
+}
+
+/// The tool result when the ledger could not be consulted: fail closed.
+pub fn not_performed(failure: &ClientError) -> CallToolResult {
+    match failure {
+        ClientError::Unreachable(_) => error_text(
+            "The action was NOT performed: the operation ledger is unreachable, so it could not \
+             be done safely. Nothing changed. It is safe to retry later.",
+        ),
+        other => error(format!(
+            "The action was NOT performed: {other}. Nothing changed."
+        )),
+    }
+}
+
+fn replayed(replay: &Replay) -> CallToolResult {
+    let original_time = replay
+        .confirmed_at
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default();
+    let marker = json!({
+        "replayed": true,
+        "operation_id": replay.operation_id,
+        "original_time_ms": original_time,
+        "original_time": rfc3339(replay.confirmed_at),
+        "note": "This action had already been performed; this is its original result. It was not performed again.",
+    });
+    CallToolResult::success(vec![
+        ContentBlock::text(text(&replay.result)),
+        ContentBlock::text(marker.to_string()),
+    ])
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn error(message: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message)])
+}
+
+fn error_text(message: &str) -> CallToolResult {
+    error(message.to_owned())
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(time).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_dates() {
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(rfc3339(at(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(at(951_782_400_123)), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(at(1_796_005_265_156)), "2026-11-30T02:21:05.156Z");
+    }
+
+    #[test]
+    fn replays_are_successes_with_the_original_text_first() {
+        let replay = Replay {
+            operation_id: "refund:1".into(),
+            result: br#"{"refund_id":"re_1"}"#.to_vec(),
+            provider_ref: None,
+            confirmed_at: UNIX_EPOCH,
+        };
+        let result = tool_result(&Outcome::Replayed(replay), "get_refund_status");
+        assert_eq!(result.is_error, Some(false));
+        let body = serde_json::to_value(&result).unwrap();
+        assert_eq!(body["content"][0]["text"], r#"{"refund_id":"re_1"}"#);
+        assert!(body["content"][1]["text"]
+            .as_str()
+            .unwrap()
+            .contains(r#""replayed":true"#));
+    }
+
+    #[test]
+    fn uncertain_outcomes_say_do_not_retry_and_name_the_status_tool() {
+        for outcome in [
+            Outcome::InProgress {
+                operation_id: "op".into(),
+                retry_after: Duration::from_secs(2),
+            },
+            Outcome::Unknown {
+                operation_id: "op".into(),
+                reason: "lease expired".into(),
+                blocking_operation_id: None,
+            },
+        ] {
+            let result = tool_result(&outcome, "get_refund_status");
+            assert_eq!(result.is_error, Some(true));
+            let body = serde_json::to_value(&result).unwrap().to_string();
+            assert!(
+                body.contains("Do not retry") && body.contains("get_refund_status"),
+                "{body}"
+            );
+        }
+    }
+}

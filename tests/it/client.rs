@@ -1,0 +1,350 @@
+//! The client crate against a real ledger: decisions, the attempt guard, heartbeats, and
+//! retries that never mint a second attempt.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_client::{
+    ClientConfig, ClientError, Decision, Effect, EffectError, LedgerClient, OperationSpec, Outcome,
+};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::*;
+
+fn client_for(addr: std::net::SocketAddr) -> LedgerClient {
+    let mut config = ClientConfig::new(format!("http://{addr}"));
+    config.client_name = "client-test".into();
+    LedgerClient::connect(config).unwrap()
+}
+
+fn refund(order: &str) -> OperationSpec {
+    OperationSpec::new(
+        "issue_refund",
+        json!({"order_id": order, "amount_cents": 500, "currency": "eur"}),
+    )
+    .intent(["refund", order])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_executes_once_then_replays() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let client = client_for(ledger.addr);
+
+    let outcome = client
+        .run(&refund("o-1"), |attempt| async move {
+            assert!(attempt.provider_key.starts_with("once_"));
+            Ok(Effect::new(br#"{"refund":"re_1"}"#.to_vec()).with_provider_ref("re_1"))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
+    let outcome = client
+        .run(&refund("o-1"), |_| async {
+            panic!("a replayed operation must not run its effect")
+        })
+        .await
+        .unwrap();
+    let Outcome::Replayed(replay) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(replay.result, br#"{"refund":"re_1"}"#);
+    assert_eq!(replay.provider_ref.as_deref(), Some("re_1"));
+
+    let conflict = client
+        .run(
+            &OperationSpec::new(
+                "issue_refund",
+                json!({"order_id": "o-1", "amount_cents": 999}),
+            )
+            .intent(["refund", "o-1"]),
+            |_| async { panic!("a conflicting operation must not run its effect") },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(conflict, Outcome::Conflict { .. }), "{conflict:?}");
+    ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effect_errors_and_panics_are_classified() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let client = client_for(ledger.addr);
+    let mut grpc = ledger.client().await;
+
+    let refused = client
+        .run(&refund("o-2"), |_| async {
+            Err(EffectError::NotPerformed("card declined".into()))
+        })
+        .await
+        .unwrap();
+    let Outcome::NotPerformed { operation_id, .. } = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(
+        state_of(&mut grpc, &operation_id).await,
+        once_api::pb::OperationState::Absent
+    );
+
+    let timed_out = client
+        .run(&refund("o-3"), |_| async {
+            Err(EffectError::Ambiguous("timeout after sending".into()))
+        })
+        .await
+        .unwrap();
+    let Outcome::Ambiguous { operation_id, .. } = timed_out else {
+        panic!("{timed_out:?}")
+    };
+    assert_eq!(
+        state_of(&mut grpc, &operation_id).await,
+        once_api::pb::OperationState::Unknown
+    );
+
+    let panicked = client
+        .run(&refund("o-4"), |_| async {
+            if true {
+                panic!("the provider client crashed");
+            }
+            Ok(Effect::new(vec![]))
+        })
+        .await
+        .unwrap();
+    let Outcome::Ambiguous {
+        operation_id,
+        reason,
+    } = panicked
+    else {
+        panic!("{panicked:?}")
+    };
+    assert!(reason.contains("panicked"));
+    assert_eq!(
+        state_of(&mut grpc, &operation_id).await,
+        once_api::pb::OperationState::Unknown
+    );
+    // UNKNOWN is not permission to retry.
+    let again = client
+        .run(&refund("o-4"), |_| async { panic!("must not run") })
+        .await
+        .unwrap();
+    assert!(matches!(again, Outcome::Unknown { .. }), "{again:?}");
+    ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_or_cancelled_attempt_becomes_unknown_never_absent() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let client = client_for(ledger.addr);
+    let grpc = ledger.client().await;
+
+    let Decision::Execute(attempt) = client.begin(&refund("o-5")).await.unwrap() else {
+        panic!()
+    };
+    let id = attempt.operation_id().to_owned();
+    drop(attempt);
+    wait_for_state(&grpc, &id, once_api::pb::OperationState::Unknown).await;
+
+    // A run whose future is dropped while the effect is under way.
+    let started = Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let client = client.clone();
+        let started = started.clone();
+        tokio::spawn(async move {
+            client
+                .run(&refund("o-6"), |_| async move {
+                    started.notify_one();
+                    std::future::pending::<Result<Effect, EffectError>>().await
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    running.abort();
+    let (id, _) = refund("o-6").resolve().unwrap();
+    wait_for_state(&grpc, &id, once_api::pb::OperationState::Unknown).await;
+    ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let client = client_for(ledger.addr);
+    let mut grpc = ledger.client().await;
+
+    let spec = refund("o-7").lease_ttl(Duration::from_millis(300));
+    let outcome = client
+        .run(&spec, |attempt| {
+            let mut grpc = grpc.clone();
+            async move {
+                // The effect outlives three leases; the sweeper runs every 50 ms meanwhile.
+                let deadline = tokio::time::Instant::now() + Duration::from_millis(1000);
+                while tokio::time::Instant::now() < deadline {
+                    assert_eq!(
+                        state_of(&mut grpc, &attempt.operation_id).await,
+                        once_api::pb::OperationState::InFlight
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(Effect::new(b"slow but done".to_vec()))
+            }
+        })
+        .await
+        .unwrap();
+    let Outcome::Executed { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let history = get(&mut grpc, &operation_id).await;
+    assert!(
+        history.events.iter().all(|e| e.kind != "LEASE_EXPIRED"),
+        "{:?}",
+        history.events
+    );
+    assert_eq!(
+        history.operation.unwrap().state,
+        once_api::pb::OperationState::Confirmed as i32
+    );
+    ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_ledger_fails_closed() {
+    let unused = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let client = client_for(unused);
+    let performed = Arc::new(AtomicBool::new(false));
+    let flag = performed.clone();
+    let result = client
+        .run(&refund("o-8"), |_| async move {
+            flag.store(true, Ordering::SeqCst);
+            Ok(Effect::new(vec![]))
+        })
+        .await;
+    assert!(
+        matches!(result, Err(ClientError::Unreachable(_))),
+        "{result:?}"
+    );
+    assert!(
+        !performed.load(Ordering::SeqCst),
+        "the effect must not run without the ledger"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_after_a_lost_response_never_mint_a_second_attempt() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let proxy = ResponseEater::start(ledger.addr).await;
+    let client = client_for(proxy.addr);
+    let mut grpc = ledger.client().await;
+
+    // Warm the connection, then lose the response of the Begin after the ledger committed it.
+    client.get("warm-up").await.unwrap_err();
+    proxy.eat_next_response();
+    let Decision::Execute(attempt) = client.begin(&refund("o-9")).await.unwrap() else {
+        panic!()
+    };
+    assert!(proxy.ate(), "the first response was lost");
+    let id = attempt.operation_id().to_owned();
+    // And the response of the Confirm.
+    proxy.eat_next_response();
+    attempt.confirm(b"ok".to_vec(), None).await.unwrap();
+    assert!(proxy.ate());
+
+    let history = get(&mut grpc, &id).await;
+    assert_eq!(
+        history.attempts.len(),
+        1,
+        "the retried Begin was the same attempt"
+    );
+    let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["CLAIMED", "CONFIRMED"]);
+    ledger.stop().await;
+}
+
+/// A TCP proxy for HTTP/2 that, when armed, swallows one complete gRPC response (up to its
+/// END_STREAM) and then cuts the connection: the server did the work, the client never hears.
+struct ResponseEater {
+    addr: std::net::SocketAddr,
+    armed: Arc<AtomicBool>,
+    eaten: Arc<AtomicBool>,
+}
+
+impl ResponseEater {
+    async fn start(upstream: std::net::SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let armed = Arc::new(AtomicBool::new(false));
+        let eaten = Arc::new(AtomicBool::new(false));
+        let (a, e) = (armed.clone(), eaten.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                tokio::spawn(relay(client, server, a.clone(), e.clone()));
+            }
+        });
+        Self { addr, armed, eaten }
+    }
+
+    fn eat_next_response(&self) {
+        self.eaten.store(false, Ordering::SeqCst);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn ate(&self) -> bool {
+        self.eaten.load(Ordering::SeqCst)
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    armed: Arc<AtomicBool>,
+    eaten: Arc<AtomicBool>,
+) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+    });
+    // Server to client, frame by frame: 9-byte header (length, type, flags, stream id).
+    loop {
+        let mut header = [0u8; 9];
+        if server_read.read_exact(&mut header).await.is_err() {
+            break;
+        }
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; length];
+        if server_read.read_exact(&mut payload).await.is_err() {
+            break;
+        }
+        let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        let end_stream = header[4] & 0x1 != 0 && matches!(header[3], 0x0 | 0x1);
+        if stream != 0 && armed.load(Ordering::SeqCst) {
+            if end_stream {
+                armed.store(false, Ordering::SeqCst);
+                eaten.store(true, Ordering::SeqCst);
+                break; // cut the connection with the response unsent
+            }
+            continue;
+        }
+        if client_write.write_all(&header).await.is_err()
+            || client_write.write_all(&payload).await.is_err()
+        {
+            break;
+        }
+    }
+    upstream.abort();
+}
