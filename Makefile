@@ -1,13 +1,18 @@
 # Each target is one command a person could type.
-.PHONY: run test build fmt lint
+.PHONY: run test build fmt lint demo
+
+VENV := .venv
 
 # Start the ledger on its embedded default: a SQLite file (once.db) in this directory.
 run:
 	cargo run --release -p onced
 
-# Unit tests and the integration suite, against SQLite and the PostgreSQL on 127.0.0.1:5432.
-test:
+# Unit tests, the Rust integration suite (SQLite and the PostgreSQL on 127.0.0.1:5432), then
+# the MCP tests with the official Python MCP SDK against the built binaries.
+test: $(VENV)/installed
+	cargo build --workspace
 	cargo test --workspace
+	$(VENV)/bin/python -m pytest -q tests/mcp
 
 build:
 	cargo build --workspace --release
@@ -17,3 +22,7 @@ fmt:
 
 lint:
 	cargo fmt --all -- --check && cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+# A project-local virtual environment with the Python MCP SDK (nothing installed globally).
+$(VENV)/installed: tests/mcp/requirements.txt
+	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q -r tests/mcp/requirements.txt && touch $@

@@ -37,8 +37,8 @@ impl ClientConfig {
             endpoints: vec![endpoint.into()],
             token: None,
             rpc_timeout: Duration::from_secs(2),
-            tries: 4,
-            backoff: Duration::from_millis(50),
+            tries: 5,
+            backoff: Duration::from_millis(100),
             client_name: "once-client".into(),
         }
     }
@@ -61,7 +61,10 @@ pub enum ClientError {
 
 /// What the ledger decided.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant, reason = "one decision per call; boxing buys nothing")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one decision per call; boxing buys nothing"
+)]
 pub enum Decision {
     /// Perform the effect now, once, and report through the attempt.
     Execute(Attempt),
@@ -192,7 +195,11 @@ impl LedgerClient {
                     .map_err(|e| ClientError::Invalid(format!("ledger endpoint {uri:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let channel = Channel::balance_list(endpoints.into_iter());
+        // One endpoint connects lazily; several are balanced over.
+        let channel = match endpoints.as_slice() {
+            [single] => single.connect_lazy(),
+            _ => Channel::balance_list(endpoints.into_iter()),
+        };
         Ok(Self {
             grpc: Grpc::new(channel),
             config,

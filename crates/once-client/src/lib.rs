@@ -39,5 +39,5 @@ pub use client::{
     ClientConfig, ClientError, Decision, Effect, EffectContext, EffectError, LedgerClient, Outcome,
     Replay,
 };
-pub use once_api::pb::AttemptContext;
+pub use once_api::pb::{AttemptContext, OperationState};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};

@@ -1,0 +1,98 @@
+//! `refund-mcp`: an MCP server whose `issue_refund` tool runs at most once per order, guarded by
+//! once-ledger, in front of a Stripe-like payment provider.
+//!
+//! Over stdio by default; over Streamable HTTP with `--http ADDR` (endpoint `/mcp`).
+
+mod provider;
+mod tools;
+
+use std::time::Duration;
+
+use clap::Parser;
+use once_client::{ClientConfig, LedgerClient};
+use rmcp::ServiceExt;
+
+/// The demo refund MCP server.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "refund-mcp", version)]
+pub struct Args {
+    /// The once-ledger endpoint.
+    #[arg(
+        long,
+        env = "REFUND_MCP_LEDGER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    ledger: String,
+    /// The payment provider's base URL.
+    #[arg(
+        long,
+        env = "REFUND_MCP_PROVIDER",
+        default_value = "http://127.0.0.1:12111"
+    )]
+    provider: String,
+    /// Serve Streamable HTTP on this address instead of stdio.
+    #[arg(long, env = "REFUND_MCP_HTTP")]
+    http: Option<std::net::SocketAddr>,
+    /// The lease each refund attempt holds while it calls the provider.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    lease_ttl: Duration,
+    /// How long a call to the provider may take before its outcome counts as unknown.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    provider_timeout: Duration,
+    /// This instance's name: the client name in the ledger's attempt log when the MCP client
+    /// gives none, and in logs.
+    #[arg(long, env = "REFUND_MCP_INSTANCE", default_value = "refund-mcp")]
+    instance: String,
+    /// How long a refund call waits for the same refund in progress elsewhere.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    wait: Duration,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    // stdout carries the MCP protocol in stdio mode: logs go to stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let args = Args::parse();
+    tracing::info!(instance = %args.instance, ledger = %args.ledger, provider = %args.provider, "refund-mcp starting");
+    let mut config = ClientConfig::new(args.ledger.clone());
+    config.client_name = args.instance.clone();
+    let ledger = LedgerClient::connect(config)?;
+    let provider = provider::Provider::new(&args.provider, args.provider_timeout)?;
+    let server = tools::RefundServer::new(ledger, provider, &args);
+
+    match args.http {
+        None => {
+            tracing::info!("refund-mcp serving MCP over stdio");
+            let running = server.serve(rmcp::transport::stdio()).await?;
+            running.waiting().await?;
+        }
+        Some(address) => {
+            use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+            use rmcp::transport::streamable_http_server::{
+                StreamableHttpServerConfig, StreamableHttpService,
+            };
+            let stop = tokio_util::sync::CancellationToken::new();
+            let service = StreamableHttpService::new(
+                move || Ok(server.clone()),
+                LocalSessionManager::default().into(),
+                StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token()),
+            );
+            let router = axum::Router::new().nest_service("/mcp", service);
+            let listener = tokio::net::TcpListener::bind(address).await?;
+            tracing::info!(address = %listener.local_addr()?, "refund-mcp serving MCP over Streamable HTTP at /mcp");
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = tokio::signal::ctrl_c().await;
+                    stop.cancel();
+                })
+                .await?;
+        }
+    }
+    Ok(())
+}

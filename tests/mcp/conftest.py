@@ -1,0 +1,206 @@
+"""Harness for the MCP tests: real onced, fakepay and refund-mcp processes, driven by the
+official MCP SDK for Python over stdio and Streamable HTTP, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("ONCE_BIN_DIR", ROOT / "target" / "debug"))
+POSTGRES = os.environ.get("ONCE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, probe, limit: float = 20.0):
+    """Polls `probe` until it returns a truthy value; fails the test after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    pause = 0.01
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http(method: str, url: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def psql(sql: str) -> None:
+    subprocess.run(["psql", POSTGRES, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql], check=True, capture_output=True)
+
+
+class Process:
+    def __init__(self, args: list[str], log: Path):
+        self.args = args
+        self.log = log
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "ab"), stdin=subprocess.DEVNULL)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Stack:
+    """One ledger, one payment provider, and the refund MCP server, on fresh ports and a fresh
+    database."""
+
+    def __init__(self, tmp: Path, backend: str, transport: str):
+        self.tmp = tmp
+        self.backend = backend
+        self.transport = transport
+        self.marker = uuid.uuid4().hex
+        # Names this stack's refund-mcp processes, and nothing else, for pkill.
+        self.instance = f"refund-mcp-{uuid.uuid4().hex}"
+        self.processes: list[Process] = []
+        if backend == "sqlite":
+            self.database_url = f"sqlite://{tmp / 'ledger.db'}"
+            self.pg_name = None
+        else:
+            self.pg_name = f"once_mcp_{self.marker}"
+            psql(f"CREATE DATABASE {self.pg_name}")
+            self.database_url = POSTGRES.rsplit("/", 1)[0] + "/" + self.pg_name
+        self.ledger_port = free_port()
+        self.provider_port = free_port()
+        self.mcp_port = free_port()
+        self.ledger: Process | None = None
+        self.refund_http: Process | None = None
+        self.start_ledger()
+        self.provider = self.spawn("fakepay", ["--listen", f"127.0.0.1:{self.provider_port}"])
+        wait_for("fakepay", lambda: http("GET", f"{self.provider_url}/_fakepay/stats"))
+        if transport == "http":
+            self.start_refund_http()
+
+    @property
+    def provider_url(self) -> str:
+        return f"http://127.0.0.1:{self.provider_port}"
+
+    def spawn(self, binary: str, args: list[str]) -> Process:
+        process = Process([str(BIN / binary), *args], self.tmp / f"{binary}.log")
+        self.processes.append(process)
+        return process
+
+    def start_ledger(self) -> None:
+        self.ledger = self.spawn(
+            "onced",
+            [
+                "--database-url", self.database_url,
+                "--listen", f"127.0.0.1:{self.ledger_port}",
+                "--lease-sweep-interval", "100ms",
+            ],
+        )
+        wait_for("onced", lambda: port_open(self.ledger_port))
+
+    def refund_args(self) -> list[str]:
+        return [
+            "--ledger", f"http://127.0.0.1:{self.ledger_port}",
+            "--provider", self.provider_url,
+            "--lease-ttl", "2s",
+            "--provider-timeout", "5s",
+            # Lets the tests find this stack's refund-mcp processes.
+            "--instance", self.instance,
+        ]
+
+    def start_refund_http(self) -> None:
+        self.refund_http = self.spawn("refund-mcp", [*self.refund_args(), "--http", f"127.0.0.1:{self.mcp_port}"])
+        wait_for("refund-mcp", lambda: port_open(self.mcp_port))
+
+    def kill_refund_mcp(self) -> None:
+        """SIGKILL every refund-mcp of this stack, whichever transport started it."""
+        subprocess.run(["pkill", "-KILL", "-f", self.instance], check=False)
+        wait_for("refund-mcp to die", lambda: subprocess.run(["pgrep", "-f", self.instance], capture_output=True).returncode == 1)
+
+    def faults(self, **faults) -> None:
+        http("POST", f"{self.provider_url}/_fakepay/faults", faults)
+
+    def stats(self) -> dict:
+        return http("GET", f"{self.provider_url}/_fakepay/stats")
+
+    @contextlib.asynccontextmanager
+    async def session(self):
+        if self.transport == "stdio":
+            params = StdioServerParameters(command=str(BIN / "refund-mcp"), args=self.refund_args())
+            with open(self.tmp / "refund-mcp-stdio.log", "a") as errlog:
+                async with stdio_client(params, errlog=errlog) as (read, write):
+                    async with ClientSession(read, write) as session:
+                        await session.initialize()
+                        yield session
+        else:
+            async with streamable_http_client(f"http://127.0.0.1:{self.mcp_port}/mcp") as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.stop()
+        subprocess.run(["pkill", "-KILL", "-f", self.instance], check=False)
+        if self.pg_name:
+            psql(f"DROP DATABASE IF EXISTS {self.pg_name} WITH (FORCE)")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request):
+    return request.param
+
+
+@pytest.fixture(params=["stdio", "http"])
+def transport(request):
+    return request.param
+
+
+@pytest.fixture
+def stack(tmp_path, backend, transport):
+    for binary in ("onced", "fakepay", "refund-mcp"):
+        assert (BIN / binary).exists(), f"{BIN / binary} is missing: run cargo build --workspace first"
+    stack = Stack(tmp_path, backend, transport)
+    try:
+        yield stack
+    finally:
+        stack.close()
