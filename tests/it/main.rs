@@ -7,6 +7,7 @@ mod client;
 mod concurrency;
 mod decisions;
 mod durability;
+mod fakepay;
 mod invariants;
 mod leases;
 mod outage;

@@ -133,3 +133,32 @@ async def test_explicit_idempotency_keys(stack):
     assert text(a_again) == text(a)
     assert json.loads(text(a_again, 1))["replayed"] is True
     assert stack.stats()["refunds"] == 2
+
+
+async def test_attempts_record_where_the_call_came_from(stack):
+    async with stack.session() as session:
+        await refund(session)
+        attempts = (await status(session))["attempts"]
+    assert len(attempts) == 1
+    attempt = attempts[0]
+    assert attempt["client"], "the MCP client's name from its handshake"
+    assert attempt["request_id"], "the JSON-RPC request id"
+    if stack.transport == "http":
+        assert attempt["session_id"], "the MCP session id of Streamable HTTP"
+
+
+async def test_progress_is_reported_while_the_refund_runs(stack):
+    stack.faults(delay_ms=2500)
+    notes = []
+
+    async def on_progress(progress, total, message):
+        notes.append((progress, message))
+
+    async with stack.session() as session:
+        result = await session.call_tool(
+            "issue_refund",
+            {"order_id": "order_slow", "amount_cents": 100, "currency": "eur"},
+            progress_callback=on_progress,
+        )
+    assert not result.is_error, text(result)
+    assert notes and notes[0][1] == "refund in progress"

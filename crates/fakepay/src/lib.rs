@@ -41,6 +41,7 @@ pub enum WriteFault {
     /// Store the refund, then drop the connection without a response.
     CommitThenDrop,
     /// Store the refund, then answer 500.
+    #[serde(rename = "commit_then_500")]
     CommitThen500,
     /// Store the refund, then wait a minute before answering: a window in which the caller can
     /// crash after the effect and before its report.

@@ -169,12 +169,27 @@ impl RefundServer {
                     .unwrap_or_else(|_| "UNSPECIFIED".into());
                 let result: serde_json::Value =
                     serde_json::from_slice(&op.result).unwrap_or(serde_json::Value::Null);
+                // Where each attempt came from: tells a model retry from a client replay.
+                let attempts: Vec<serde_json::Value> = found
+                    .attempts
+                    .iter()
+                    .map(|a| {
+                        let context = a.context.clone().unwrap_or_default();
+                        json!({
+                            "attempt": a.attempt,
+                            "client": context.client_name,
+                            "session_id": context.session_id,
+                            "request_id": context.request_id,
+                        })
+                    })
+                    .collect();
                 json!({
                     "order_id": request.order_id,
                     "operation_id": operation_id,
                     "state": state,
                     "refund": result,
                     "reason": op.reason,
+                    "attempts": attempts,
                 })
             }
             Err(ClientError::Refused(status)) if status.code() == tonic::Code::NotFound => json!({
