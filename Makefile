@@ -17,6 +17,10 @@ test: $(VENV)/installed
 build:
 	cargo build --workspace --release
 
+# The README walkthrough's client: calls the refund tool through the Python MCP SDK.
+demo: $(VENV)/installed
+	$(VENV)/bin/python examples/refund_demo.py
+
 fmt:
 	cargo fmt --all
 

@@ -1,0 +1,54 @@
+"""The five-minute walkthrough: an MCP client calls the refund tool twice, then meets a lost
+response. Needs onced, fakepay and `refund-mcp --http 127.0.0.1:8000` running (see README)."""
+
+import argparse
+import asyncio
+import json
+import urllib.request
+
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+
+def provider(url: str, path: str, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url + path, data=data, method="POST" if data else "GET",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        return json.loads(response.read())
+
+
+def show(label: str, result) -> None:
+    kind = "ERROR" if result.is_error else "ok"
+    print(f"\n{label} [{kind}]")
+    for block in result.content:
+        print("   ", block.text)
+
+
+async def main(mcp_url: str, provider_url: str) -> None:
+    async with streamable_http_client(mcp_url) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            refund = {"order_id": "order_1001", "amount_cents": 2500, "currency": "eur"}
+
+            show("1. issue_refund(order_1001)", await session.call_tool("issue_refund", refund))
+            show("2. the same call again (a retry, or the model calling twice)",
+                 await session.call_tool("issue_refund", refund))
+            print(f"\n   refunds at the provider: {provider(provider_url, '/_fakepay/stats')['refunds']}")
+
+            provider(provider_url, "/_fakepay/faults", {"write": "commit_then_drop", "write_times": 1})
+            print("\n3. the provider will now commit the next refund and drop the connection")
+            lost = {"order_id": "order_1002", "amount_cents": 900, "currency": "eur"}
+            show("   issue_refund(order_1002)", await session.call_tool("issue_refund", lost))
+            show("4. calling again does not refund again", await session.call_tool("issue_refund", lost))
+            show("5. get_refund_status(order_1002)",
+                 await session.call_tool("get_refund_status", {"order_id": "order_1002"}))
+            print(f"\n   refunds at the provider: {provider(provider_url, '/_fakepay/stats')['refunds']}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--mcp", default="http://127.0.0.1:8000/mcp")
+    parser.add_argument("--provider", default="http://127.0.0.1:12111")
+    args = parser.parse_args()
+    asyncio.run(main(args.mcp, args.provider))
