@@ -65,7 +65,7 @@ async fn run_executes_once_then_replays() {
         )
         .await
         .unwrap();
-    assert!(matches!(conflict, Outcome::Conflict { .. }), "{conflict:?}");
+    assert!(matches!(conflict, Outcome::Conflict(_)), "{conflict:?}");
     ledger.stop().await;
 }
 
@@ -130,7 +130,7 @@ async fn effect_errors_and_panics_are_classified() {
         .run(&refund("o-4"), |_| async { panic!("must not run") })
         .await
         .unwrap();
-    assert!(matches!(again, Outcome::Unknown { .. }), "{again:?}");
+    assert!(matches!(again, Outcome::Unknown(_)), "{again:?}");
     ledger.stop().await;
 }
 

@@ -25,25 +25,7 @@ async fn sixty_four_begins_over_three_processes_execute_once(store: Store) {
     let operations = 200;
     for op in 0..operations {
         let id = format!("refund:contended-{op}");
-        let begins = (0..64).map(|i| {
-            let mut client = clients[i % clients.len()].clone();
-            let request = begin(&id, ARGS);
-            async move { client.begin(request).await.expect("begin").into_inner() }
-        });
-        let responses = join_all(begins).await;
-        let executes = responses
-            .iter()
-            .filter(|r| decision_name(r) == "EXECUTE")
-            .count();
-        let in_progress = responses
-            .iter()
-            .filter(|r| decision_name(r) == "IN_PROGRESS")
-            .count();
-        let others: Vec<_> = responses
-            .iter()
-            .filter(|r| !matches!(decision_name(r), "EXECUTE" | "IN_PROGRESS"))
-            .collect();
-        assert!(others.is_empty(), "unexpected decisions: {others:?}");
+        let (executes, in_progress) = race(&clients, &id, 64).await;
         assert_eq!((executes, in_progress), (1, 63), "operation {op}");
     }
     assert_eq!(db.scalar("SELECT count(*) FROM attempts").await, operations);

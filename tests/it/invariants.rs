@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use futures::future::join_all;
 use once_api::pb;
 
 use crate::support::*;
@@ -26,25 +25,7 @@ async fn invariant_1_at_most_one_live_lease(store: Store) {
 
     for round in 0..5 {
         let id = format!("refund:race-{round}");
-        let begins = (0..64).map(|_| {
-            let mut client = client.clone();
-            let request = begin(&id, ARGS);
-            async move { client.begin(request).await.expect("begin").into_inner() }
-        });
-        let responses = join_all(begins).await;
-        let executes = responses
-            .iter()
-            .filter(|r| decision_name(r) == "EXECUTE")
-            .count();
-        let in_progress = responses
-            .iter()
-            .filter(|r| decision_name(r) == "IN_PROGRESS")
-            .count();
-        let others: Vec<_> = responses
-            .iter()
-            .filter(|r| !matches!(decision_name(r), "EXECUTE" | "IN_PROGRESS"))
-            .collect();
-        assert!(others.is_empty(), "unexpected decisions: {others:?}");
+        let (executes, in_progress) = race(std::slice::from_ref(&client), &id, 64).await;
         assert_eq!((executes, in_progress), (1, 63), "round {round}");
     }
     assert_eq!(db.scalar("SELECT count(*) FROM attempts").await, 5);

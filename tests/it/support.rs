@@ -591,3 +591,27 @@ pub fn field(status: &tonic::Status) -> String {
         .and_then(|info| info.metadata.get("field").cloned())
         .unwrap_or_default()
 }
+
+/// Sends `n` Begins for `id` at once, spread over `clients`, each with its own attempt id.
+/// Returns how many were EXECUTE and IN_PROGRESS, failing on any other decision.
+pub async fn race(clients: &[LedgerClient<Channel>], id: &str, n: usize) -> (usize, usize) {
+    let begins = (0..n).map(|i| {
+        let mut client = clients[i % clients.len()].clone();
+        let request = begin(id, ARGS);
+        async move { client.begin(request).await.expect("begin").into_inner() }
+    });
+    let responses = futures::future::join_all(begins).await;
+    let count = |name: &str| {
+        responses
+            .iter()
+            .filter(|r| decision_name(r) == name)
+            .count()
+    };
+    let (executes, in_progress) = (count("EXECUTE"), count("IN_PROGRESS"));
+    assert_eq!(
+        executes + in_progress,
+        n,
+        "unexpected decisions: {responses:?}"
+    );
+    (executes, in_progress)
+}

@@ -69,23 +69,33 @@ pub enum Decision {
     /// Perform the effect now, once, and report through the attempt.
     Execute(Attempt),
     Replay(Replay),
-    /// Another attempt holds the lease; do not perform the effect.
-    InProgress {
-        operation_id: String,
-        retry_after: Duration,
-    },
-    /// The effect may have happened; do not perform it, do not mint a new id.
-    Unknown {
-        operation_id: String,
-        reason: String,
-        blocking_operation_id: Option<String>,
-    },
-    /// The operation was already requested with different arguments.
-    Conflict {
-        operation_id: String,
-        stored_fingerprint: String,
-        requested_fingerprint: String,
-    },
+    InProgress(InProgress),
+    Unknown(Unknown),
+    Conflict(Conflict),
+}
+
+/// Another attempt holds the lease; do not perform the effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InProgress {
+    pub operation_id: String,
+    pub retry_after: Duration,
+}
+
+/// The effect may have happened; do not perform it, and do not mint a new id for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unknown {
+    pub operation_id: String,
+    pub reason: String,
+    /// Set when another UNKNOWN operation with the same tool and arguments blocks this one.
+    pub blocking_operation_id: Option<String>,
+}
+
+/// The operation was already requested with different arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub operation_id: String,
+    pub stored_fingerprint: String,
+    pub requested_fingerprint: String,
 }
 
 /// A confirmed operation's original result.
@@ -152,20 +162,9 @@ pub enum Outcome {
         operation_id: String,
         reason: String,
     },
-    InProgress {
-        operation_id: String,
-        retry_after: Duration,
-    },
-    Unknown {
-        operation_id: String,
-        reason: String,
-        blocking_operation_id: Option<String>,
-    },
-    Conflict {
-        operation_id: String,
-        stored_fingerprint: String,
-        requested_fingerprint: String,
-    },
+    InProgress(InProgress),
+    Unknown(Unknown),
+    Conflict(Conflict),
 }
 
 /// A handle on the ledger. Cheap to clone.
@@ -268,28 +267,28 @@ impl LedgerClient {
                     .map(system_time)
                     .unwrap_or(SystemTime::UNIX_EPOCH),
             }),
-            Some(D::InProgress(p)) => Decision::InProgress {
+            Some(D::InProgress(p)) => Decision::InProgress(InProgress {
                 operation_id,
                 retry_after: p
                     .retry_after
                     .map(std_duration)
                     .unwrap_or(Duration::from_secs(1)),
-            },
-            Some(D::Unknown(u)) => Decision::Unknown {
+            }),
+            Some(D::Unknown(u)) => Decision::Unknown(Unknown {
                 operation_id,
                 reason: u.reason,
                 blocking_operation_id: Some(u.blocking_operation_id).filter(|b| !b.is_empty()),
-            },
-            Some(D::Conflict(c)) => Decision::Conflict {
+            }),
+            Some(D::Conflict(c)) => Decision::Conflict(Conflict {
                 operation_id,
                 stored_fingerprint: c.stored_fingerprint,
                 requested_fingerprint: c.requested_fingerprint,
-            },
-            None => Decision::Unknown {
+            }),
+            None => Decision::Unknown(Unknown {
                 operation_id,
                 reason: "the ledger sent no decision".into(),
                 blocking_operation_id: None,
-            },
+            }),
         }
     }
 
@@ -304,37 +303,9 @@ impl LedgerClient {
         let attempt = match self.begin(spec).await? {
             Decision::Execute(attempt) => attempt,
             Decision::Replay(replay) => return Ok(Outcome::Replayed(replay)),
-            Decision::InProgress {
-                operation_id,
-                retry_after,
-            } => {
-                return Ok(Outcome::InProgress {
-                    operation_id,
-                    retry_after,
-                })
-            }
-            Decision::Unknown {
-                operation_id,
-                reason,
-                blocking_operation_id,
-            } => {
-                return Ok(Outcome::Unknown {
-                    operation_id,
-                    reason,
-                    blocking_operation_id,
-                })
-            }
-            Decision::Conflict {
-                operation_id,
-                stored_fingerprint,
-                requested_fingerprint,
-            } => {
-                return Ok(Outcome::Conflict {
-                    operation_id,
-                    stored_fingerprint,
-                    requested_fingerprint,
-                })
-            }
+            Decision::InProgress(in_progress) => return Ok(Outcome::InProgress(in_progress)),
+            Decision::Unknown(unknown) => return Ok(Outcome::Unknown(unknown)),
+            Decision::Conflict(conflict) => return Ok(Outcome::Conflict(conflict)),
         };
         let context = EffectContext {
             operation_id: attempt.operation_id().to_owned(),

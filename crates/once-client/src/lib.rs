@@ -36,8 +36,8 @@ pub mod mcp;
 
 pub use attempt::Attempt;
 pub use client::{
-    ClientConfig, ClientError, Decision, Effect, EffectContext, EffectError, LedgerClient, Outcome,
-    Replay,
+    ClientConfig, ClientError, Conflict, Decision, Effect, EffectContext, EffectError, InProgress,
+    LedgerClient, Outcome, Replay, Unknown,
 };
 pub use once_api::pb::{AttemptContext, OperationState};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};

@@ -16,7 +16,10 @@ use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 use serde_json::json;
 
-use crate::{AttemptContext, ClientError, Outcome, Replay, META_IDEMPOTENCY_KEY};
+use crate::{
+    AttemptContext, ClientError, Conflict, InProgress, Outcome, Replay, Unknown,
+    META_IDEMPOTENCY_KEY,
+};
 
 /// The transport facts of an MCP request, for the ledger's attempt log: the JSON-RPC request
 /// id, the MCP session id (Streamable HTTP), and the client's name from its handshake.
@@ -96,23 +99,22 @@ pub fn tool_result(outcome: &Outcome, status_tool: &str) -> CallToolResult {
             "The action was not performed: {reason}. Nothing changed (operation {operation_id}). \
              You may correct the request and try again."
         )),
-        Outcome::Ambiguous { operation_id, .. } | Outcome::Unknown { operation_id, .. } => {
-            error(format!(
-                "The outcome of this action is being verified: it may or may not have happened. \
+        Outcome::Ambiguous { operation_id, .. }
+        | Outcome::Unknown(Unknown { operation_id, .. }) => error(format!(
+            "The outcome of this action is being verified: it may or may not have happened. \
              Do not retry it, and do not retry it under a different id or idempotency key: that \
              could perform it twice. On-call staff have the operation id {operation_id}; call \
              {status_tool} to follow it."
-            ))
-        }
-        Outcome::InProgress {
+        )),
+        Outcome::InProgress(InProgress {
             operation_id,
             retry_after,
-        } => error(format!(
+        }) => error(format!(
             "This action is already in progress (operation {operation_id}). Do not retry it. \
              Call {status_tool} in about {} seconds to see its result.",
             retry_after.as_secs().max(1)
         )),
-        Outcome::Conflict { operation_id, .. } => error(format!(
+        Outcome::Conflict(Conflict { operation_id, .. }) => error(format!(
             "This action was already requested with different arguments (operation \
              {operation_id}), so it was not performed again. Do not retry with changed arguments \
              under the same identity; if a different action is intended, it needs a different \
@@ -202,15 +204,15 @@ mod tests {
     #[test]
     fn uncertain_outcomes_say_do_not_retry_and_name_the_status_tool() {
         for outcome in [
-            Outcome::InProgress {
+            Outcome::InProgress(InProgress {
                 operation_id: "op".into(),
                 retry_after: Duration::from_secs(2),
-            },
-            Outcome::Unknown {
+            }),
+            Outcome::Unknown(Unknown {
                 operation_id: "op".into(),
                 reason: "lease expired".into(),
                 blocking_operation_id: None,
-            },
+            }),
         ] {
             let result = tool_result(&outcome, "get_refund_status");
             assert_eq!(result.is_error, Some(true));
