@@ -11,6 +11,8 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use tonic_health::pb::health_check_response::ServingStatus;
+
 use crate::support::*;
 
 /// A TCP proxy that can cut every connection and refuse new ones.
@@ -71,7 +73,7 @@ async fn postgres_outage_is_unavailable_and_recovers() {
         .unwrap();
     let proxy = Proxy::start(upstream).await;
     let proxied = format!("postgres://{}@{}/{}", url.user, proxy.addr, url.database);
-    let ledger = TestLedger::spawn_url(&proxied, &[]).await;
+    let ledger = TestLedger::spawn_url(&proxied, &["--health-check-interval", "100ms"]).await;
     let mut client = ledger.client().await;
 
     let grant = claim(&mut client, begin("before-outage", ARGS)).await;
@@ -94,6 +96,12 @@ async fn postgres_outage_is_unavailable_and_recovers() {
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable);
     assert_eq!(db.snapshot().await, before, "nothing half-written");
+    eventually(
+        Duration::from_secs(10),
+        "health to say NOT_SERVING",
+        || async { (ledger_health(ledger.addr).await == ServingStatus::NotServing).then_some(()) },
+    )
+    .await;
 
     proxy.come_back();
     // The same calls, retried, now succeed: the server recovered by itself.
@@ -103,10 +111,31 @@ async fn postgres_outage_is_unavailable_and_recovers() {
     })
     .await;
     expect_execute(&response.into_inner());
+    eventually(
+        Duration::from_secs(10),
+        "health to say SERVING again",
+        || async { (ledger_health(ledger.addr).await == ServingStatus::Serving).then_some(()) },
+    )
+    .await;
     confirm(&mut client, "before-outage", grant.fencing_token, b"ok")
         .await
         .unwrap();
     ledger.stop().await;
+}
+
+async fn ledger_health(addr: SocketAddr) -> ServingStatus {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let reply = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "once.ledger.v1.Ledger".into(),
+        })
+        .await
+        .unwrap();
+    ServingStatus::try_from(reply.into_inner().status).unwrap()
 }
 
 /// Just enough URL parsing for the test's own PostgreSQL URLs.

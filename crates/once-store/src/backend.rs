@@ -88,6 +88,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Checks that the database answers.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Closes the pool: waits for checked-out connections to return, then closes them.
     fn close(&self) -> impl Future<Output = ()> + Send;
 }

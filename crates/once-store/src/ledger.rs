@@ -209,6 +209,11 @@ impl<B: Backend> Ledger<B> {
         }
     }
 
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.backend.ping().await
+    }
+
     /// Deletes events older than `age_ms`, in batches of `batch`.
     pub async fn sweep_events(&self, age_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let mut total = 0;

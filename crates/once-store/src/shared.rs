@@ -359,6 +359,11 @@ macro_rules! shared_backend_methods {
             Ok(())
         }
 
+        async fn ping(&self) -> Result<(), $crate::StoreError> {
+            sqlx::query("SELECT 1").execute(&self.pool).await?;
+            Ok(())
+        }
+
         async fn close(&self) {
             self.pool.close().await;
         }

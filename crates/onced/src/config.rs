@@ -65,6 +65,10 @@ pub struct Config {
     #[arg(long, env = "ONCE_RETENTION_SWEEP_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
     pub retention_sweep_interval: Duration,
 
+    /// How often the database is pinged for the gRPC health service.
+    #[arg(long, env = "ONCE_HEALTH_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub health_check_interval: Duration,
+
     /// PostgreSQL connections per replica.
     #[arg(long, env = "ONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -93,7 +97,10 @@ impl Config {
         {
             return Err("retention defaults must not exceed --max-retention".into());
         }
-        if self.lease_sweep_interval.is_zero() || self.retention_sweep_interval.is_zero() {
+        if self.lease_sweep_interval.is_zero()
+            || self.retention_sweep_interval.is_zero()
+            || self.health_check_interval.is_zero()
+        {
             return Err("sweep intervals must be positive".into());
         }
         Ok(())

@@ -80,6 +80,12 @@ async fn serve<B: Backend>(
             config.lease_sweep_interval,
             stop_sweepers.clone(),
         )),
+        tokio::spawn(sweeper::health(
+            ledger.clone(),
+            health.clone(),
+            config.health_check_interval,
+            stop_sweepers.clone(),
+        )),
         tokio::spawn(sweeper::retention(
             ledger.clone(),
             config.retention_sweep_interval,

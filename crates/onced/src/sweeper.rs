@@ -1,4 +1,5 @@
-//! Background work every replica runs: expiring leases and deleting what retention allows.
+//! Background work every replica runs: expiring leases, deleting what retention allows, and
+//! telling the health service whether the database answers.
 //!
 //! Both are safe to run on every replica at once: each lease expiry locks its operation and
 //! re-checks it, and each deletion re-checks state and expiry on the row it deletes.
@@ -54,6 +55,48 @@ pub async fn retention<B: Backend>(
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "old events deleted"),
             Err(error) => tracing::warn!(%error, "event sweep failed; will retry"),
+        }
+    }
+}
+
+/// Reports the ledger NOT_SERVING while the database does not answer, so load balancers and
+/// orchestrators send calls to a replica that can serve them.
+pub async fn health<B: Backend>(
+    ledger: Ledger<B>,
+    reporter: tonic_health::server::HealthReporter,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    use once_api::pb::ledger_server::LedgerServer;
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut serving = true;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let up = ledger.ping().await.is_ok();
+        if up == serving {
+            continue;
+        }
+        serving = up;
+        if up {
+            tracing::info!("database answers again: serving");
+            reporter
+                .set_serving::<LedgerServer<crate::LedgerService<B>>>()
+                .await;
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::Serving)
+                .await;
+        } else {
+            tracing::warn!("database does not answer: not serving");
+            reporter
+                .set_not_serving::<LedgerServer<crate::LedgerService<B>>>()
+                .await;
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
         }
     }
 }
