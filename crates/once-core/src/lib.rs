@@ -13,6 +13,7 @@ pub mod limits;
 pub mod machine;
 pub mod model;
 pub mod once_id;
+pub mod reconcile;
 
 pub use error::{Field, Invalid};
 pub use limits::Limits;

@@ -200,6 +200,8 @@ fn claim_new_life(
         expires_at: None,
         reason: None,
         resolution_id: None,
+        reconcile_lookups: 0,
+        reconcile_next_at: None,
     };
     let details = previous.map(|p| {
         json!({ "previous_life_expired_at": p.expires_at, "previous_state": p.state.as_str() })
@@ -231,6 +233,7 @@ fn claim_again(op: &Operation, cmd: &BeginCommand, now: Millis) -> (BeginDecisio
     next.expires_at = None;
     next.reason = None;
     next.resolution_id = None;
+    next.reconcile_lookups = 0;
     if cmd.provider.is_some() {
         next.provider = cmd.provider.clone();
     }
@@ -293,6 +296,7 @@ pub fn expire_lease(op: &Operation, now: Millis) -> Option<Plan> {
     next.source = Source::Lease;
     next.updated_at = now;
     next.reason = Some(reason.clone());
+    schedule_lookups(&mut next, now);
     Some(Plan {
         operation: Some(Write::Update(next)),
         attempt: None,
@@ -307,6 +311,15 @@ pub fn expire_lease(op: &Operation, now: Millis) -> Option<Plan> {
             dedupe_key: None,
         }],
     })
+}
+
+/// An operation entering UNKNOWN with a reconciler is due for a lookup at once; one leaving
+/// UNKNOWN is due for none.
+fn schedule_lookups(next: &mut Operation, now: Millis) {
+    next.reconcile_next_at = match next.state {
+        State::Unknown if next.provider.is_some() => Some(next.reconcile_next_at.unwrap_or(now)),
+        _ => None,
+    };
 }
 
 /// Applies a report from the attempt holding `cmd.fencing_token`. On success returns the state
@@ -425,6 +438,7 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
     };
     next.state = cmd.report.target();
     next.expires_at = next.state.is_settled().then(|| now + next.retention_ms);
+    schedule_lookups(&mut next, now);
     let late = op.state != State::InFlight || now >= op.lease_deadline;
     let details =
         late.then(|| json!({ "late": true, "previous_source": op.source.as_str() }).to_string());
@@ -501,6 +515,7 @@ pub fn resolve(
     next.reason = Some(cmd.reason.clone());
     next.resolution_id = Some(cmd.resolution_id.clone());
     next.expires_at = Some(now + op.retention_ms);
+    next.reconcile_next_at = None;
     if let Resolution::Confirmed {
         result,
         provider_ref,

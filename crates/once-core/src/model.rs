@@ -128,6 +128,11 @@ pub struct Operation {
     pub reason: Option<String>,
     /// The operator resolution that settled the operation, so a retried Resolve is recognised.
     pub resolution_id: Option<String>,
+    /// How many reconciler lookups this UNKNOWN operation has had.
+    pub reconcile_lookups: u32,
+    /// When an UNKNOWN operation with a provider is next due for a lookup; pushed ahead while a
+    /// replica looks it up, so no two replicas reconcile it at once.
+    pub reconcile_next_at: Option<Millis>,
 }
 
 impl Operation {
@@ -180,6 +185,10 @@ pub enum EventKind {
     DoubleExecution,
     /// A genuine confirm arrived after a resolution had said ABSENT.
     ResolutionContradicted,
+    /// A reconciler's verdict settled an UNKNOWN operation.
+    Reconciled,
+    /// A reconciler looked the operation up and the ledger kept it UNKNOWN; the reason says why.
+    LookupInconclusive,
 }
 
 impl EventKind {
@@ -193,6 +202,8 @@ impl EventKind {
             EventKind::Resolved => "RESOLVED",
             EventKind::DoubleExecution => "DOUBLE_EXECUTION",
             EventKind::ResolutionContradicted => "RESOLUTION_CONTRADICTED",
+            EventKind::Reconciled => "RECONCILED",
+            EventKind::LookupInconclusive => "LOOKUP_INCONCLUSIVE",
         }
     }
 

@@ -78,6 +78,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
+    /// Claims up to `limit` UNKNOWN operations due for a reconciler lookup, for `claim_ms`: no
+    /// other caller sees them due until the claim lapses or a verdict reschedules them.
+    fn claim_lookups(
+        &self,
+        limit: u32,
+        claim_ms: i64,
+    ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
+
     /// Deletes up to `limit` settled operations past retention; returns how many.
     fn delete_expired(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 

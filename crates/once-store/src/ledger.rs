@@ -1,6 +1,7 @@
 //! The domain state machine run over a [`Backend`]: read, decide, write, commit.
 
 use once_core::machine::{self, Plan};
+use once_core::reconcile;
 use once_core::*;
 
 use crate::{Backend, StoreError};
@@ -183,6 +184,41 @@ impl<B: Backend> Ledger<B> {
             None
         };
         Ok((operations, next))
+    }
+
+    /// Claims up to `limit` operations due for a reconciler lookup and returns them as they are
+    /// stored. See [`Backend::claim_lookups`].
+    pub async fn claim_lookups(
+        &self,
+        limit: u32,
+        claim_ms: i64,
+    ) -> Result<Vec<Operation>, StoreError> {
+        let mut claimed = Vec::new();
+        for (tenant, id) in self.backend.claim_lookups(limit, claim_ms).await? {
+            if let (Some(op), _) = self.backend.read(&tenant, &id).await? {
+                claimed.push(op);
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Applies reconciler `name`'s verdict to an operation, in one transaction with its event.
+    pub async fn apply_verdict(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        verdict: &reconcile::Verdict,
+        capabilities: &reconcile::Capabilities,
+        name: &str,
+        backoff: &reconcile::Backoff,
+        jitter: f64,
+    ) -> Result<State, StoreError> {
+        self.locked(tenant, id, |op, now| {
+            let (state, plan) =
+                reconcile::apply_verdict(op, verdict, capabilities, name, backoff, jitter, now);
+            (Ok(state), plan)
+        })
+        .await
     }
 
     /// Moves up to `limit` IN_FLIGHT operations past their lease to UNKNOWN, each in its own

@@ -9,17 +9,18 @@ use crate::StoreError;
 /// The columns of `operations`, in the order [`bind_operation!`] binds them.
 pub(crate) const OPERATION_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, attempt_id, \
      lease_started_at, lease_deadline, result, provider_ref, provider_key, provider, lookup_hints, retention_ms, \
-     created_at, updated_at, expires_at, reason, resolution_id";
+     created_at, updated_at, expires_at, reason, resolution_id, reconcile_lookups, reconcile_next_at";
 
 pub(crate) const INSERT_OPERATION: &str = "INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, source, attempt, attempt_id, \
      lease_started_at, lease_deadline, result, provider_ref, provider_key, provider, lookup_hints, retention_ms, \
-     created_at, updated_at, expires_at, reason, resolution_id) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)";
+     created_at, updated_at, expires_at, reason, resolution_id, reconcile_lookups, reconcile_next_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)";
 
 pub(crate) const UPDATE_OPERATION: &str = "UPDATE operations SET tool = $3, fingerprint = $4, state = $5, source = $6, attempt = $7, \
      attempt_id = $8, lease_started_at = $9, lease_deadline = $10, result = $11, provider_ref = $12, \
      provider_key = $13, provider = $14, lookup_hints = $15, retention_ms = $16, created_at = $17, \
-     updated_at = $18, expires_at = $19, reason = $20, resolution_id = $21 \
+     updated_at = $18, expires_at = $19, reason = $20, resolution_id = $21, \
+     reconcile_lookups = $22, reconcile_next_at = $23 \
      WHERE tenant = $1 AND operation_id = $2";
 
 pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (tenant, operation_id, number, attempt_id, started_at, lease_deadline, actor, \
@@ -91,6 +92,8 @@ macro_rules! bind_operation {
             .bind(op.expires_at)
             .bind(op.reason.clone())
             .bind(op.resolution_id.clone())
+            .bind(i64::from(op.reconcile_lookups))
+            .bind(op.reconcile_next_at)
     }};
 }
 
@@ -125,6 +128,10 @@ macro_rules! decode_operation {
                 expires_at: row.try_get("expires_at")?,
                 reason: row.try_get("reason")?,
                 resolution_id: row.try_get("resolution_id")?,
+                reconcile_lookups: $crate::shared::attempt_number(
+                    row.try_get("reconcile_lookups")?,
+                )?,
+                reconcile_next_at: row.try_get("reconcile_next_at")?,
             }),
         }
     }};
@@ -322,6 +329,38 @@ macro_rules! shared_backend_methods {
             rows.into_iter()
                 .map(|(tenant, id)| Ok((tenant, $crate::shared::operation_id(id)?)))
                 .collect()
+        }
+
+        async fn claim_lookups(&self, limit: u32, claim_ms: i64) -> Result<Vec<(String, once_core::OperationId)>, $crate::StoreError> {
+            // Pushing reconcile_next_at ahead is the claim: the conditional UPDATE lets exactly one
+            // replica move a due operation, and nobody else sees it due until the claim lapses.
+            let due: Vec<(String, String)> = sqlx::query_as(concat!(
+                "SELECT tenant, operation_id FROM operations WHERE state = 'UNKNOWN' AND provider IS NOT NULL \
+                 AND reconcile_next_at <= ",
+                $now,
+                " ORDER BY reconcile_next_at LIMIT $1"
+            ))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+            let mut claimed = Vec::with_capacity(due.len());
+            for (tenant, id) in due {
+                let moved = sqlx::query(concat!(
+                    "UPDATE operations SET reconcile_next_at = ",
+                    $now,
+                    " + $3 WHERE tenant = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND reconcile_next_at <= ",
+                    $now
+                ))
+                .bind(&tenant)
+                .bind(&id)
+                .bind(claim_ms)
+                .execute(&self.pool)
+                .await?;
+                if moved.rows_affected() == 1 {
+                    claimed.push((tenant, $crate::shared::operation_id(id)?));
+                }
+            }
+            Ok(claimed)
         }
 
         async fn delete_expired(&self, limit: u32) -> Result<u64, $crate::StoreError> {
