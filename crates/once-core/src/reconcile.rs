@@ -59,6 +59,15 @@ impl Backoff {
     }
 }
 
+/// One reconciler as the ledger sees it: its name, what its provider promises, and how its
+/// lookups of one operation are spaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupPolicy {
+    pub name: String,
+    pub capabilities: Capabilities,
+    pub backoff: Backoff,
+}
+
 /// Whether the operation is due for a lookup now.
 pub fn is_due(op: &Operation, now: Millis) -> bool {
     op.state == State::Unknown
@@ -71,16 +80,15 @@ pub fn is_due(op: &Operation, now: Millis) -> bool {
 pub fn apply_verdict(
     op: &Operation,
     verdict: &Verdict,
-    capabilities: &Capabilities,
-    name: &str,
-    backoff: &Backoff,
+    policy: &LookupPolicy,
     jitter: f64,
     now: Millis,
 ) -> (State, Plan) {
+    let (capabilities, backoff) = (&policy.capabilities, &policy.backoff);
     if op.state != State::Unknown {
         return (op.state, Plan::default());
     }
-    let actor = format!("reconciler:{name}");
+    let actor = format!("reconciler:{}", policy.name);
     let mut next = op.clone();
     next.updated_at = now;
     next.reconcile_lookups = op.reconcile_lookups + 1;
@@ -228,6 +236,14 @@ mod tests {
         }
     }
 
+    fn policy(capabilities: Capabilities) -> LookupPolicy {
+        LookupPolicy {
+            name: "stripe".into(),
+            capabilities,
+            backoff: BACKOFF,
+        }
+    }
+
     fn check(
         capabilities: Capabilities,
         verdict: Verdict,
@@ -235,15 +251,7 @@ mod tests {
         expected: State,
         kind: EventKind,
     ) -> Operation {
-        let (state, plan) = apply_verdict(
-            &unknown(),
-            &verdict,
-            &capabilities,
-            "stripe",
-            &BACKOFF,
-            0.0,
-            now,
-        );
+        let (state, plan) = apply_verdict(&unknown(), &verdict, &policy(capabilities), 0.0, now);
         assert_eq!(
             state, expected,
             "{verdict:?} with {capabilities:?} at {now}"
@@ -308,15 +316,7 @@ mod tests {
             dedupes_by_provider_key: false,
             ..STRIPE
         };
-        let (_, plan) = apply_verdict(
-            &unknown(),
-            &absent(),
-            &no_dedupe,
-            "stripe",
-            &BACKOFF,
-            0.0,
-            after_settle,
-        );
+        let (_, plan) = apply_verdict(&unknown(), &absent(), &policy(no_dedupe), 0.0, after_settle);
         assert!(plan.events[0]
             .reason
             .as_deref()
@@ -337,15 +337,7 @@ mod tests {
     fn settled_operations_ignore_verdicts() {
         let mut op = unknown();
         op.state = State::Confirmed;
-        let (state, plan) = apply_verdict(
-            &op,
-            &absent(),
-            &STRIPE,
-            "stripe",
-            &BACKOFF,
-            0.0,
-            T0 + SETTLE,
-        );
+        let (state, plan) = apply_verdict(&op, &absent(), &policy(STRIPE), 0.0, T0 + SETTLE);
         assert_eq!(state, State::Confirmed);
         assert!(plan.is_empty());
     }
@@ -362,9 +354,7 @@ mod tests {
             let (_, plan) = apply_verdict(
                 &op,
                 &Verdict::Unknown { why: "503".into() },
-                &STRIPE,
-                "stripe",
-                &BACKOFF,
+                &policy(STRIPE),
                 0.0,
                 T0,
             );

@@ -208,14 +208,11 @@ impl<B: Backend> Ledger<B> {
         tenant: &str,
         id: &OperationId,
         verdict: &reconcile::Verdict,
-        capabilities: &reconcile::Capabilities,
-        name: &str,
-        backoff: &reconcile::Backoff,
+        policy: &reconcile::LookupPolicy,
         jitter: f64,
     ) -> Result<State, StoreError> {
         self.locked(tenant, id, |op, now| {
-            let (state, plan) =
-                reconcile::apply_verdict(op, verdict, capabilities, name, backoff, jitter, now);
+            let (state, plan) = reconcile::apply_verdict(op, verdict, policy, jitter, now);
             (Ok(state), plan)
         })
         .await
