@@ -11,6 +11,7 @@ mod fakepay;
 mod invariants;
 mod leases;
 mod outage;
+mod reconcile;
 mod retention;
 mod service;
 mod validation;

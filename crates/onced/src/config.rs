@@ -21,6 +21,11 @@ pub struct Config {
     #[arg(long, env = "ONCE_DATABASE_URL", default_value = "sqlite://once.db")]
     pub database_url: String,
 
+    /// A TOML file configuring reconcilers (see the plugin guide). Without one, UNKNOWN
+    /// operations wait for a late report or an operator.
+    #[arg(long, env = "ONCE_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+
     /// Address the gRPC API listens on.
     #[arg(long, env = "ONCE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -118,6 +123,17 @@ impl Config {
                 url.split(':').next().unwrap_or_default()
             ))
         }
+    }
+
+    /// Reads the reconcilers from `--config`; credentials come from the environment.
+    pub fn reconciliation(&self) -> Result<once_reconcile::config::Reconciliation, String> {
+        let Some(path) = &self.config else {
+            return Ok(Default::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--config {}: {e}", path.display()))?;
+        once_reconcile::config::parse(&text, |name| std::env::var(name).ok())
+            .map_err(|e| format!("--config {}: {e}", path.display()))
     }
 
     pub fn limits(&self) -> Limits {

@@ -57,6 +57,11 @@ async fn serve<B: Backend>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let reconciliation = config.reconciliation().map_err(anyhow::Error::msg)?;
+    if !reconciliation.registry.is_empty() {
+        let names: Vec<&str> = reconciliation.registry.names().collect();
+        tracing::info!(reconcilers = ?names, "reconciliation on");
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LedgerServer<LedgerService<B>>>().await;
     // Both reflection versions: grpcurl and newer tools ask v1, older clients v1alpha.
@@ -75,6 +80,11 @@ async fn serve<B: Backend>(
     // Cancelled after the server has drained, so no sweeper outlives the pool it uses.
     let stop_sweepers = CancellationToken::new();
     let sweepers = [
+        tokio::spawn(sweeper::reconcile(
+            ledger.clone(),
+            reconciliation,
+            stop_sweepers.clone(),
+        )),
         tokio::spawn(sweeper::leases(
             ledger.clone(),
             config.lease_sweep_interval,

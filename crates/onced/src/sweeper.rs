@@ -1,5 +1,6 @@
-//! Background work every replica runs: expiring leases, deleting what retention allows, and
-//! telling the health service whether the database answers.
+//! Background work every replica runs: expiring leases, reconciling UNKNOWN operations with
+//! their providers, deleting what retention allows, and telling the health service whether the
+//! database answers.
 //!
 //! Both are safe to run on every replica at once: each lease expiry locks its operation and
 //! re-checks it, and each deletion re-checks state and expiry on the row it deletes.
@@ -99,4 +100,83 @@ pub async fn health<B: Backend>(
                 .await;
         }
     }
+}
+
+/// Operations claimed per reconciliation round.
+const LOOKUP_BATCH: u32 = 50;
+
+/// Looks up due UNKNOWN operations with their reconcilers and applies the verdicts. Replicas
+/// share the work through claims in the database: no two look up one operation at once.
+pub async fn reconcile<B: Backend>(
+    ledger: Ledger<B>,
+    reconciliation: once_reconcile::config::Reconciliation,
+    stop: CancellationToken,
+) {
+    if reconciliation.registry.is_empty() {
+        return;
+    }
+    let settings = reconciliation.settings;
+    let claim_ms = i64::try_from(settings.claim.as_millis()).unwrap_or(i64::MAX);
+    let mut ticks = tokio::time::interval(settings.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let claimed = match ledger.claim_lookups(LOOKUP_BATCH, claim_ms).await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::warn!(%error, "could not claim operations to reconcile; will retry");
+                continue;
+            }
+        };
+        for op in claimed {
+            let provider = op.provider.clone().unwrap_or_default();
+            let Some(registered) = reconciliation.registry.get(&provider) else {
+                tracing::warn!(operation_id = %op.operation_id, %provider, "no reconciler of that name is configured");
+                continue;
+            };
+            let request = once_reconcile::LookupRequest {
+                operation_id: op.operation_id.to_string(),
+                tool: op.tool.clone(),
+                provider_key: op.provider_key.clone(),
+                lookup_hints: op
+                    .lookup_hints
+                    .as_deref()
+                    .and_then(|h| serde_json::from_str(h).ok())
+                    .unwrap_or(serde_json::Value::Null),
+                attempt: op.attempt,
+                attempt_started_at_ms: op.lease_started_at,
+            };
+            let verdict = registered.lookup(&request).await;
+            let jitter = jitter(op.operation_id.as_str(), op.reconcile_lookups);
+            match ledger
+                .apply_verdict(
+                    &op.tenant,
+                    &op.operation_id,
+                    &verdict,
+                    &registered.policy,
+                    jitter,
+                )
+                .await
+            {
+                Ok(state) => {
+                    tracing::info!(operation_id = %op.operation_id, reconciler = %provider, state = state.as_str(), "looked up")
+                }
+                Err(error) => {
+                    tracing::warn!(operation_id = %op.operation_id, %error, "could not apply a verdict; the claim will lapse and the lookup repeat")
+                }
+            }
+        }
+    }
+}
+
+/// A spread in 0.0..1.0 that differs between operations and between lookups of one operation,
+/// so retries of many operations do not line up.
+fn jitter(operation_id: &str, lookups: u32) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (operation_id, lookups).hash(&mut hasher);
+    (hasher.finish() % 1000) as f64 / 1000.0
 }

@@ -1,0 +1,252 @@
+//! The reconciler section of `onced --config FILE` (TOML).
+//!
+//! ```toml
+//! [reconciliation]
+//! interval = "1s"        # how often each replica looks for due operations
+//! first_backoff = "1s"   # pause after the first inconclusive lookup, doubled each time…
+//! max_backoff = "5m"     # …up to this
+//! claim = "30s"          # how long a replica holds an operation it is looking up
+//!
+//! [[reconciler]]
+//! name = "stripe"                    # the `provider` operations name
+//! kind = "stripe"
+//! endpoint = "https://api.stripe.com"
+//! api_key_env = "STRIPE_API_KEY"     # the credential comes from the environment, never the file
+//! timeout = "5s"
+//! settle_time = "2s"
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::stripe::StripeReconciler;
+use crate::{Backoff, LookupPolicy, Registered, Registry};
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("the configuration is not valid TOML: {0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    reconciliation: Option<SettingsFile>,
+    #[serde(default)]
+    reconciler: Vec<ReconcilerFile>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SettingsFile {
+    interval: Option<String>,
+    first_backoff: Option<String>,
+    max_backoff: Option<String>,
+    claim: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReconcilerFile {
+    name: String,
+    kind: String,
+    endpoint: String,
+    api_key_env: Option<String>,
+    timeout: Option<String>,
+    settle_time: Option<String>,
+}
+
+/// How the reconciliation workers run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub interval: Duration,
+    pub backoff: Backoff,
+    pub claim: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            backoff: Backoff {
+                first_ms: 1_000,
+                max_ms: 300_000,
+            },
+            claim: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The parsed configuration: worker settings and the reconcilers.
+#[derive(Debug, Clone, Default)]
+pub struct Reconciliation {
+    pub settings: Settings,
+    pub registry: Registry,
+}
+
+fn duration(field: &str, value: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(text) => humantime::parse_duration(text).map_err(|e| invalid(field, e.to_string())),
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Parses `text`; credentials are read with `env` (the process environment in production).
+pub fn parse(
+    text: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Reconciliation, ConfigError> {
+    let file: File = toml::from_str(text)?;
+    let defaults = Settings::default();
+    let s = file.reconciliation.unwrap_or_default();
+    let settings = Settings {
+        interval: duration(
+            "reconciliation.interval",
+            s.interval.as_deref(),
+            defaults.interval,
+        )?,
+        backoff: Backoff {
+            first_ms: millis(duration(
+                "reconciliation.first_backoff",
+                s.first_backoff.as_deref(),
+                Duration::from_millis(defaults.backoff.first_ms as u64),
+            )?),
+            max_ms: millis(duration(
+                "reconciliation.max_backoff",
+                s.max_backoff.as_deref(),
+                Duration::from_millis(defaults.backoff.max_ms as u64),
+            )?),
+        },
+        claim: duration("reconciliation.claim", s.claim.as_deref(), defaults.claim)?,
+    };
+    if settings.interval.is_zero()
+        || settings.backoff.first_ms <= 0
+        || settings.backoff.max_ms < settings.backoff.first_ms
+    {
+        return Err(invalid(
+            "reconciliation",
+            "intervals must be positive and max_backoff at least first_backoff",
+        ));
+    }
+    let mut registry = Registry::default();
+    for (i, r) in file.reconciler.iter().enumerate() {
+        let field = |name: &str| format!("reconciler[{i}].{name}");
+        if r.name.is_empty() || registry.get(&r.name).is_some() {
+            return Err(invalid(field("name"), "must be present and unique"));
+        }
+        let timeout = duration(
+            &field("timeout"),
+            r.timeout.as_deref(),
+            Duration::from_secs(5),
+        )?;
+        let settle_time = duration(
+            &field("settle_time"),
+            r.settle_time.as_deref(),
+            Duration::from_secs(5),
+        )?;
+        let api_key = match &r.api_key_env {
+            None => None,
+            Some(variable) => Some(env(variable).ok_or_else(|| {
+                invalid(
+                    field("api_key_env"),
+                    format!("the environment has no {variable}"),
+                )
+            })?),
+        };
+        let reconciler: Arc<dyn crate::Reconciler> = match r.kind.as_str() {
+            "stripe" => Arc::new(
+                StripeReconciler::new(&r.endpoint, api_key, settle_time, timeout)
+                    .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
+            ),
+            other => {
+                return Err(invalid(
+                    field("kind"),
+                    format!("unknown kind {other:?}; known: stripe"),
+                ))
+            }
+        };
+        registry.insert(Registered {
+            policy: LookupPolicy {
+                name: r.name.clone(),
+                capabilities: reconciler.capabilities(),
+                backoff: settings.backoff,
+            },
+            reconciler,
+            timeout,
+        });
+    }
+    Ok(Reconciliation { settings, registry })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_reconcilers_with_credentials_from_the_environment() {
+        let text = r#"
+            [reconciliation]
+            interval = "250ms"
+            max_backoff = "1m"
+
+            [[reconciler]]
+            name = "payments"
+            kind = "stripe"
+            endpoint = "http://127.0.0.1:12111"
+            api_key_env = "PAYMENTS_KEY"
+            settle_time = "2s"
+        "#;
+        let parsed = parse(text, |name| {
+            (name == "PAYMENTS_KEY").then(|| "sk_test_secret".to_owned())
+        })
+        .unwrap();
+        assert_eq!(parsed.settings.interval, Duration::from_millis(250));
+        assert_eq!(parsed.settings.backoff.max_ms, 60_000);
+        let stripe = parsed.registry.get("payments").unwrap();
+        assert_eq!(stripe.policy.capabilities.settle_time_ms, 2_000);
+        let shown = format!("{:?}", parsed.registry);
+        assert!(
+            shown.contains("<redacted>") && !shown.contains("sk_test_secret"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_use() {
+        let missing_env = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\napi_key_env = \"NOPE\"";
+        assert!(matches!(
+            parse(missing_env, |_| None),
+            Err(ConfigError::Invalid { .. })
+        ));
+        let unknown_kind =
+            "[[reconciler]]\nname = \"s\"\nkind = \"carrier-pigeon\"\nendpoint = \"http://x\"";
+        assert!(parse(unknown_kind, |_| None)
+            .unwrap_err()
+            .to_string()
+            .contains("carrier-pigeon"));
+        let secret_in_file = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\napi_key = \"sk_live\"";
+        assert!(
+            matches!(parse(secret_in_file, |_| None), Err(ConfigError::Toml(_))),
+            "credentials never go in the file"
+        );
+        let duplicate = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\n[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://y\"";
+        assert!(parse(duplicate, |_| None).is_err());
+    }
+}

@@ -1,0 +1,92 @@
+//! Reconcilers: code that looks up provider truth so an UNKNOWN operation can be settled
+//! without waiting for a human.
+//!
+//! A reconciler implements [`Reconciler`]: it declares its provider's [`Capabilities`] and,
+//! given an operation ([`LookupRequest`]), returns a [`Verdict`] — confirmed (with the provider's
+//! reference, the result to replay and sanitised evidence), absent (with evidence), or unknown
+//! (with why). It never decides what the verdict allows: the ledger does, from the declared
+//! capabilities (see `once_core::reconcile`). Timeouts, permission errors, rate limits, partial
+//! pages and ambiguous matches are `Unknown`, never `Absent`.
+//!
+//! Built in: [`stripe::StripeReconciler`] (a Stripe-like refunds API). Reconcilers are configured
+//! in the TOML file given to `onced --config` ([`config`]).
+
+pub mod config;
+pub mod stripe;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use once_core::reconcile::{Backoff, Capabilities, LookupPolicy, Verdict};
+use serde_json::Value;
+
+/// The operation a reconciler is asked about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LookupRequest {
+    pub operation_id: String,
+    pub tool: String,
+    /// The key the executor passed to the provider's idempotency mechanism.
+    pub provider_key: String,
+    /// What the executor said would help find the effect (e.g. `{"payment_intent": "pi_1"}`).
+    pub lookup_hints: Value,
+    /// The latest attempt and when its lease began (milliseconds since the Unix epoch).
+    pub attempt: u32,
+    pub attempt_started_at_ms: i64,
+}
+
+/// A provider lookup. Implementations must be cheap to call concurrently.
+#[async_trait::async_trait]
+pub trait Reconciler: Send + Sync + Debug {
+    /// What the provider promises; the ledger decides what a verdict allows from this.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Looks the operation up at the provider.
+    async fn lookup(&self, request: &LookupRequest) -> Verdict;
+}
+
+/// A configured reconciler: the plugin, the ledger's policy for it, and its lookup deadline.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub reconciler: Arc<dyn Reconciler>,
+    pub policy: LookupPolicy,
+    pub timeout: Duration,
+}
+
+impl Registered {
+    /// Runs one lookup within the deadline; running out of time is `Unknown`.
+    pub async fn lookup(&self, request: &LookupRequest) -> Verdict {
+        match tokio::time::timeout(self.timeout, self.reconciler.lookup(request)).await {
+            Ok(verdict) => verdict,
+            Err(_) => Verdict::Unknown {
+                why: format!("the lookup took longer than {:?}", self.timeout),
+            },
+        }
+    }
+}
+
+/// The reconcilers of one ledger, by name (the `provider` an operation names).
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    reconcilers: HashMap<String, Registered>,
+}
+
+impl Registry {
+    pub fn insert(&mut self, registered: Registered) {
+        self.reconcilers
+            .insert(registered.policy.name.clone(), registered);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Registered> {
+        self.reconcilers.get(name)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reconcilers.is_empty()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.reconcilers.keys().map(String::as_str)
+    }
+}

@@ -1,0 +1,310 @@
+//! Reconciliation: UNKNOWN operations settled from provider truth by the `stripe` reconciler,
+//! against fakepay on a real socket.
+
+use std::time::Duration;
+
+use once_api::pb;
+use once_client::{ClientConfig, Effect, EffectError, LedgerClient, OperationSpec, Outcome};
+use serde_json::json;
+
+use crate::support::*;
+
+on_both_backends!(
+    a_lost_response_is_reconciled_confirmed_and_replayed,
+    a_refusal_without_effect_is_reconciled_absent_after_the_settle_time,
+    unavailable_lookups_keep_it_unknown_with_growing_intervals,
+    a_lagging_list_never_produces_absent_before_the_settle_time,
+);
+
+struct Setup {
+    _db: TestDb,
+    ledger: TestLedger,
+    provider: String,
+    client: LedgerClient,
+}
+
+async fn setup(store: Store, settle_time: &str) -> Setup {
+    let db = TestDb::new(store).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(listener, fakepay::router(fakepay::Provider::default())).await
+    });
+    let config = db
+        .scratch_dir()
+        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(
+        &config,
+        format!(
+            "[reconciliation]\ninterval = \"50ms\"\nfirst_backoff = \"100ms\"\nmax_backoff = \"400ms\"\n\n\
+             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"{settle_time}\"\ntimeout = \"2s\"\n"
+        ),
+    )
+    .unwrap();
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.to_str().unwrap()]).await;
+    let mut config = ClientConfig::new(format!("http://{}", ledger.addr));
+    config.client_name = "reconcile-test".into();
+    let client = LedgerClient::connect(config).unwrap();
+    Setup {
+        _db: db,
+        ledger,
+        provider,
+        client,
+    }
+}
+
+fn refund(order: &str) -> OperationSpec {
+    OperationSpec::new(
+        "issue_refund",
+        json!({"order_id": order, "amount_cents": 700, "currency": "eur"}),
+    )
+    .intent(["refund", order])
+    .provider("stripe", json!({"payment_intent": format!("pi_{order}")}))
+}
+
+/// The refund effect, as the demo server performs it, with a fault for this one request.
+async fn run_refund(setup: &Setup, order: &str, fault: Option<&'static str>) -> Outcome {
+    let provider = setup.provider.clone();
+    let order = order.to_owned();
+    setup
+        .client
+        .run(&refund(&order), |attempt| async move {
+            let mut request = reqwest::Client::new()
+                .post(format!("{provider}/v1/refunds"))
+                .header("Idempotency-Key", &attempt.provider_key)
+                .form(&[
+                    ("payment_intent", format!("pi_{order}")),
+                    ("amount", "700".into()),
+                    ("currency", "eur".into()),
+                    ("metadata[once_operation_id]", attempt.operation_id.clone()),
+                ]);
+            if let Some(fault) = fault {
+                request = request.header("X-Fakepay-Fault", fault);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| EffectError::Ambiguous(e.to_string()))?;
+            if !response.status().is_success() {
+                return Err(EffectError::Ambiguous(format!(
+                    "provider answered {}",
+                    response.status()
+                )));
+            }
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| EffectError::Ambiguous(e.to_string()))?;
+            Ok(Effect::new(body.to_vec()))
+        })
+        .await
+        .unwrap()
+}
+
+async fn refunds(setup: &Setup) -> u64 {
+    let stats: serde_json::Value = reqwest::get(format!("{}/_fakepay/stats", setup.provider))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    stats["refunds"].as_u64().unwrap()
+}
+
+async fn set_faults(setup: &Setup, faults: serde_json::Value) {
+    reqwest::Client::new()
+        .post(format!("{}/_fakepay/faults", setup.provider))
+        .json(&faults)
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn a_lost_response_is_reconciled_confirmed_and_replayed(store: Store) {
+    let setup = setup(store, "200ms").await;
+    let outcome = run_refund(&setup, "o-1", Some("commit_then_drop")).await;
+    let Outcome::Ambiguous { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let grpc = setup.ledger.client().await;
+    wait_for_state(&grpc, &operation_id, pb::OperationState::Confirmed).await;
+
+    let history = get(&mut grpc.clone(), &operation_id).await;
+    let settled = history.events.last().unwrap();
+    assert_eq!(
+        (settled.kind.as_str(), settled.actor.as_str()),
+        ("RECONCILED", "reconciler:stripe")
+    );
+    assert!(settled.details_json.contains("evidence"), "{settled:?}");
+    let replay = run_refund(&setup, "o-1", None).await;
+    let Outcome::Replayed(replay) = replay else {
+        panic!("{replay:?}")
+    };
+    let refund: serde_json::Value = serde_json::from_slice(&replay.result).unwrap();
+    assert_eq!(
+        refund["metadata"]["once_operation_id"],
+        operation_id.as_str()
+    );
+    assert_eq!(replay.provider_ref.as_deref(), refund["id"].as_str());
+    assert_eq!(refunds(&setup).await, 1);
+    setup.ledger.stop().await;
+}
+
+async fn a_refusal_without_effect_is_reconciled_absent_after_the_settle_time(store: Store) {
+    let setup = setup(store, "300ms").await;
+    let outcome = run_refund(&setup, "o-2", Some("fail_before_commit")).await;
+    let Outcome::Ambiguous { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let grpc = setup.ledger.client().await;
+    wait_for_state(&grpc, &operation_id, pb::OperationState::Absent).await;
+    let history = get(&mut grpc.clone(), &operation_id).await;
+    let absent = history.events.last().unwrap();
+    assert_eq!(
+        (absent.kind.as_str(), absent.to_state),
+        ("RECONCILED", pb::OperationState::Absent as i32)
+    );
+    // The next call executes, exactly once.
+    let outcome = run_refund(&setup, "o-2", None).await;
+    assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
+    assert_eq!(refunds(&setup).await, 1);
+    setup.ledger.stop().await;
+}
+
+async fn unavailable_lookups_keep_it_unknown_with_growing_intervals(store: Store) {
+    let setup = setup(store, "0s").await;
+    set_faults(&setup, json!({ "lookups_unavailable": true })).await;
+    let outcome = run_refund(&setup, "o-3", Some("commit_then_drop")).await;
+    let Outcome::Ambiguous { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let mut grpc = setup.ledger.client().await;
+    let events = eventually(Duration::from_secs(15), "four inconclusive lookups", || {
+        let mut grpc = grpc.clone();
+        let id = operation_id.clone();
+        async move {
+            let events: Vec<pb::Event> = get(&mut grpc, &id)
+                .await
+                .events
+                .into_iter()
+                .filter(|e| e.kind == "LOOKUP_INCONCLUSIVE")
+                .collect();
+            (events.len() >= 4).then_some(events)
+        }
+    })
+    .await;
+    assert_eq!(
+        state_of(&mut grpc, &operation_id).await,
+        pb::OperationState::Unknown
+    );
+    let at: Vec<i64> = events
+        .iter()
+        .map(|e| once_api::convert::millis(e.at.as_ref().unwrap()))
+        .collect();
+    let scheduled: Vec<i64> = events
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<serde_json::Value>(&e.details_json).unwrap()["next_lookup_at"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    let gaps: Vec<i64> = scheduled
+        .iter()
+        .zip(&at)
+        .map(|(next, at)| next - at)
+        .collect();
+    assert!(
+        gaps[1] > gaps[0] && gaps[2] > gaps[1],
+        "intervals grow: {gaps:?}"
+    );
+    assert!(gaps.iter().all(|g| *g <= 400), "and are capped: {gaps:?}");
+    assert!(
+        events[0].reason.contains("could not tell"),
+        "{:?}",
+        events[0]
+    );
+    set_faults(&setup, json!({})).await;
+    wait_for_state(&grpc, &operation_id, pb::OperationState::Confirmed).await;
+    setup.ledger.stop().await;
+}
+
+async fn a_lagging_list_never_produces_absent_before_the_settle_time(store: Store) {
+    // The list shows a refund a second after it is written; the reconciler's settle time is
+    // longer than that, so early misses must not settle anything.
+    let setup = setup(store, "2s").await;
+    set_faults(&setup, json!({ "list_lag_ms": 1000 })).await;
+    let outcome = run_refund(&setup, "o-4", Some("commit_then_drop")).await;
+    let Outcome::Ambiguous { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let mut grpc = setup.ledger.client().await;
+    wait_for_state(&grpc, &operation_id, pb::OperationState::Confirmed).await;
+    let history = get(&mut grpc, &operation_id).await;
+    assert!(
+        history
+            .events
+            .iter()
+            .all(|e| e.to_state != pb::OperationState::Absent as i32),
+        "{:?}",
+        history.events
+    );
+    assert!(
+        history
+            .events
+            .iter()
+            .any(|e| e.kind == "LOOKUP_INCONCLUSIVE" && e.reason.contains("settle time")),
+        "early misses were held back: {:?}",
+        history.events
+    );
+    setup.ledger.stop().await;
+}
+
+on_both_backends!(replicas_never_claim_one_operation_at_once);
+
+/// Four replicas' workers race for the same due operations: each is claimed exactly once.
+async fn replicas_never_claim_one_operation_at_once(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut grpc = ledger.client().await;
+    for i in 0..20 {
+        let id = format!("claim-{i}");
+        let mut request = begin(&id, ARGS);
+        request.provider = "stripe".into();
+        let grant = claim(&mut grpc, request).await;
+        report_unknown(&mut grpc, &id, grant.fencing_token)
+            .await
+            .unwrap();
+    }
+    ledger.stop().await;
+
+    async fn claims(url: String, store: Store) -> Vec<String> {
+        let claimed = match store {
+            Store::Sqlite => {
+                let ledger = once_store::Ledger::new(
+                    once_store::SqliteBackend::connect(&url).await.unwrap(),
+                );
+                ledger.claim_lookups(50, 60_000).await.unwrap()
+            }
+            Store::Postgres => {
+                let backend = once_store::PgBackend::connect(&url, &Default::default())
+                    .await
+                    .unwrap();
+                once_store::Ledger::new(backend)
+                    .claim_lookups(50, 60_000)
+                    .await
+                    .unwrap()
+            }
+        };
+        claimed
+            .into_iter()
+            .map(|op| op.operation_id.to_string())
+            .collect()
+    }
+    let rounds = futures::future::join_all((0..4).map(|_| claims(db.url.clone(), store))).await;
+    let mut all: Vec<String> = rounds.into_iter().flatten().collect();
+    assert_eq!(all.len(), 20, "every due operation claimed once: {all:?}");
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 20, "no operation claimed twice");
+}
