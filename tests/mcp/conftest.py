@@ -86,8 +86,9 @@ class Stack:
     """One ledger, one payment provider, and the refund MCP server, on fresh ports and a fresh
     database."""
 
-    def __init__(self, tmp: Path, backend: str, transport: str):
+    def __init__(self, tmp: Path, backend: str, transport: str, reconcile: bool = False):
         self.tmp = tmp
+        self.reconcile = reconcile
         self.backend = backend
         self.transport = transport
         self.marker = uuid.uuid4().hex
@@ -122,14 +123,20 @@ class Stack:
         return process
 
     def start_ledger(self) -> None:
-        self.ledger = self.spawn(
-            "onced",
-            [
-                "--database-url", self.database_url,
-                "--listen", f"127.0.0.1:{self.ledger_port}",
-                "--lease-sweep-interval", "100ms",
-            ],
-        )
+        args = [
+            "--database-url", self.database_url,
+            "--listen", f"127.0.0.1:{self.ledger_port}",
+            "--lease-sweep-interval", "100ms",
+        ]
+        if self.reconcile:
+            config = self.tmp / "onced.toml"
+            config.write_text(
+                "[reconciliation]\ninterval = \"100ms\"\nfirst_backoff = \"100ms\"\nmax_backoff = \"1s\"\n\n"
+                "[[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\n"
+                f"endpoint = \"{self.provider_url}\"\nsettle_time = \"500ms\"\n"
+            )
+            args += ["--config", str(config)]
+        self.ledger = self.spawn("onced", args)
         wait_for("onced", lambda: port_open(self.ledger_port))
 
     def refund_args(self) -> list[str]:
@@ -195,11 +202,26 @@ def transport(request):
     return request.param
 
 
-@pytest.fixture
-def stack(tmp_path, backend, transport):
+def make_stack(tmp_path, backend, transport, reconcile):
     for binary in ("onced", "fakepay", "refund-mcp"):
         assert (BIN / binary).exists(), f"{BIN / binary} is missing: run cargo build --workspace first"
-    stack = Stack(tmp_path, backend, transport)
+    return Stack(tmp_path, backend, transport, reconcile)
+
+
+@pytest.fixture
+def stack(tmp_path, backend, transport):
+    """Without reconcilers: UNKNOWN waits for a late report or an operator."""
+    stack = make_stack(tmp_path, backend, transport, reconcile=False)
+    try:
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture
+def reconciled_stack(tmp_path, backend, transport):
+    """With the stripe reconciler pointed at fakepay."""
+    stack = make_stack(tmp_path, backend, transport, reconcile=True)
     try:
         yield stack
     finally:
