@@ -24,6 +24,17 @@ struct Setup {
 }
 
 async fn setup(store: Store, settle_time: &str) -> Setup {
+    setup_with(store, settle_time, "50ms").await
+}
+
+fn reconciler_config(provider: &str, settle_time: &str, interval: &str, extra: &str) -> String {
+    format!(
+        "[reconciliation]\ninterval = \"{interval}\"\nfirst_backoff = \"100ms\"\nmax_backoff = \"400ms\"\n\n\
+         [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"{settle_time}\"\ntimeout = \"2s\"\n{extra}"
+    )
+}
+
+async fn setup_with(store: Store, settle_time: &str, interval: &str) -> Setup {
     let db = TestDb::new(store).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let provider = format!("http://{}", listener.local_addr().unwrap());
@@ -35,10 +46,7 @@ async fn setup(store: Store, settle_time: &str) -> Setup {
         .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
     std::fs::write(
         &config,
-        format!(
-            "[reconciliation]\ninterval = \"50ms\"\nfirst_backoff = \"100ms\"\nmax_backoff = \"400ms\"\n\n\
-             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"{settle_time}\"\ntimeout = \"2s\"\n"
-        ),
+        reconciler_config(&provider, settle_time, interval, ""),
     )
     .unwrap();
     let ledger = TestLedger::spawn_with(&db, &["--config", config.to_str().unwrap()]).await;
@@ -307,4 +315,109 @@ async fn replicas_never_claim_one_operation_at_once(store: Store) {
     all.sort();
     all.dedup();
     assert_eq!(all.len(), 20, "no operation claimed twice");
+}
+
+on_both_backends!(reconcile_rpc_looks_up_now);
+
+async fn reconcile_rpc_looks_up_now(store: Store) {
+    // The workers wait an hour: only the RPC looks anything up.
+    let setup = setup_with(store, "0s", "1h").await;
+    let outcome = run_refund(&setup, "o-5", Some("commit_then_drop")).await;
+    let Outcome::Ambiguous { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let mut grpc = setup.ledger.client().await;
+    let answer = grpc
+        .reconcile(pb::ReconcileRequest {
+            operation_id: operation_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.reconciler, "stripe");
+    assert_eq!(
+        (answer.verdict, answer.state),
+        (
+            pb::OperationState::Confirmed as i32,
+            pb::OperationState::Confirmed as i32
+        )
+    );
+    let again = grpc
+        .reconcile(pb::ReconcileRequest {
+            operation_id: operation_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&again), "NOT_UNKNOWN");
+
+    let grant = claim(&mut grpc, begin("no-provider", ARGS)).await;
+    report_unknown(&mut grpc, "no-provider", grant.fencing_token)
+        .await
+        .unwrap();
+    let refused = grpc
+        .reconcile(pb::ReconcileRequest {
+            operation_id: "no-provider".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (refused.code(), reason(&refused)),
+        (tonic::Code::FailedPrecondition, "NO_RECONCILER".to_owned())
+    );
+    setup.ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_reach_logs_or_events() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(listener, fakepay::router(fakepay::Provider::default())).await
+    });
+    let secret = format!("sk_test_{}", uuid::Uuid::new_v4().simple());
+    let config = db.scratch_dir().join("onced-secret.toml");
+    std::fs::write(
+        &config,
+        reconciler_config(
+            &provider,
+            "0s",
+            "50ms",
+            "api_key_env = \"ONCE_IT_STRIPE_KEY\"\n",
+        ),
+    )
+    .unwrap();
+    let log = db.scratch_dir().join("onced-secret.log");
+    let onced = OncedProcess::spawn_with_env(
+        &db.url,
+        log.clone(),
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("ONCE_IT_STRIPE_KEY", secret.as_str()),
+            ("RUST_LOG", "debug"),
+        ],
+    )
+    .await;
+    let mut grpc = onced.client().await;
+    let mut request = begin("secret-op", ARGS);
+    request.provider = "stripe".into();
+    request.lookup_hints_json = r#"{"payment_intent":"pi_secret"}"#.into();
+    let grant = claim(&mut grpc, request).await;
+    report_unknown(&mut grpc, "secret-op", grant.fencing_token)
+        .await
+        .unwrap();
+    // A miss after a zero settle time with a deduplicating provider: ABSENT, after lookups.
+    wait_for_state(&grpc, "secret-op", pb::OperationState::Absent).await;
+    let history = get(&mut grpc, "secret-op").await;
+    assert!(onced.terminate().await.success());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("reconciliation on"), "the log was captured");
+    assert!(
+        !logged.contains(&secret),
+        "the credential appeared in the log"
+    );
+    assert!(
+        !format!("{history:?}").contains(&secret),
+        "the credential appeared in the events"
+    );
 }

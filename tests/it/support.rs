@@ -337,6 +337,16 @@ pub struct OncedProcess {
 
 impl OncedProcess {
     pub async fn spawn(url: &str, log: PathBuf, extra: &[&str]) -> Self {
+        Self::spawn_with_env(url, log, extra, &[]).await
+    }
+
+    /// Starts `onced` with extra environment variables.
+    pub async fn spawn_with_env(
+        url: &str,
+        log: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap().port()
@@ -347,6 +357,7 @@ impl OncedProcess {
             .args(["--database-url", url, "--listen", &addr.to_string()])
             .args(TEST_FLAGS)
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)

@@ -218,6 +218,10 @@ pub fn get_operation(req: pb::GetOperationRequest) -> Result<OperationId, Invali
     OperationId::parse("operation_id", &req.operation_id)
 }
 
+pub fn reconcile(req: pb::ReconcileRequest) -> Result<OperationId, Invalid> {
+    OperationId::parse("operation_id", &req.operation_id)
+}
+
 pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Invalid> {
     let states = req
         .states

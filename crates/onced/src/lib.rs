@@ -82,7 +82,7 @@ async fn serve<B: Backend>(
     let sweepers = [
         tokio::spawn(sweeper::reconcile(
             ledger.clone(),
-            reconciliation,
+            reconciliation.clone(),
             stop_sweepers.clone(),
         )),
         tokio::spawn(sweeper::leases(
@@ -106,7 +106,11 @@ async fn serve<B: Backend>(
 
     let address = listener.local_addr()?;
     tracing::info!(%address, store = ledger.backend().kind(), "onced serving");
-    let service = LedgerService::new(ledger.clone(), config.limits());
+    let service = LedgerService::new(
+        ledger.clone(),
+        config.limits(),
+        reconciliation.registry.clone(),
+    );
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)

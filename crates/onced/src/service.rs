@@ -22,6 +22,8 @@ const MAX_WAIT_POLL: Duration = Duration::from_millis(250);
 pub struct LedgerService<B> {
     ledger: Ledger<B>,
     limits: Limits,
+    /// The configured reconcilers, for the Reconcile RPC.
+    reconcilers: once_reconcile::Registry,
     /// Woken whenever this replica records a report or resolution, so a Begin waiting on an
     /// IN_PROGRESS operation looks again at once instead of at its next poll.
     settled: Arc<Notify>,
@@ -36,10 +38,11 @@ impl<B> std::fmt::Debug for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
-    pub fn new(ledger: Ledger<B>, limits: Limits) -> Self {
+    pub fn new(ledger: Ledger<B>, limits: Limits, reconcilers: once_reconcile::Registry) -> Self {
         Self {
             ledger,
             limits,
+            reconcilers,
             settled: Arc::new(Notify::new()),
         }
     }
@@ -198,6 +201,19 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         }))
     }
 
+    #[instrument(skip_all, fields(operation_id))]
+    async fn reconcile(
+        &self,
+        request: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        let caller = caller(&request, None);
+        let id = convert::reconcile(request.into_inner()).map_err(status::invalid)?;
+        tracing::Span::current().record("operation_id", id.as_str());
+        Ok(Response::new(
+            self.reconcile_now(&caller.tenant, &id).await?,
+        ))
+    }
+
     #[instrument(skip_all, fields(operation_id, actor))]
     async fn resolve(
         &self,
@@ -223,6 +239,50 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
+    /// Looks `id` up with its reconciler now and applies the verdict. An operator's action: it
+    /// takes no claim, so it may run beside a worker's lookup; each verdict is applied under the
+    /// operation's lock, and a settled operation ignores later ones.
+    async fn reconcile_now(
+        &self,
+        tenant: &str,
+        id: &once_core::OperationId,
+    ) -> Result<pb::ReconcileResponse, Status> {
+        let (op, _, _) = self.ledger.get(tenant, id).await.map_err(status::store)?;
+        if op.state != once_core::State::Unknown {
+            return Err(status::store(once_store::StoreError::Rejected(
+                once_core::Rejection::NotUnknown { state: op.state },
+            )));
+        }
+        let provider = op.provider.clone().unwrap_or_default();
+        let Some(registered) = self.reconcilers.get(&provider) else {
+            return Err(status::no_reconciler(&provider));
+        };
+        let verdict = registered
+            .lookup(&crate::sweeper::lookup_request(&op))
+            .await;
+        let state = self
+            .ledger
+            .apply_verdict(tenant, id, &verdict, &registered.policy, 0.5)
+            .await
+            .map_err(status::store)?;
+        self.settled.notify_waiters();
+        let (found, detail) = match &verdict {
+            once_reconcile::Verdict::Confirmed { evidence, .. } => {
+                (once_core::State::Confirmed, evidence.clone())
+            }
+            once_reconcile::Verdict::Absent { evidence } => {
+                (once_core::State::Absent, evidence.clone())
+            }
+            once_reconcile::Verdict::Unknown { why } => (once_core::State::Unknown, why.clone()),
+        };
+        Ok(pb::ReconcileResponse {
+            reconciler: provider,
+            verdict: convert::state_to_pb(found) as i32,
+            state: convert::state_to_pb(state) as i32,
+            detail,
+        })
+    }
+
     async fn report(
         &self,
         caller: &Caller,

@@ -69,6 +69,21 @@ pub fn store(error: StoreError) -> Status {
     }
 }
 
+/// The operation names no reconciler this ledger has.
+pub fn no_reconciler(provider: &str) -> Status {
+    let message = if provider.is_empty() {
+        "the operation names no provider to reconcile with".to_owned()
+    } else {
+        format!("no reconciler named {provider:?} is configured")
+    };
+    status(
+        Code::FailedPrecondition,
+        "NO_RECONCILER",
+        message,
+        vec![("provider".into(), provider.to_owned())],
+    )
+}
+
 fn rejected(rejection: Rejection) -> Status {
     let message = rejection.to_string();
     match rejection {

@@ -137,18 +137,7 @@ pub async fn reconcile<B: Backend>(
                 tracing::warn!(operation_id = %op.operation_id, %provider, "no reconciler of that name is configured");
                 continue;
             };
-            let request = once_reconcile::LookupRequest {
-                operation_id: op.operation_id.to_string(),
-                tool: op.tool.clone(),
-                provider_key: op.provider_key.clone(),
-                lookup_hints: op
-                    .lookup_hints
-                    .as_deref()
-                    .and_then(|h| serde_json::from_str(h).ok())
-                    .unwrap_or(serde_json::Value::Null),
-                attempt: op.attempt,
-                attempt_started_at_ms: op.lease_started_at,
-            };
+            let request = lookup_request(&op);
             let verdict = registered.lookup(&request).await;
             let jitter = jitter(op.operation_id.as_str(), op.reconcile_lookups);
             match ledger
@@ -179,4 +168,20 @@ fn jitter(operation_id: &str, lookups: u32) -> f64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (operation_id, lookups).hash(&mut hasher);
     (hasher.finish() % 1000) as f64 / 1000.0
+}
+
+/// What a reconciler is told about an operation.
+pub fn lookup_request(op: &once_core::Operation) -> once_reconcile::LookupRequest {
+    once_reconcile::LookupRequest {
+        operation_id: op.operation_id.to_string(),
+        tool: op.tool.clone(),
+        provider_key: op.provider_key.clone(),
+        lookup_hints: op
+            .lookup_hints
+            .as_deref()
+            .and_then(|h| serde_json::from_str(h).ok())
+            .unwrap_or(serde_json::Value::Null),
+        attempt: op.attempt,
+        attempt_started_at_ms: op.lease_started_at,
+    }
 }
