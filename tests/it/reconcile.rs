@@ -421,3 +421,101 @@ async fn credentials_never_reach_logs_or_events() {
         "the credential appeared in the events"
     );
 }
+
+on_both_backends!(an_operation_that_stays_unknown_is_escalated_once_and_posted);
+
+async fn an_operation_that_stays_unknown_is_escalated_once_and_posted(store: Store) {
+    use std::sync::{Arc, Mutex};
+
+    // The webhook receiver refuses the first delivery, so the ledger must retry.
+    let received: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let receiver = {
+        let received = received.clone();
+        axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |axum::Json(body): axum::Json<serde_json::Value>| {
+                let received = received.clone();
+                async move {
+                    let mut received = received.lock().unwrap();
+                    received.push(body);
+                    if received.len() == 1 {
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                    } else {
+                        axum::http::StatusCode::OK
+                    }
+                }
+            }),
+        )
+    };
+    let hook_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", hook_listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(hook_listener, receiver).await });
+
+    let db = TestDb::new(store).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let payments = fakepay::Provider::default();
+    payments.set_faults(fakepay::Faults {
+        lookups_unavailable: true,
+        ..Default::default()
+    });
+    tokio::spawn(async move { axum::serve(listener, fakepay::router(payments)).await });
+    let config = db
+        .scratch_dir()
+        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(
+        &config,
+        format!(
+            "[reconciliation]\ninterval = \"50ms\"\nfirst_backoff = \"50ms\"\nmax_backoff = \"100ms\"\n\
+             escalate_after_lookups = 3\nwebhook = \"{hook}\"\n\n\
+             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
+        ),
+    )
+    .unwrap();
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.to_str().unwrap()]).await;
+    let mut grpc = ledger.client().await;
+    let mut request = begin("escalate-me", ARGS);
+    request.provider = "stripe".into();
+    request.lookup_hints_json = r#"{"payment_intent":"pi_x"}"#.into();
+    let grant = claim(&mut grpc, request).await;
+    report_unknown(&mut grpc, "escalate-me", grant.fencing_token)
+        .await
+        .unwrap();
+
+    eventually(
+        Duration::from_secs(15),
+        "the escalation delivered, after a retry",
+        || async { (received.lock().unwrap().len() >= 2).then_some(()) },
+    )
+    .await;
+    // Further lookups do not escalate again.
+    eventually(Duration::from_secs(15), "six lookups", || {
+        let mut grpc = grpc.clone();
+        async move {
+            let events = get(&mut grpc, "escalate-me").await.events;
+            (events
+                .iter()
+                .filter(|e| e.kind == "LOOKUP_INCONCLUSIVE")
+                .count()
+                >= 6)
+                .then_some(events)
+        }
+    })
+    .await;
+    let events = get(&mut grpc, "escalate-me").await.events;
+    let escalations: Vec<&pb::Event> = events.iter().filter(|e| e.kind == "ESCALATED").collect();
+    assert_eq!(escalations.len(), 1, "{events:?}");
+    let delivered = received.lock().unwrap().clone();
+    assert_eq!(
+        delivered.len(),
+        2,
+        "one escalation: refused once, then delivered"
+    );
+    assert_eq!(delivered[1]["operation_id"], "escalate-me");
+    assert_eq!(delivered[1]["lookups"], 3);
+    assert_eq!(
+        state_of(&mut grpc, "escalate-me").await,
+        pb::OperationState::Unknown
+    );
+    ledger.stop().await;
+}

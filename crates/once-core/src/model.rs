@@ -189,6 +189,8 @@ pub enum EventKind {
     Reconciled,
     /// A reconciler looked the operation up and the ledger kept it UNKNOWN; the reason says why.
     LookupInconclusive,
+    /// The operation stayed UNKNOWN past the escalation threshold: people must look.
+    Escalated,
 }
 
 impl EventKind {
@@ -204,6 +206,7 @@ impl EventKind {
             EventKind::ResolutionContradicted => "RESOLUTION_CONTRADICTED",
             EventKind::Reconciled => "RECONCILED",
             EventKind::LookupInconclusive => "LOOKUP_INCONCLUSIVE",
+            EventKind::Escalated => "ESCALATED",
         }
     }
 

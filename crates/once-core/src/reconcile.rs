@@ -66,6 +66,28 @@ pub struct LookupPolicy {
     pub name: String,
     pub capabilities: Capabilities,
     pub backoff: Backoff,
+    pub escalation: Escalation,
+}
+
+/// When an operation that stays UNKNOWN is escalated to people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Escalation {
+    /// After this many inconclusive lookups.
+    pub after_lookups: Option<u32>,
+    /// Once this long has passed since the last attempt began.
+    pub after_ms: Option<i64>,
+}
+
+impl Escalation {
+    /// Whether the lookup that took `op` to `lookups` lookups at `now` crosses a threshold.
+    fn crossed(&self, op: &Operation, lookups: u32, now: Millis) -> bool {
+        let by_count = self.after_lookups.is_some_and(|n| lookups == n);
+        let by_age = self.after_ms.is_some_and(|age| {
+            let due = op.lease_started_at + age;
+            op.updated_at < due && due <= now
+        });
+        by_count || by_age
+    }
 }
 
 /// Whether the operation is due for a lookup now.
@@ -163,6 +185,22 @@ pub fn apply_verdict(
         }
     };
     next.reconcile_next_at = Some(now + backoff.after(next.reconcile_lookups, jitter));
+    let escalated = policy
+        .escalation
+        .crossed(op, next.reconcile_lookups, now)
+        .then(|| NewEvent {
+            kind: EventKind::Escalated,
+            from: None,
+            to: None,
+            attempt: Some(op.attempt),
+            actor: "ledger".to_owned(),
+            reason: Some(format!(
+                "still UNKNOWN after {} lookups; needs an operator",
+                next.reconcile_lookups
+            )),
+            details: None,
+            dedupe_key: Some(format!("ESCALATED:{}", op.attempt)),
+        });
     let event = NewEvent {
         kind: EventKind::LookupInconclusive,
         from: None,
@@ -181,7 +219,7 @@ pub fn apply_verdict(
         Plan {
             operation: Some(Write::Update(next)),
             attempt: None,
-            events: vec![event],
+            events: std::iter::once(event).chain(escalated).collect(),
         },
     )
 }
@@ -241,6 +279,7 @@ mod tests {
             name: "stripe".into(),
             capabilities,
             backoff: BACKOFF,
+            escalation: Escalation::default(),
         }
     }
 
@@ -361,6 +400,58 @@ mod tests {
             op = plan.operation.unwrap().operation().clone();
             assert_eq!(op.reconcile_lookups, lookups);
             assert_eq!(op.reconcile_next_at, Some(T0 + BACKOFF.after(lookups, 0.0)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod escalation_tests {
+    use super::*;
+
+    #[test]
+    fn escalates_once_when_a_threshold_is_crossed() {
+        let escalation = Escalation {
+            after_lookups: Some(3),
+            after_ms: Some(10_000),
+        };
+        let mut op = test_operation();
+        op.updated_at = 5_000;
+        assert!(!escalation.crossed(&op, 2, 6_000));
+        assert!(escalation.crossed(&op, 3, 6_000), "by count");
+        assert!(!escalation.crossed(&op, 4, 6_000));
+        assert!(escalation.crossed(&op, 4, 10_000), "by age");
+        op.updated_at = 10_000;
+        assert!(
+            !escalation.crossed(&op, 5, 12_000),
+            "only the lookup that crosses the age escalates"
+        );
+    }
+
+    fn test_operation() -> Operation {
+        Operation {
+            tenant: "t".into(),
+            operation_id: OperationId::parse("id", "x").unwrap(),
+            tool: "tool".into(),
+            fingerprint: crate::identity::Fingerprint([0; 32]),
+            state: State::Unknown,
+            source: Source::Lease,
+            attempt: 1,
+            attempt_id: "a".into(),
+            lease_started_at: 0,
+            lease_deadline: 0,
+            result: None,
+            provider_ref: None,
+            provider_key: "k".into(),
+            provider: Some("stripe".into()),
+            lookup_hints: None,
+            retention_ms: 0,
+            created_at: 0,
+            updated_at: 0,
+            expires_at: None,
+            reason: None,
+            resolution_id: None,
+            reconcile_lookups: 0,
+            reconcile_next_at: Some(0),
         }
     }
 }

@@ -6,6 +6,9 @@
 //! first_backoff = "1s"   # pause after the first inconclusive lookup, doubled each time…
 //! max_backoff = "5m"     # …up to this
 //! claim = "30s"          # how long a replica holds an operation it is looking up
+//! escalate_after_lookups = 10        # an operation still UNKNOWN after this many lookups…
+//! escalate_after = "1h"              # …or this long after its last attempt began is ESCALATED
+//! webhook = "https://oncall.example/hooks/once"   # and POSTed here (optional)
 //!
 //! [[reconciler]]
 //! name = "stripe"                    # the `provider` operations name
@@ -22,7 +25,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::stripe::StripeReconciler;
-use crate::{Backoff, LookupPolicy, Registered, Registry};
+use crate::{Backoff, Escalation, LookupPolicy, Registered, Registry};
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +59,9 @@ struct SettingsFile {
     first_backoff: Option<String>,
     max_backoff: Option<String>,
     claim: Option<String>,
+    escalate_after_lookups: Option<u32>,
+    escalate_after: Option<String>,
+    webhook: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,6 +81,9 @@ pub struct Settings {
     pub interval: Duration,
     pub backoff: Backoff,
     pub claim: Duration,
+    pub escalation: Escalation,
+    /// Where escalations are POSTed, if anywhere.
+    pub webhook: Option<String>,
 }
 
 impl Default for Settings {
@@ -86,6 +95,8 @@ impl Default for Settings {
                 max_ms: 300_000,
             },
             claim: Duration::from_secs(30),
+            escalation: Escalation::default(),
+            webhook: None,
         }
     }
 }
@@ -135,6 +146,18 @@ pub fn parse(
             )?),
         },
         claim: duration("reconciliation.claim", s.claim.as_deref(), defaults.claim)?,
+        escalation: Escalation {
+            after_lookups: s.escalate_after_lookups,
+            after_ms: s
+                .escalate_after
+                .as_deref()
+                .map(|text| {
+                    duration("reconciliation.escalate_after", Some(text), Duration::ZERO)
+                        .map(millis)
+                })
+                .transpose()?,
+        },
+        webhook: s.webhook,
     };
     if settings.interval.is_zero()
         || settings.backoff.first_ms <= 0
@@ -187,6 +210,7 @@ pub fn parse(
                 name: r.name.clone(),
                 capabilities: reconciler.capabilities(),
                 backoff: settings.backoff,
+                escalation: settings.escalation,
             },
             reconciler,
             timeout,

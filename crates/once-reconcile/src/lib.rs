@@ -19,7 +19,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use once_core::reconcile::{Backoff, Capabilities, LookupPolicy, Verdict};
+pub use once_core::reconcile::{Backoff, Capabilities, Escalation, LookupPolicy, Verdict};
 use serde_json::Value;
 
 /// The operation a reconciler is asked about.

@@ -202,7 +202,8 @@ impl<B: Backend> Ledger<B> {
         Ok(claimed)
     }
 
-    /// Applies reconciler `name`'s verdict to an operation, in one transaction with its event.
+    /// Applies a reconciler's verdict to an operation, in one transaction with its events.
+    /// Returns the state after, and whether this lookup escalated the operation.
     pub async fn apply_verdict(
         &self,
         tenant: &str,
@@ -210,10 +211,11 @@ impl<B: Backend> Ledger<B> {
         verdict: &reconcile::Verdict,
         policy: &reconcile::LookupPolicy,
         jitter: f64,
-    ) -> Result<State, StoreError> {
+    ) -> Result<(State, bool), StoreError> {
         self.locked(tenant, id, |op, now| {
             let (state, plan) = reconcile::apply_verdict(op, verdict, policy, jitter, now);
-            (Ok(state), plan)
+            let escalated = plan.events.iter().any(|e| e.kind == EventKind::Escalated);
+            (Ok((state, escalated)), plan)
         })
         .await
     }

@@ -260,7 +260,7 @@ impl<B: Backend> LedgerService<B> {
         let verdict = registered
             .lookup(&crate::sweeper::lookup_request(&op))
             .await;
-        let state = self
+        let (state, _) = self
             .ledger
             .apply_verdict(tenant, id, &verdict, &registered.policy, 0.5)
             .await

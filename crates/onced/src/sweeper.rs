@@ -104,6 +104,8 @@ pub async fn health<B: Backend>(
 
 /// Operations claimed per reconciliation round.
 const LOOKUP_BATCH: u32 = 50;
+/// How many times an escalation webhook is tried.
+const WEBHOOK_TRIES: u32 = 8;
 
 /// Looks up due UNKNOWN operations with their reconcilers and applies the verdicts. Replicas
 /// share the work through claims in the database: no two look up one operation at once.
@@ -116,6 +118,10 @@ pub async fn reconcile<B: Backend>(
         return;
     }
     let settings = reconciliation.settings;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client with default settings");
     let claim_ms = i64::try_from(settings.claim.as_millis()).unwrap_or(i64::MAX);
     let mut ticks = tokio::time::interval(settings.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,8 +156,18 @@ pub async fn reconcile<B: Backend>(
                 )
                 .await
             {
-                Ok(state) => {
-                    tracing::info!(operation_id = %op.operation_id, reconciler = %provider, state = state.as_str(), "looked up")
+                Ok((state, escalated)) => {
+                    tracing::info!(operation_id = %op.operation_id, reconciler = %provider, state = state.as_str(), "looked up");
+                    if escalated {
+                        tracing::warn!(operation_id = %op.operation_id, lookups = op.reconcile_lookups + 1, "escalated: still UNKNOWN");
+                        if let Some(url) = &settings.webhook {
+                            tokio::spawn(send_escalation(
+                                http.clone(),
+                                url.clone(),
+                                escalation_summary(&op, &verdict),
+                            ));
+                        }
+                    }
                 }
                 Err(error) => {
                     tracing::warn!(operation_id = %op.operation_id, %error, "could not apply a verdict; the claim will lapse and the lookup repeat")
@@ -159,6 +175,51 @@ pub async fn reconcile<B: Backend>(
             }
         }
     }
+}
+
+/// What an escalation webhook receives.
+fn escalation_summary(
+    op: &once_core::Operation,
+    verdict: &once_reconcile::Verdict,
+) -> serde_json::Value {
+    let last_lookup = match verdict {
+        once_reconcile::Verdict::Unknown { why } => why.clone(),
+        once_reconcile::Verdict::Absent { .. } => {
+            "the provider has no record, but that does not settle it".into()
+        }
+        once_reconcile::Verdict::Confirmed { .. } => "confirmed".into(),
+    };
+    serde_json::json!({
+        "event": "ESCALATED",
+        "tenant": op.tenant,
+        "operation_id": op.operation_id.as_str(),
+        "tool": op.tool,
+        "provider": op.provider,
+        "attempt": op.attempt,
+        "lookups": op.reconcile_lookups + 1,
+        "attempt_started_at_ms": op.lease_started_at,
+        "reason": op.reason,
+        "last_lookup": last_lookup,
+    })
+}
+
+/// POSTs an escalation, retrying with backoff; runs beside the worker, never blocking it.
+async fn send_escalation(http: reqwest::Client, url: String, summary: serde_json::Value) {
+    let mut pause = Duration::from_millis(200);
+    for try_number in 1..=WEBHOOK_TRIES {
+        match http.post(&url).json(&summary).send().await {
+            Ok(response) if response.status().is_success() => return,
+            Ok(response) => {
+                tracing::warn!(status = %response.status(), try_number, "escalation webhook refused")
+            }
+            Err(error) => {
+                tracing::warn!(error = %error.without_url(), try_number, "escalation webhook failed")
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(30));
+    }
+    tracing::error!(operation_id = %summary["operation_id"], "escalation webhook gave up");
 }
 
 /// A spread in 0.0..1.0 that differs between operations and between lookups of one operation,
