@@ -519,3 +519,34 @@ async fn an_operation_that_stays_unknown_is_escalated_once_and_posted(store: Sto
     );
     ledger.stop().await;
 }
+
+on_both_backends!(a_begin_that_may_wait_reconciles_synchronously);
+
+async fn a_begin_that_may_wait_reconciles_synchronously(store: Store) {
+    // The workers wait an hour: only the Begin's own lookup can settle the operation.
+    let setup = setup_with(store, "0s", "1h").await;
+    let outcome = run_refund(&setup, "o-6", Some("commit_then_drop")).await;
+    assert!(matches!(outcome, Outcome::Ambiguous { .. }), "{outcome:?}");
+    let impatient = setup
+        .client
+        .run(&refund("o-6"), |_| async { panic!("must not run") })
+        .await
+        .unwrap();
+    assert!(
+        matches!(impatient, Outcome::Unknown(_)),
+        "no wait, no lookup: {impatient:?}"
+    );
+    let patient = setup
+        .client
+        .run(&refund("o-6").wait(Duration::from_secs(5)), |_| async {
+            panic!("must not run")
+        })
+        .await
+        .unwrap();
+    let Outcome::Replayed(replay) = patient else {
+        panic!("{patient:?}")
+    };
+    assert!(replay.provider_ref.is_some());
+    assert_eq!(refunds(&setup).await, 1);
+    setup.ledger.stop().await;
+}

@@ -81,9 +81,23 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         span.record("tool", cmd.tool.as_str());
 
         let deadline = tokio::time::Instant::now() + Duration::from_millis(input.wait_ms as u64);
+        let mut looked_up = false;
         let decision = loop {
             let settled = self.settled.notified();
             let decision = self.ledger.begin(&cmd).await.map_err(status::store)?;
+            // A caller willing to wait gets one synchronous lookup of an UNKNOWN operation, and
+            // the decision its verdict allows.
+            if let BeginDecision::Unknown { blocking: None, .. } = &decision {
+                if !looked_up && input.wait_ms > 0 {
+                    looked_up = true;
+                    if self
+                        .reconcile_within(&cmd.tenant, &cmd.operation_id, deadline)
+                        .await
+                    {
+                        continue;
+                    }
+                }
+            }
             let BeginDecision::InProgress { retry_after_ms, .. } = &decision else {
                 break decision;
             };
@@ -239,6 +253,38 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
+    /// Looks an UNKNOWN operation up before `deadline`; returns whether the verdict settled it.
+    /// Failures only mean the Begin answers UNKNOWN, as it would have anyway.
+    async fn reconcile_within(
+        &self,
+        tenant: &str,
+        id: &once_core::OperationId,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        let Ok((op, _, _)) = self.ledger.get(tenant, id).await else {
+            return false;
+        };
+        let Some(registered) = op.provider.as_deref().and_then(|p| self.reconcilers.get(p)) else {
+            return false;
+        };
+        let request = crate::sweeper::lookup_request(&op);
+        let Ok(verdict) = tokio::time::timeout_at(deadline, registered.lookup(&request)).await
+        else {
+            return false;
+        };
+        match self
+            .ledger
+            .apply_verdict(tenant, id, &verdict, &registered.policy, 0.5)
+            .await
+        {
+            Ok((state, _)) => state != once_core::State::Unknown,
+            Err(error) => {
+                tracing::warn!(%error, "could not apply a verdict during Begin");
+                false
+            }
+        }
+    }
+
     /// Looks `id` up with its reconciler now and applies the verdict. An operator's action: it
     /// takes no claim, so it may run beside a worker's lookup; each verdict is applied under the
     /// operation's lock, and a settled operation ignores later ones.
