@@ -550,3 +550,66 @@ async fn a_begin_that_may_wait_reconciles_synchronously(store: Store) {
     assert_eq!(refunds(&setup).await, 1);
     setup.ledger.stop().await;
 }
+
+on_both_backends!(the_http_kind_resolves_from_a_configured_lookup);
+
+async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
+    use axum::extract::Query;
+    use std::collections::HashMap;
+
+    // A ticket system that knows one request key.
+    let tickets = axum::Router::new().route(
+        "/v2/tickets",
+        axum::routing::get(|Query(query): Query<HashMap<String, String>>| async move {
+            match query.get("customer").map(String::as_str) {
+                Some("c-known") => (
+                    axum::http::StatusCode::OK,
+                    axum::Json(json!({"ticket": {"id": "T-17", "state": "open"}})),
+                ),
+                _ => (
+                    axum::http::StatusCode::NOT_FOUND,
+                    axum::Json(json!({"error": "no such ticket"})),
+                ),
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, tickets).await });
+
+    let db = TestDb::new(store).await;
+    let config = db
+        .scratch_dir()
+        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(
+        &config,
+        format!(
+            "[reconciliation]\ninterval = \"50ms\"\n\n[[reconciler]]\nname = \"tickets\"\nkind = \"http\"\n\
+             endpoint = \"{endpoint}\"\nurl = \"{{endpoint}}/v2/tickets?key={{provider_key}}&customer={{hints.customer}}\"\n\
+             provider_ref_pointer = \"/ticket/id\"\nresult_pointer = \"/ticket\"\nmiss_is_authoritative = true\n\
+             dedupes_by_provider_key = true\nsettle_time = \"0s\"\n"
+        ),
+    )
+    .unwrap();
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.to_str().unwrap()]).await;
+    let mut grpc = ledger.client().await;
+    for (id, customer) in [("ticket-found", "c-known"), ("ticket-missing", "c-other")] {
+        let mut request = begin(id, ARGS);
+        request.tool = "open_ticket".into();
+        request.provider = "tickets".into();
+        request.lookup_hints_json = json!({ "customer": customer }).to_string();
+        let grant = claim(&mut grpc, request).await;
+        report_unknown(&mut grpc, id, grant.fencing_token)
+            .await
+            .unwrap();
+    }
+    wait_for_state(&grpc, "ticket-found", pb::OperationState::Confirmed).await;
+    wait_for_state(&grpc, "ticket-missing", pb::OperationState::Absent).await;
+    let found = get(&mut grpc, "ticket-found").await.operation.unwrap();
+    assert_eq!(found.provider_ref, "T-17");
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&found.result).unwrap(),
+        json!({"id": "T-17", "state": "open"})
+    );
+    ledger.stop().await;
+}

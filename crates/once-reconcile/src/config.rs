@@ -24,8 +24,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::http::HttpReconciler;
 use crate::stripe::StripeReconciler;
-use crate::{Backoff, Escalation, LookupPolicy, Registered, Registry};
+use crate::{Backoff, Capabilities, Escalation, LookupPolicy, Registered, Registry};
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +74,14 @@ struct ReconcilerFile {
     api_key_env: Option<String>,
     timeout: Option<String>,
     settle_time: Option<String>,
+    // The `http` kind's settings.
+    url: Option<String>,
+    found_status: Option<Vec<u16>>,
+    not_found_status: Option<Vec<u16>>,
+    provider_ref_pointer: Option<String>,
+    result_pointer: Option<String>,
+    miss_is_authoritative: Option<bool>,
+    dedupes_by_provider_key: Option<bool>,
 }
 
 /// How the reconciliation workers run.
@@ -198,10 +207,32 @@ pub fn parse(
                 StripeReconciler::new(&r.endpoint, api_key, settle_time, timeout)
                     .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
             ),
+            "http" => Arc::new(HttpReconciler {
+                endpoint: r.endpoint.clone(),
+                url: r
+                    .url
+                    .clone()
+                    .ok_or_else(|| invalid(field("url"), "the http kind needs a url template"))?,
+                found_status: r.found_status.clone().unwrap_or_else(|| vec![200]),
+                not_found_status: r.not_found_status.clone().unwrap_or_else(|| vec![404]),
+                provider_ref_pointer: r
+                    .provider_ref_pointer
+                    .clone()
+                    .unwrap_or_else(|| "/id".into()),
+                result_pointer: r.result_pointer.clone().unwrap_or_default(),
+                capabilities: Capabilities {
+                    miss_is_authoritative: r.miss_is_authoritative.unwrap_or(false),
+                    settle_time_ms: millis(settle_time),
+                    dedupes_by_provider_key: r.dedupes_by_provider_key.unwrap_or(false),
+                },
+                api_key,
+                http: HttpReconciler::client(timeout)
+                    .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
+            }),
             other => {
                 return Err(invalid(
                     field("kind"),
-                    format!("unknown kind {other:?}; known: stripe"),
+                    format!("unknown kind {other:?}; known: stripe, http"),
                 ))
             }
         };

@@ -8,10 +8,12 @@
 //! capabilities (see `once_core::reconcile`). Timeouts, permission errors, rate limits, partial
 //! pages and ambiguous matches are `Unknown`, never `Absent`.
 //!
-//! Built in: [`stripe::StripeReconciler`] (a Stripe-like refunds API). Reconcilers are configured
+//! Built in: [`stripe::StripeReconciler`] (a Stripe-like refunds API) and
+//! [`http::HttpReconciler`] (a generic lookup configured in TOML). Reconcilers are configured
 //! in the TOML file given to `onced --config` ([`config`]).
 
 pub mod config;
+pub mod http;
 pub mod stripe;
 
 use std::collections::HashMap;
