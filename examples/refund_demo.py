@@ -1,5 +1,6 @@
 """The five-minute walkthrough: an MCP client calls the refund tool twice, then meets a lost
-response. Needs onced, fakepay and `refund-mcp --http 127.0.0.1:8000` running (see README)."""
+response that the ledger's reconciler settles. Needs onced (with examples/onced.toml), fakepay
+and `refund-mcp --http 127.0.0.1:8000` running (see README)."""
 
 import argparse
 import asyncio
@@ -43,6 +44,18 @@ async def main(mcp_url: str, provider_url: str) -> None:
             show("4. calling again does not refund again", await session.call_tool("issue_refund", lost))
             show("5. get_refund_status(order_1002)",
                  await session.call_tool("get_refund_status", {"order_id": "order_1002"}))
+            print(f"\n   refunds at the provider: {provider(provider_url, '/_fakepay/stats')['refunds']}")
+
+            print("\n6. waiting for the reconciler to look the refund up at the provider…")
+            for _ in range(60):
+                status = await session.call_tool("get_refund_status", {"order_id": "order_1002"})
+                state = json.loads(status.content[0].text)["state"]
+                if state != "UNKNOWN":
+                    break
+                await asyncio.sleep(0.5)
+            print(f"   order_1002 is now {state}")
+            show("7. issue_refund(order_1002) again: the provider's refund, replayed",
+                 await session.call_tool("issue_refund", lost))
             print(f"\n   refunds at the provider: {provider(provider_url, '/_fakepay/stats')['refunds']}")
 
 

@@ -7,7 +7,10 @@ use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let files = ["once/ledger/v1/ledger.proto"];
+    let files = [
+        "once/ledger/v1/ledger.proto",
+        "once/reconciler/v1/reconciler.proto",
+    ];
     for file in files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }

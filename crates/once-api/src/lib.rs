@@ -12,5 +12,11 @@ pub mod pb {
     tonic::include_proto!("once.ledger.v1");
 }
 
+/// Generated messages, client and server for `once.reconciler.v1`, the plugin protocol.
+#[allow(missing_debug_implementations, clippy::all)]
+pub mod reconciler_pb {
+    tonic::include_proto!("once.reconciler.v1");
+}
+
 /// The encoded descriptors of every file of the API, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

@@ -24,9 +24,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::grpc::GrpcReconciler;
 use crate::http::HttpReconciler;
 use crate::stripe::StripeReconciler;
-use crate::{Backoff, Capabilities, Escalation, LookupPolicy, Registered, Registry};
+use crate::{Backoff, Capabilities, Escalation, Registered, Registry};
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -229,21 +230,22 @@ pub fn parse(
                 http: HttpReconciler::client(timeout)
                     .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
             }),
+            "grpc" => Arc::new(
+                GrpcReconciler::new(&r.endpoint, timeout)
+                    .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
+            ),
             other => {
                 return Err(invalid(
                     field("kind"),
-                    format!("unknown kind {other:?}; known: stripe, http"),
+                    format!("unknown kind {other:?}; known: stripe, http, grpc"),
                 ))
             }
         };
         registry.insert(Registered {
-            policy: LookupPolicy {
-                name: r.name.clone(),
-                capabilities: reconciler.capabilities(),
-                backoff: settings.backoff,
-                escalation: settings.escalation,
-            },
+            name: r.name.clone(),
             reconciler,
+            backoff: settings.backoff,
+            escalation: settings.escalation,
             timeout,
         });
     }
@@ -275,7 +277,7 @@ mod tests {
         assert_eq!(parsed.settings.interval, Duration::from_millis(250));
         assert_eq!(parsed.settings.backoff.max_ms, 60_000);
         let stripe = parsed.registry.get("payments").unwrap();
-        assert_eq!(stripe.policy.capabilities.settle_time_ms, 2_000);
+        assert_eq!(stripe.policy().capabilities.settle_time_ms, 2_000);
         let shown = format!("{:?}", parsed.registry);
         assert!(
             shown.contains("<redacted>") && !shown.contains("sk_test_secret"),

@@ -13,6 +13,7 @@
 //! in the TOML file given to `onced --config` ([`config`]).
 
 pub mod config;
+pub mod grpc;
 pub mod http;
 pub mod stripe;
 
@@ -48,15 +49,28 @@ pub trait Reconciler: Send + Sync + Debug {
     async fn lookup(&self, request: &LookupRequest) -> Verdict;
 }
 
-/// A configured reconciler: the plugin, the ledger's policy for it, and its lookup deadline.
+/// A configured reconciler: the plugin, how its lookups are spaced and escalated, and its
+/// lookup deadline.
 #[derive(Debug, Clone)]
 pub struct Registered {
+    pub name: String,
     pub reconciler: Arc<dyn Reconciler>,
-    pub policy: LookupPolicy,
+    pub backoff: Backoff,
+    pub escalation: Escalation,
     pub timeout: Duration,
 }
 
 impl Registered {
+    /// The ledger's policy for this reconciler's verdicts, from the capabilities it declares now.
+    pub fn policy(&self) -> LookupPolicy {
+        LookupPolicy {
+            name: self.name.clone(),
+            capabilities: self.reconciler.capabilities(),
+            backoff: self.backoff,
+            escalation: self.escalation,
+        }
+    }
+
     /// Runs one lookup within the deadline; running out of time is `Unknown`.
     pub async fn lookup(&self, request: &LookupRequest) -> Verdict {
         match tokio::time::timeout(self.timeout, self.reconciler.lookup(request)).await {
@@ -76,8 +90,7 @@ pub struct Registry {
 
 impl Registry {
     pub fn insert(&mut self, registered: Registered) {
-        self.reconcilers
-            .insert(registered.policy.name.clone(), registered);
+        self.reconcilers.insert(registered.name.clone(), registered);
     }
 
     pub fn get(&self, name: &str) -> Option<&Registered> {

@@ -274,7 +274,7 @@ impl<B: Backend> LedgerService<B> {
         };
         match self
             .ledger
-            .apply_verdict(tenant, id, &verdict, &registered.policy, 0.5)
+            .apply_verdict(tenant, id, &verdict, &registered.policy(), 0.5)
             .await
         {
             Ok((state, _)) => state != once_core::State::Unknown,
@@ -308,7 +308,7 @@ impl<B: Backend> LedgerService<B> {
             .await;
         let (state, _) = self
             .ledger
-            .apply_verdict(tenant, id, &verdict, &registered.policy, 0.5)
+            .apply_verdict(tenant, id, &verdict, &registered.policy(), 0.5)
             .await
             .map_err(status::store)?;
         self.settled.notify_waiters();

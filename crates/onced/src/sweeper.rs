@@ -151,7 +151,7 @@ pub async fn reconcile<B: Backend>(
                     &op.tenant,
                     &op.operation_id,
                     &verdict,
-                    &registered.policy,
+                    &registered.policy(),
                     jitter,
                 )
                 .await

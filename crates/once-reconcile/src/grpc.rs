@@ -1,0 +1,131 @@
+//! `grpc`: a reconciler in another process, in any language, speaking `once.reconciler.v1`
+//! (see `proto/once/reconciler/v1/reconciler.proto`).
+//!
+//! ```toml
+//! [[reconciler]]
+//! name = "ledgerbank"
+//! kind = "grpc"
+//! endpoint = "http://127.0.0.1:7070"
+//! timeout = "5s"
+//! ```
+//!
+//! The plugin declares its provider's capabilities itself; until it has answered, misses count
+//! for nothing.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use once_api::reconciler_pb as pb;
+use once_api::reconciler_pb::reconciler_client::ReconcilerClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{Capabilities, LookupRequest, Reconciler, Verdict};
+
+/// What is assumed of a plugin that has not said: nothing.
+const UNDECLARED: Capabilities = Capabilities {
+    miss_is_authoritative: false,
+    settle_time_ms: i64::MAX,
+    dedupes_by_provider_key: false,
+};
+
+#[derive(Debug)]
+pub struct GrpcReconciler {
+    client: ReconcilerClient<Channel>,
+    /// The plugin's declared capabilities, once it has declared them.
+    declared: Mutex<Option<Capabilities>>,
+}
+
+impl GrpcReconciler {
+    /// Prepares the connection; nothing is dialled until the first lookup.
+    pub fn new(endpoint: &str, timeout: Duration) -> Result<Self, tonic::transport::Error> {
+        let channel = Endpoint::from_shared(endpoint.to_owned())?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .connect_lazy();
+        Ok(Self {
+            client: ReconcilerClient::new(channel),
+            declared: Mutex::new(None),
+        })
+    }
+
+    async fn declare(&self) -> Result<Capabilities, String> {
+        if let Some(known) = *self.declared.lock().unwrap() {
+            return Ok(known);
+        }
+        let answer = self
+            .client
+            .clone()
+            .capabilities(pb::CapabilitiesRequest {})
+            .await
+            .map_err(|status| {
+                format!(
+                    "the plugin did not declare its capabilities: {}",
+                    status.code()
+                )
+            })?
+            .into_inner();
+        let settle = answer.settle_time.unwrap_or_default();
+        let declared = Capabilities {
+            miss_is_authoritative: answer.miss_is_authoritative,
+            settle_time_ms: settle
+                .seconds
+                .saturating_mul(1000)
+                .saturating_add(i64::from(settle.nanos / 1_000_000)),
+            dedupes_by_provider_key: answer.dedupes_by_provider_key,
+        };
+        *self.declared.lock().unwrap() = Some(declared);
+        Ok(declared)
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for GrpcReconciler {
+    fn capabilities(&self) -> Capabilities {
+        self.declared.lock().unwrap().unwrap_or(UNDECLARED)
+    }
+
+    async fn lookup(&self, request: &LookupRequest) -> Verdict {
+        if let Err(why) = self.declare().await {
+            return Verdict::Unknown { why };
+        }
+        let started = request.attempt_started_at_ms;
+        let message = pb::LookupRequest {
+            operation_id: request.operation_id.clone(),
+            tool: request.tool.clone(),
+            provider_key: request.provider_key.clone(),
+            lookup_hints_json: request.lookup_hints.to_string(),
+            attempt: request.attempt,
+            attempt_started_at: Some(prost_types::Timestamp {
+                seconds: started.div_euclid(1000),
+                nanos: (started.rem_euclid(1000) * 1_000_000) as i32,
+            }),
+        };
+        let answer = match self.client.clone().lookup(message).await {
+            Ok(answer) => answer.into_inner(),
+            Err(status) => {
+                return Verdict::Unknown {
+                    why: format!("the plugin failed: {} {}", status.code(), status.message()),
+                }
+            }
+        };
+        match answer.verdict {
+            Some(pb::lookup_response::Verdict::Confirmed(c)) if !c.provider_ref.is_empty() => {
+                Verdict::Confirmed {
+                    provider_ref: c.provider_ref,
+                    result: c.result,
+                    evidence: c.evidence_json,
+                }
+            }
+            Some(pb::lookup_response::Verdict::Confirmed(_)) => Verdict::Unknown {
+                why: "the plugin confirmed without a provider reference".into(),
+            },
+            Some(pb::lookup_response::Verdict::Absent(a)) => Verdict::Absent {
+                evidence: a.evidence_json,
+            },
+            Some(pb::lookup_response::Verdict::Unknown(u)) => Verdict::Unknown { why: u.why },
+            None => Verdict::Unknown {
+                why: "the plugin gave no verdict".into(),
+            },
+        }
+    }
+}
