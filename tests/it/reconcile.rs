@@ -613,3 +613,76 @@ async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
     );
     ledger.stop().await;
 }
+
+on_both_backends!(two_replicas_look_each_operation_up_once);
+
+/// Two `onced` processes on one database, each running its reconciliation worker: with a
+/// backoff of an hour after a lookup, each UNKNOWN operation must be looked up exactly once in
+/// all — twice would mean the replicas overlapped.
+async fn two_replicas_look_each_operation_up_once(store: Store) {
+    let db = TestDb::new(store).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let payments = fakepay::Provider::default();
+    payments.set_faults(fakepay::Faults {
+        lookups_unavailable: true,
+        delay_ms: 100,
+        ..Default::default()
+    });
+    let counted = payments.clone();
+    tokio::spawn(async move { axum::serve(listener, fakepay::router(payments)).await });
+    let config = db.scratch_dir().join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(
+        &config,
+        format!(
+            "[reconciliation]\ninterval = \"20ms\"\nfirst_backoff = \"1h\"\nmax_backoff = \"1h\"\nclaim = \"1m\"\n\n\
+             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
+        ),
+    )
+    .unwrap();
+    let flags = ["--config", config.to_str().unwrap()];
+    let logs = db.scratch_dir();
+    let replicas = futures::future::join_all((0..2).map(|i| {
+        let log = logs.join(format!("replica-{i}-{}.log", uuid::Uuid::new_v4().simple()));
+        OncedProcess::spawn(&db.url, log, &flags)
+    }))
+    .await;
+    let mut clients = Vec::new();
+    for replica in &replicas {
+        clients.push(replica.client().await);
+    }
+    let operations = 12;
+    for i in 0..operations {
+        let id = format!("replicated-{i}");
+        let client = &mut clients[i % 2];
+        let mut request = begin(&id, ARGS);
+        request.provider = "stripe".into();
+        request.lookup_hints_json = r#"{"payment_intent":"pi_r"}"#.into();
+        let grant = claim(client, request).await;
+        report_unknown(client, &id, grant.fencing_token).await.unwrap();
+    }
+    let mut grpc = clients[0].clone();
+    eventually(Duration::from_secs(20), "every operation looked up", || {
+        let mut grpc = grpc.clone();
+        async move {
+            for i in 0..operations {
+                let events = get(&mut grpc, &format!("replicated-{i}")).await.events;
+                if !events.iter().any(|e| e.kind == "LOOKUP_INCONCLUSIVE") {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await;
+    // Give both workers many more rounds in which a second lookup could happen.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counted.stats().lookups, operations, "one lookup per operation across both replicas");
+    for i in 0..operations {
+        let events = get(&mut grpc, &format!("replicated-{i}")).await.events;
+        assert_eq!(events.iter().filter(|e| e.kind == "LOOKUP_INCONCLUSIVE").count(), 1);
+    }
+    for replica in replicas {
+        assert!(replica.terminate().await.success());
+    }
+}
