@@ -631,7 +631,9 @@ async fn two_replicas_look_each_operation_up_once(store: Store) {
     });
     let counted = payments.clone();
     tokio::spawn(async move { axum::serve(listener, fakepay::router(payments)).await });
-    let config = db.scratch_dir().join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
+    let config = db
+        .scratch_dir()
+        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
     std::fs::write(
         &config,
         format!(
@@ -659,7 +661,9 @@ async fn two_replicas_look_each_operation_up_once(store: Store) {
         request.provider = "stripe".into();
         request.lookup_hints_json = r#"{"payment_intent":"pi_r"}"#.into();
         let grant = claim(client, request).await;
-        report_unknown(client, &id, grant.fencing_token).await.unwrap();
+        report_unknown(client, &id, grant.fencing_token)
+            .await
+            .unwrap();
     }
     let mut grpc = clients[0].clone();
     eventually(Duration::from_secs(20), "every operation looked up", || {
@@ -677,12 +681,91 @@ async fn two_replicas_look_each_operation_up_once(store: Store) {
     .await;
     // Give both workers many more rounds in which a second lookup could happen.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(counted.stats().lookups, operations, "one lookup per operation across both replicas");
+    assert_eq!(
+        counted.stats().lookups,
+        operations,
+        "one lookup per operation across both replicas"
+    );
     for i in 0..operations {
         let events = get(&mut grpc, &format!("replicated-{i}")).await.events;
-        assert_eq!(events.iter().filter(|e| e.kind == "LOOKUP_INCONCLUSIVE").count(), 1);
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.kind == "LOOKUP_INCONCLUSIVE")
+                .count(),
+            1
+        );
     }
     for replica in replicas {
         assert!(replica.terminate().await.success());
     }
+}
+
+/// The stripe reconciler against a provider that misbehaves in each way a lookup can: none of
+/// them is ever a miss.
+#[tokio::test]
+async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
+    use once_reconcile::stripe::StripeReconciler;
+    use once_reconcile::{LookupRequest, Reconciler, Verdict};
+
+    let provider = axum::Router::new().route(
+        "/v1/refunds",
+        axum::routing::get(|axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>| async move {
+            let refund = |id: &str| json!({"id": id, "metadata": {"once_operation_id": "op-1"}});
+            let page = |data: Vec<serde_json::Value>, has_more: bool| json!({"object": "list", "data": data, "has_more": has_more});
+            let (status, body) = match q["payment_intent"].as_str() {
+                "pi_forbidden" => (403, json!({"error": {"message": "bad key"}})),
+                "pi_throttled" => (429, json!({"error": {"message": "slow down"}})),
+                "pi_twice" => (200, page(vec![refund("re_1"), refund("re_2")], false)),
+                // The first page is fine; the next one fails.
+                "pi_partial" if q.contains_key("starting_after") => (500, json!({})),
+                "pi_partial" => (200, page(vec![json!({"id": "re_9", "metadata": {}})], true)),
+                "pi_once" => (200, page(vec![refund("re_1")], false)),
+                _ => (200, page(vec![], false)),
+            };
+            (axum::http::StatusCode::from_u16(status).unwrap(), axum::Json(body))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, provider).await });
+    let stripe = StripeReconciler::new(
+        &base,
+        Some("sk_test_x".into()),
+        Duration::ZERO,
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let lookup = |payment_intent: &str| LookupRequest {
+        operation_id: "op-1".into(),
+        tool: "issue_refund".into(),
+        provider_key: "once_k".into(),
+        lookup_hints: json!({ "payment_intent": payment_intent }),
+        attempt: 1,
+        attempt_started_at_ms: 0,
+    };
+    for (payment_intent, expected) in [
+        ("pi_forbidden", "credentials"),
+        ("pi_throttled", "rate limiting"),
+        ("pi_twice", "2 refunds"),
+        ("pi_partial", "partial listing"),
+    ] {
+        match stripe.lookup(&lookup(payment_intent)).await {
+            Verdict::Unknown { why } => assert!(why.contains(expected), "{payment_intent}: {why}"),
+            other => panic!("{payment_intent}: expected unknown, got {other:?}"),
+        }
+    }
+    let mut no_hint = lookup("x");
+    no_hint.lookup_hints = json!({});
+    assert!(matches!(
+        stripe.lookup(&no_hint).await,
+        Verdict::Unknown { .. }
+    ));
+    assert!(
+        matches!(stripe.lookup(&lookup("pi_once")).await, Verdict::Confirmed { ref provider_ref, .. } if provider_ref == "re_1")
+    );
+    assert!(matches!(
+        stripe.lookup(&lookup("pi_none")).await,
+        Verdict::Absent { .. }
+    ));
 }
