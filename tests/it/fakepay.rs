@@ -5,12 +5,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 async fn start() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, fakepay::router(fakepay::Provider::default())).await
-    });
-    format!("http://{address}")
+    crate::support::serve(fakepay::router(fakepay::Provider::default())).await
 }
 
 async fn post(

@@ -36,20 +36,9 @@ fn reconciler_config(provider: &str, settle_time: &str, interval: &str, extra: &
 
 async fn setup_with(store: Store, settle_time: &str, interval: &str) -> Setup {
     let db = TestDb::new(store).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(listener, fakepay::router(fakepay::Provider::default())).await
-    });
-    let config = db
-        .scratch_dir()
-        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(
-        &config,
-        reconciler_config(&provider, settle_time, interval, ""),
-    )
-    .unwrap();
-    let ledger = TestLedger::spawn_with(&db, &["--config", config.to_str().unwrap()]).await;
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    let config = config_file(&db, reconciler_config(&provider, settle_time, interval, ""));
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
     let mut config = ClientConfig::new(format!("http://{}", ledger.addr));
     config.client_name = "reconcile-test".into();
     let client = LedgerClient::connect(config).unwrap();
@@ -370,28 +359,22 @@ async fn reconcile_rpc_looks_up_now(store: Store) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_never_reach_logs_or_events() {
     let db = TestDb::new(Store::Sqlite).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(listener, fakepay::router(fakepay::Provider::default())).await
-    });
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     let secret = format!("sk_test_{}", uuid::Uuid::new_v4().simple());
-    let config = db.scratch_dir().join("onced-secret.toml");
-    std::fs::write(
-        &config,
+    let config = config_file(
+        &db,
         reconciler_config(
             &provider,
             "0s",
             "50ms",
             "api_key_env = \"ONCE_IT_STRIPE_KEY\"\n",
         ),
-    )
-    .unwrap();
+    );
     let log = db.scratch_dir().join("onced-secret.log");
     let onced = OncedProcess::spawn_with_env(
         &db.url,
         log.clone(),
-        &["--config", config.to_str().unwrap()],
+        &["--config", config.as_str()],
         &[
             ("ONCE_IT_STRIPE_KEY", secret.as_str()),
             ("RUST_LOG", "debug"),
@@ -447,32 +430,24 @@ async fn an_operation_that_stays_unknown_is_escalated_once_and_posted(store: Sto
             }),
         )
     };
-    let hook_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook = format!("http://{}/hook", hook_listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(hook_listener, receiver).await });
+    let hook = format!("{}/hook", serve(receiver).await);
 
     let db = TestDb::new(store).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
     let payments = fakepay::Provider::default();
     payments.set_faults(fakepay::Faults {
         lookups_unavailable: true,
         ..Default::default()
     });
-    tokio::spawn(async move { axum::serve(listener, fakepay::router(payments)).await });
-    let config = db
-        .scratch_dir()
-        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(
-        &config,
+    let provider = serve(fakepay::router(payments)).await;
+    let config = config_file(
+        &db,
         format!(
             "[reconciliation]\ninterval = \"50ms\"\nfirst_backoff = \"50ms\"\nmax_backoff = \"100ms\"\n\
              escalate_after_lookups = 3\nwebhook = \"{hook}\"\n\n\
              [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
         ),
-    )
-    .unwrap();
-    let ledger = TestLedger::spawn_with(&db, &["--config", config.to_str().unwrap()]).await;
+    );
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
     let mut grpc = ledger.client().await;
     let mut request = begin("escalate-me", ARGS);
     request.provider = "stripe".into();
@@ -573,25 +548,19 @@ async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, tickets).await });
+    let endpoint = serve(tickets).await;
 
     let db = TestDb::new(store).await;
-    let config = db
-        .scratch_dir()
-        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(
-        &config,
+    let config = config_file(
+        &db,
         format!(
             "[reconciliation]\ninterval = \"50ms\"\n\n[[reconciler]]\nname = \"tickets\"\nkind = \"http\"\n\
              endpoint = \"{endpoint}\"\nurl = \"{{endpoint}}/v2/tickets?key={{provider_key}}&customer={{hints.customer}}\"\n\
              provider_ref_pointer = \"/ticket/id\"\nresult_pointer = \"/ticket\"\nmiss_is_authoritative = true\n\
              dedupes_by_provider_key = true\nsettle_time = \"0s\"\n"
         ),
-    )
-    .unwrap();
-    let ledger = TestLedger::spawn_with(&db, &["--config", config.to_str().unwrap()]).await;
+    );
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
     let mut grpc = ledger.client().await;
     for (id, customer) in [("ticket-found", "c-known"), ("ticket-missing", "c-other")] {
         let mut request = begin(id, ARGS);
@@ -621,8 +590,6 @@ on_both_backends!(two_replicas_look_each_operation_up_once);
 /// all — twice would mean the replicas overlapped.
 async fn two_replicas_look_each_operation_up_once(store: Store) {
     let db = TestDb::new(store).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
     let payments = fakepay::Provider::default();
     payments.set_faults(fakepay::Faults {
         lookups_unavailable: true,
@@ -630,19 +597,15 @@ async fn two_replicas_look_each_operation_up_once(store: Store) {
         ..Default::default()
     });
     let counted = payments.clone();
-    tokio::spawn(async move { axum::serve(listener, fakepay::router(payments)).await });
-    let config = db
-        .scratch_dir()
-        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(
-        &config,
+    let provider = serve(fakepay::router(payments)).await;
+    let config = config_file(
+        &db,
         format!(
             "[reconciliation]\ninterval = \"20ms\"\nfirst_backoff = \"1h\"\nmax_backoff = \"1h\"\nclaim = \"1m\"\n\n\
              [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
         ),
-    )
-    .unwrap();
-    let flags = ["--config", config.to_str().unwrap()];
+    );
+    let flags = ["--config", config.as_str()];
     let logs = db.scratch_dir();
     let replicas = futures::future::join_all((0..2).map(|i| {
         let log = logs.join(format!("replica-{i}-{}.log", uuid::Uuid::new_v4().simple()));
@@ -726,9 +689,7 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
             (axum::http::StatusCode::from_u16(status).unwrap(), axum::Json(body))
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, provider).await });
+    let base = serve(provider).await;
     let stripe = StripeReconciler::new(
         &base,
         Some("sk_test_x".into()),

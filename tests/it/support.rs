@@ -626,3 +626,20 @@ pub async fn race(clients: &[LedgerClient<Channel>], id: &str, n: usize) -> (usi
     );
     (executes, in_progress)
 }
+
+/// Serves `router` on a fresh loopback port; returns its base URL.
+pub async fn serve(router: axum::Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    base
+}
+
+/// Writes an `onced --config` file beside the database; returns its path.
+pub fn config_file(db: &TestDb, contents: String) -> String {
+    let path = db
+        .scratch_dir()
+        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, contents).expect("write config");
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
