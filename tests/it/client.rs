@@ -348,3 +348,42 @@ async fn relay(
     }
     upstream.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_lost() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let client = client_for(ledger.addr);
+    let (effect_started, started) = tokio::sync::oneshot::channel();
+    let (ledger_gone, gone) = tokio::sync::oneshot::channel::<()>();
+    let running = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .run(&refund("o-10"), |_| async move {
+                    let _ = effect_started.send(());
+                    let _ = gone.await;
+                    Ok(Effect::new(b"refunded".to_vec()))
+                })
+                .await
+        })
+    };
+    started.await.unwrap();
+    ledger.stop().await;
+    let _ = ledger_gone.send(());
+    let outcome = running
+        .await
+        .unwrap()
+        .expect("the effect ran: not an error");
+    assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
+
+    // The ledger, back, holds the attempt until its lease expires into UNKNOWN, never ABSENT.
+    let ledger = TestLedger::spawn(&db).await;
+    let mut grpc = ledger.client().await;
+    let (id, _) = refund("o-10").resolve().unwrap();
+    assert_eq!(
+        state_of(&mut grpc, &id).await,
+        once_api::pb::OperationState::InFlight
+    );
+    ledger.stop().await;
+}

@@ -293,8 +293,9 @@ impl LedgerClient {
     }
 
     /// Runs `effect` at most once for the operation: asks the ledger, performs the effect only
-    /// on EXECUTE, and reports what happened. A panic in the effect, or a `timeout`, counts as
-    /// ambiguous; so does dropping the returned future while the effect runs.
+    /// on EXECUTE, and reports what happened. A panic in the effect counts as ambiguous; so does
+    /// dropping the returned future while the effect runs. An error means the effect did not
+    /// run (the ledger could not be asked, or refused the request).
     pub async fn run<F, Fut>(&self, spec: &OperationSpec, effect: F) -> Result<Outcome, ClientError>
     where
         F: FnOnce(EffectContext) -> Fut,
@@ -313,40 +314,59 @@ impl LedgerClient {
             attempt: attempt.number(),
         };
         let operation_id = context.operation_id.clone();
+        // Once the effect has run, its outcome is the truth the caller gets, whether or not the
+        // report reaches the ledger: an unreported attempt becomes UNKNOWN when its lease runs
+        // out, never ABSENT, so a failed report is logged and not turned into "not performed".
         let performed = AssertUnwindSafe(effect(context)).catch_unwind().await;
-        match performed {
+        let (outcome, reported) = match performed {
             Ok(Ok(effect)) => {
-                attempt
+                let reported = attempt
                     .confirm(effect.result.clone(), effect.provider_ref.clone())
-                    .await?;
-                Ok(Outcome::Executed {
-                    operation_id,
-                    effect,
-                })
+                    .await;
+                (
+                    Outcome::Executed {
+                        operation_id,
+                        effect,
+                    },
+                    reported,
+                )
             }
             Ok(Err(EffectError::NotPerformed(reason))) => {
-                attempt.absent(&reason).await?;
-                Ok(Outcome::NotPerformed {
-                    operation_id,
-                    reason,
-                })
+                let reported = attempt.absent(&reason).await;
+                (
+                    Outcome::NotPerformed {
+                        operation_id,
+                        reason,
+                    },
+                    reported,
+                )
             }
             Ok(Err(EffectError::Ambiguous(reason))) => {
-                attempt.unknown(&reason).await?;
-                Ok(Outcome::Ambiguous {
-                    operation_id,
-                    reason,
-                })
+                let reported = attempt.unknown(&reason).await;
+                (
+                    Outcome::Ambiguous {
+                        operation_id,
+                        reason,
+                    },
+                    reported,
+                )
             }
             Err(_panic) => {
                 let reason = "the effect panicked".to_owned();
-                attempt.unknown(&reason).await?;
-                Ok(Outcome::Ambiguous {
-                    operation_id,
-                    reason,
-                })
+                let reported = attempt.unknown(&reason).await;
+                (
+                    Outcome::Ambiguous {
+                        operation_id,
+                        reason,
+                    },
+                    reported,
+                )
             }
+        };
+        if let Err(error) = reported {
+            tracing::warn!(%error, ?outcome, "the effect ran but its report did not reach the ledger; its lease will expire into UNKNOWN");
         }
+        Ok(outcome)
     }
 
     /// The operation as the ledger holds it, for status tools.
