@@ -387,3 +387,44 @@ async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_los
     );
     ledger.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_endpoints_verify_the_ledger_certificate() {
+    use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+    // A ledger serving TLS with a certificate from a private authority.
+    let db = TestDb::new(Store::Sqlite).await;
+    let backend = once_store::SqliteBackend::connect(&db.url).await.unwrap();
+    let service = onced::LedgerService::new(
+        once_store::Ledger::new(backend),
+        once_core::Limits::default(),
+        Default::default(),
+    );
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(
+        Server::builder()
+            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(&cert, &key)))
+            .unwrap()
+            .add_service(once_api::pb::ledger_server::LedgerServer::new(service))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+
+    let mut trusting = ClientConfig::new(format!("https://localhost:{port}"));
+    trusting.tls_ca_pem = Some(cert.into_bytes());
+    let client = LedgerClient::connect(trusting).unwrap();
+    let decision = client.begin(&refund("o-tls")).await.unwrap();
+    assert!(matches!(decision, Decision::Execute(_)), "{decision:?}");
+
+    // Without the private authority the certificate is refused, and nothing is performed.
+    let mut config = ClientConfig::new(format!("https://localhost:{port}"));
+    config.tries = 1;
+    let untrusting = LedgerClient::connect(config).unwrap();
+    let refused = untrusting.begin(&refund("o-tls-2")).await;
+    assert!(
+        matches!(refused, Err(ClientError::Unreachable(_))),
+        "{refused:?}"
+    );
+}

@@ -8,7 +8,7 @@ use futures::FutureExt as _;
 use once_api::pb;
 use once_api::pb::ledger_client::LedgerClient as Grpc;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
 use crate::attempt::Attempt;
@@ -29,6 +29,9 @@ pub struct ClientConfig {
     pub backoff: Duration,
     /// The client name recorded in the attempt log.
     pub client_name: String,
+    /// For `https://` endpoints: a PEM bundle of extra certificate authorities to trust (a
+    /// private CA) besides the public web roots.
+    pub tls_ca_pem: Option<Vec<u8>>,
 }
 
 impl ClientConfig {
@@ -40,6 +43,7 @@ impl ClientConfig {
             tries: 5,
             backoff: Duration::from_millis(100),
             client_name: "once-client".into(),
+            tls_ca_pem: None,
         }
     }
 }
@@ -185,14 +189,7 @@ impl LedgerClient {
         let endpoints = config
             .endpoints
             .iter()
-            .map(|uri| {
-                Endpoint::from_shared(uri.clone())
-                    .map(|e| {
-                        e.connect_timeout(config.rpc_timeout)
-                            .timeout(config.rpc_timeout)
-                    })
-                    .map_err(|e| ClientError::Invalid(format!("ledger endpoint {uri:?}: {e}")))
-            })
+            .map(|uri| endpoint(uri, &config))
             .collect::<Result<Vec<_>, _>>()?;
         // One endpoint connects lazily; several are balanced over.
         let channel = match endpoints.as_slice() {
@@ -428,6 +425,24 @@ impl LedgerClient {
             status.message()
         )))
     }
+}
+
+/// One ledger endpoint with its timeouts, and TLS when the scheme is `https`.
+fn endpoint(uri: &str, config: &ClientConfig) -> Result<Endpoint, ClientError> {
+    let invalid =
+        |e: tonic::transport::Error| ClientError::Invalid(format!("ledger endpoint {uri:?}: {e}"));
+    let mut endpoint = Endpoint::from_shared(uri.to_owned())
+        .map_err(invalid)?
+        .connect_timeout(config.rpc_timeout)
+        .timeout(config.rpc_timeout);
+    if uri.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new().with_webpki_roots();
+        if let Some(pem) = &config.tls_ca_pem {
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        endpoint = endpoint.tls_config(tls).map_err(invalid)?;
+    }
+    Ok(endpoint)
 }
 
 /// What the side effect needs from the ledger.
