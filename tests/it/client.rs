@@ -428,3 +428,30 @@ async fn https_endpoints_verify_the_ledger_certificate() {
         "{refused:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_endpoints_share_the_calls() {
+    // Two replicas on one database, one client over both.
+    let db = TestDb::new(Store::Sqlite).await;
+    let (first, second) = (TestLedger::spawn(&db).await, TestLedger::spawn(&db).await);
+    let mut config = ClientConfig::new(format!("http://{}", first.addr));
+    config.endpoints.push(format!("http://{}", second.addr));
+    let client = LedgerClient::connect(config).unwrap();
+    for i in 0..10 {
+        let order = format!("o-many-{i}");
+        let outcome = client
+            .run(&refund(&order), |_| async {
+                Ok(Effect::new(b"ok".to_vec()))
+            })
+            .await
+            .unwrap();
+        assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
+        let again = client
+            .run(&refund(&order), |_| async { panic!("must not run twice") })
+            .await
+            .unwrap();
+        assert!(matches!(again, Outcome::Replayed(_)), "{again:?}");
+    }
+    first.stop().await;
+    second.stop().await;
+}
