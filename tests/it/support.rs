@@ -429,10 +429,7 @@ pub fn new_attempt_id() -> String {
 }
 
 pub fn ms(ms: u64) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: (ms / 1000) as i64,
-        nanos: ((ms % 1000) * 1_000_000) as i32,
-    }
+    once_api::convert::duration(ms as i64)
 }
 
 /// The decision of a Begin response, for matching.

@@ -418,17 +418,11 @@ pub fn state_to_pb(state: State) -> pb::OperationState {
 pub fn encode_page_token(created_at: Millis, operation_id: &str) -> String {
     let mut raw = created_at.to_be_bytes().to_vec();
     raw.extend_from_slice(operation_id.as_bytes());
-    raw.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(raw)
 }
 
 fn decode_page_token(token: &str) -> Option<(Millis, String)> {
-    if token.len() % 2 != 0 || token.len() < 18 {
-        return None;
-    }
-    let raw = (0..token.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
+    let raw = hex::decode(token).ok().filter(|raw| raw.len() > 8)?;
     let created_at = i64::from_be_bytes(raw[..8].try_into().ok()?);
     let id = String::from_utf8(raw[8..].to_vec()).ok()?;
     OperationId::parse("page_token", &id).ok()?;

@@ -88,17 +88,13 @@ impl Reconciler for GrpcReconciler {
         if let Err(why) = self.declare().await {
             return Verdict::Unknown { why };
         }
-        let started = request.attempt_started_at_ms;
         let message = pb::LookupRequest {
             operation_id: request.operation_id.clone(),
             tool: request.tool.clone(),
             provider_key: request.provider_key.clone(),
             lookup_hints_json: request.lookup_hints.to_string(),
             attempt: request.attempt,
-            attempt_started_at: Some(prost_types::Timestamp {
-                seconds: started.div_euclid(1000),
-                nanos: (started.rem_euclid(1000) * 1_000_000) as i32,
-            }),
+            attempt_started_at: Some(once_api::convert::timestamp(request.attempt_started_at_ms)),
         };
         let answer = match self.client.clone().lookup(message).await {
             Ok(answer) => answer.into_inner(),

@@ -267,16 +267,11 @@ impl<B: Backend> LedgerService<B> {
         let Some(registered) = op.provider.as_deref().and_then(|p| self.reconcilers.get(p)) else {
             return false;
         };
-        let request = crate::sweeper::lookup_request(&op);
-        let Ok(verdict) = tokio::time::timeout_at(deadline, registered.lookup(&request)).await
-        else {
+        let looked_up = crate::sweeper::look_up(&self.ledger, registered, &op);
+        let Ok((_, applied)) = tokio::time::timeout_at(deadline, looked_up).await else {
             return false;
         };
-        match self
-            .ledger
-            .apply_verdict(tenant, id, &verdict, &registered.policy(), 0.5)
-            .await
-        {
+        match applied {
             Ok((state, _)) => state != once_core::State::Unknown,
             Err(error) => {
                 tracing::warn!(%error, "could not apply a verdict during Begin");
@@ -303,14 +298,8 @@ impl<B: Backend> LedgerService<B> {
         let Some(registered) = self.reconcilers.get(&provider) else {
             return Err(status::no_reconciler(&provider));
         };
-        let verdict = registered
-            .lookup(&crate::sweeper::lookup_request(&op))
-            .await;
-        let (state, _) = self
-            .ledger
-            .apply_verdict(tenant, id, &verdict, &registered.policy(), 0.5)
-            .await
-            .map_err(status::store)?;
+        let (verdict, applied) = crate::sweeper::look_up(&self.ledger, registered, &op).await;
+        let (state, _) = applied.map_err(status::store)?;
         self.settled.notify_waiters();
         let (found, detail) = match &verdict {
             once_reconcile::Verdict::Confirmed { evidence, .. } => {

@@ -143,19 +143,8 @@ pub async fn reconcile<B: Backend>(
                 tracing::warn!(operation_id = %op.operation_id, %provider, "no reconciler of that name is configured");
                 continue;
             };
-            let request = lookup_request(&op);
-            let verdict = registered.lookup(&request).await;
-            let jitter = jitter(op.operation_id.as_str(), op.reconcile_lookups);
-            match ledger
-                .apply_verdict(
-                    &op.tenant,
-                    &op.operation_id,
-                    &verdict,
-                    &registered.policy(),
-                    jitter,
-                )
-                .await
-            {
+            let (verdict, applied) = look_up(&ledger, registered, &op).await;
+            match applied {
                 Ok((state, escalated)) => {
                     tracing::info!(operation_id = %op.operation_id, reconciler = %provider, state = state.as_str(), "looked up");
                     if escalated {
@@ -231,8 +220,32 @@ fn jitter(operation_id: &str, lookups: u32) -> f64 {
     (hasher.finish() % 1000) as f64 / 1000.0
 }
 
+/// Looks `op` up with `registered` and applies the verdict, in one transaction with its
+/// events. The one path every lookup takes: the workers, the Reconcile RPC, and a waiting Begin.
+pub async fn look_up<B: Backend>(
+    ledger: &Ledger<B>,
+    registered: &once_reconcile::Registered,
+    op: &once_core::Operation,
+) -> (
+    once_reconcile::Verdict,
+    Result<(once_core::State, bool), once_store::StoreError>,
+) {
+    let verdict = registered.lookup(&lookup_request(op)).await;
+    let jitter = jitter(op.operation_id.as_str(), op.reconcile_lookups);
+    let applied = ledger
+        .apply_verdict(
+            &op.tenant,
+            &op.operation_id,
+            &verdict,
+            &registered.policy(),
+            jitter,
+        )
+        .await;
+    (verdict, applied)
+}
+
 /// What a reconciler is told about an operation.
-pub fn lookup_request(op: &once_core::Operation) -> once_reconcile::LookupRequest {
+fn lookup_request(op: &once_core::Operation) -> once_reconcile::LookupRequest {
     once_reconcile::LookupRequest {
         operation_id: op.operation_id.to_string(),
         tool: op.tool.clone(),
