@@ -21,6 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set();
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("descriptors.bin"), descriptors.encode_to_vec())?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // Undecodable requests are the caller's mistake, not an internal error: see `codec`.
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::Codec")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -398,7 +398,7 @@ async fn https_endpoints_verify_the_ledger_certificate() {
     let service = onced::LedgerService::new(
         once_store::Ledger::new(backend),
         once_core::Limits::default(),
-        Default::default(),
+        &Default::default(),
     );
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());

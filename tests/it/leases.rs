@@ -7,7 +7,7 @@ use crate::support::*;
 on_both_backends!(
     sweeper_turns_an_expired_lease_unknown_and_a_late_confirm_settles_it,
     stale_token_is_refused_and_changes_nothing,
-    superseded_attempt_confirming_after_an_absent_resolution_is_a_double_execution,
+    superseded_attempt_confirming_while_a_later_attempt_runs_is_held_for_an_operator,
     late_confirm_after_an_absent_resolution_contradicts_it,
     heartbeat_keeps_a_long_effect_alive,
 );
@@ -66,7 +66,7 @@ async fn stale_token_is_refused_and_changes_nothing(store: Store) {
         assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
         assert_eq!(reason(&refused), "EXECUTION_RIGHT_LOST");
         assert!(
-            refused.message().contains("lost its execution right"),
+            refused.message().contains("no execution right"),
             "{}",
             refused.message()
         );
@@ -78,7 +78,7 @@ async fn stale_token_is_refused_and_changes_nothing(store: Store) {
     ledger.stop().await;
 }
 
-async fn superseded_attempt_confirming_after_an_absent_resolution_is_a_double_execution(
+async fn superseded_attempt_confirming_while_a_later_attempt_runs_is_held_for_an_operator(
     store: Store,
 ) {
     let db = TestDb::new(store).await;
@@ -122,10 +122,46 @@ async fn superseded_attempt_confirming_after_an_absent_resolution_is_a_double_ex
     );
     let op = history.operation.unwrap();
     assert_eq!(
-        (op.state, op.attempt),
-        (pb::OperationState::InFlight as i32, 2),
-        "the anomaly changes no state"
+        (op.state, op.attempt, op.source.as_str()),
+        (pb::OperationState::Unknown as i32, 2, "anomaly"),
+        "both attempts may have performed the effect: held for an operator"
     );
+    // Attempt 2 lost its lease; nobody executes again; no reconciler settles it.
+    let heartbeat = client
+        .heartbeat(pb::HeartbeatRequest {
+            operation_id: "lease-3".into(),
+            fencing_token: second.fencing_token,
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&heartbeat), "LEASE_EXPIRED");
+    let again = client
+        .begin(begin("lease-3", ARGS))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision_name(&again), "UNKNOWN");
+    let refused = client
+        .reconcile(pb::ReconcileRequest {
+            operation_id: "lease-3".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&refused), "HELD_FOR_OPERATOR");
+    // An attempt proved the effect: an operator may not call it ABSENT.
+    let refused = resolve(&mut client, "lease-3", pb::OperationState::Absent, "res-4")
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&refused), "EFFECT_PROVEN");
+    resolve(
+        &mut client,
+        "lease-3",
+        pb::OperationState::Confirmed,
+        "res-5",
+    )
+    .await
+    .unwrap();
     ledger.stop().await;
 }
 

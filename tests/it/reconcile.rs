@@ -50,6 +50,8 @@ async fn setup_with(store: Store, settle_time: &str, interval: &str) -> Setup {
     }
 }
 
+/// A refund with a short lease: a miss proves nothing until the settle time has passed since
+/// the lease deadline, and these tests should not wait for a long one.
 fn refund(order: &str) -> OperationSpec {
     OperationSpec::new(
         "issue_refund",
@@ -57,6 +59,7 @@ fn refund(order: &str) -> OperationSpec {
     )
     .intent(["refund", order])
     .provider("stripe", json!({"payment_intent": format!("pi_{order}")}))
+    .lease_ttl(Duration::from_millis(300))
 }
 
 /// The refund effect, as the demo server performs it, with a fault for this one request.
@@ -73,6 +76,7 @@ async fn run_refund(setup: &Setup, order: &str, fault: Option<&'static str>) -> 
                     ("payment_intent", format!("pi_{order}")),
                     ("amount", "700".into()),
                     ("currency", "eur".into()),
+                    ("metadata[once_provider_key]", attempt.provider_key.clone()),
                     ("metadata[once_operation_id]", attempt.operation_id.clone()),
                 ]);
             if let Some(fault) = fault {
@@ -295,7 +299,7 @@ async fn replicas_never_claim_one_operation_at_once(store: Store) {
         };
         claimed
             .into_iter()
-            .map(|op| op.operation_id.to_string())
+            .map(|(op, _)| op.operation_id.to_string())
             .collect()
     }
     let rounds = futures::future::join_all((0..4).map(|_| claims(db.url.clone(), store))).await;
@@ -383,6 +387,7 @@ async fn credentials_never_reach_logs_or_events() {
     .await;
     let mut grpc = onced.client().await;
     let mut request = begin("secret-op", ARGS);
+    request.lease_ttl = Some(ms(200));
     request.provider = "stripe".into();
     request.lookup_hints_json = r#"{"payment_intent":"pi_secret"}"#.into();
     let grant = claim(&mut grpc, request).await;
@@ -564,6 +569,7 @@ async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
     let mut grpc = ledger.client().await;
     for (id, customer) in [("ticket-found", "c-known"), ("ticket-missing", "c-other")] {
         let mut request = begin(id, ARGS);
+        request.lease_ttl = Some(ms(200));
         request.tool = "open_ticket".into();
         request.provider = "tickets".into();
         request.lookup_hints_json = json!({ "customer": customer }).to_string();
@@ -674,7 +680,7 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
     let provider = axum::Router::new().route(
         "/v1/refunds",
         axum::routing::get(|axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>| async move {
-            let refund = |id: &str| json!({"id": id, "metadata": {"once_operation_id": "op-1"}});
+            let refund = |id: &str| json!({"id": id, "metadata": {"once_provider_key": "once_k", "once_operation_id": "op-1"}});
             let page = |data: Vec<serde_json::Value>, has_more: bool| json!({"object": "list", "data": data, "has_more": has_more});
             let (status, body) = match q["payment_intent"].as_str() {
                 "pi_forbidden" => (403, json!({"error": {"message": "bad key"}})),
@@ -684,6 +690,10 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
                 "pi_partial" if q.contains_key("starting_after") => (500, json!({})),
                 "pi_partial" => (200, page(vec![json!({"id": "re_9", "metadata": {}})], true)),
                 "pi_once" => (200, page(vec![refund("re_1")], false)),
+                // An earlier life of the same operation id: its refund is not this life's.
+                "pi_earlier_life" => (200, page(vec![json!({"id": "re_0", "metadata": {"once_provider_key": "once_old", "once_operation_id": "op-1"}})], false)),
+                // A refund that names the operation but no life cannot be attributed.
+                "pi_unattributed" => (200, page(vec![json!({"id": "re_0", "metadata": {"once_operation_id": "op-1"}})], false)),
                 _ => (200, page(vec![], false)),
             };
             (axum::http::StatusCode::from_u16(status).unwrap(), axum::Json(body))
@@ -703,6 +713,7 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
         provider_key: "once_k".into(),
         lookup_hints: json!({ "payment_intent": payment_intent }),
         attempt: 1,
+        fencing_token: 1,
         attempt_started_at_ms: 0,
     };
     for (payment_intent, expected) in [
@@ -710,6 +721,7 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
         ("pi_throttled", "rate limiting"),
         ("pi_twice", "2 refunds"),
         ("pi_partial", "partial listing"),
+        ("pi_unattributed", "no provider key"),
     ] {
         match stripe.lookup(&lookup(payment_intent)).await {
             Verdict::Unknown { why } => assert!(why.contains(expected), "{payment_intent}: {why}"),
@@ -729,4 +741,11 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
         stripe.lookup(&lookup("pi_none")).await,
         Verdict::Absent { .. }
     ));
+    assert!(
+        matches!(
+            stripe.lookup(&lookup("pi_earlier_life")).await,
+            Verdict::Absent { .. }
+        ),
+        "an earlier life's refund never confirms this life"
+    );
 }

@@ -43,7 +43,11 @@ async fn confirmed_past_retention_executes_again(store: Store) {
         }
     })
     .await;
-    assert_eq!(again.attempt, 2, "fencing tokens keep growing across lives");
+    assert_eq!(again.attempt, 1, "a new life counts its attempts from 1");
+    assert!(
+        again.fencing_token > first.fencing_token,
+        "fencing tokens keep growing across lives"
+    );
     assert_ne!(
         again.provider_key, first.provider_key,
         "a new life gets a new provider key"

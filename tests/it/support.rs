@@ -522,11 +522,30 @@ pub async fn report_unknown(
         .map(|r| r.into_inner().state)
 }
 
+/// Resolves `id` as an operator who examined its latest attempt (read just before).
 pub async fn resolve(
     client: &mut LedgerClient<Channel>,
     id: &str,
     outcome: pb::OperationState,
     resolution_id: &str,
+) -> Result<i32, tonic::Status> {
+    let examined = client
+        .get_operation(pb::GetOperationRequest {
+            operation_id: id.into(),
+        })
+        .await
+        .map(|r| r.into_inner().operation.unwrap_or_default().attempt)
+        .unwrap_or(1);
+    resolve_attempt(client, id, outcome, resolution_id, examined).await
+}
+
+/// Resolves `id` as an operator who examined attempt `examined`.
+pub async fn resolve_attempt(
+    client: &mut LedgerClient<Channel>,
+    id: &str,
+    outcome: pb::OperationState,
+    resolution_id: &str,
+    examined: u32,
 ) -> Result<i32, tonic::Status> {
     let confirmed = outcome == pb::OperationState::Confirmed;
     client
@@ -546,6 +565,8 @@ pub async fn resolve(
             reason: "checked the provider dashboard".into(),
             operator: "alice".into(),
             resolution_id: resolution_id.into(),
+            attempt: examined,
+            fencing_token: 0,
         })
         .await
         .map(|r| r.into_inner().state)

@@ -6,10 +6,12 @@ import json
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 from grpc_tools import protoc
 
 from conftest import BIN, ROOT, free_port, port_open, wait_for
@@ -53,9 +55,11 @@ def test_a_python_plugin_settles_operations(tmp_path, ledger_stubs):
         ledger = rpc.LedgerStub(grpc.insecure_channel(f"127.0.0.1:{ledger_port}"))
 
         def begin(operation_id: str):
+            # A short lease: a miss proves nothing until the settle time has passed after it.
+            lease = duration_pb2.Duration(nanos=300_000_000)
             return ledger.Begin(pb.BeginRequest(
                 tool="transfer", operation_id=operation_id, arguments_json=json.dumps({"to": operation_id}),
-                attempt_id=f"{operation_id}-1", provider="bank", lookup_hints_json="{}",
+                attempt_id=str(uuid.uuid4()), provider="bank", lookup_hints_json="{}", lease_ttl=lease,
             ))
 
         landed = begin("transfer:landed")

@@ -12,6 +12,10 @@ use crate::pb;
 
 /// Longest attempt id, provider name, operator name or resolution id.
 const MAX_NAME_BYTES: usize = 128;
+/// Shortest attempt id: one unique per attempt, not a JSON-RPC id unique only per session.
+pub const MIN_ATTEMPT_ID_BYTES: usize = 16;
+/// Most states a ListOperations filter names: each state once.
+const MAX_LISTED_STATES: usize = State::ALL.len();
 /// Longest transport context value (client name, session id, request id).
 const MAX_CONTEXT_BYTES: usize = 256;
 /// Longest provider reference.
@@ -105,6 +109,15 @@ pub fn begin(
         }
     };
     check_name("attempt_id", &req.attempt_id, MAX_NAME_BYTES)?;
+    if req.attempt_id.len() < MIN_ATTEMPT_ID_BYTES {
+        return Err(Invalid::new(
+            "attempt_id",
+            format!(
+                "must be at least {MIN_ATTEMPT_ID_BYTES} bytes, chosen at random once per attempt (a UUID); \
+                 a JSON-RPC request id is unique only within its session"
+            ),
+        ));
+    }
     let context = req.context.unwrap_or_default();
     let context = AttemptContext {
         client_name: optional_name(
@@ -157,7 +170,6 @@ pub fn begin(
 /// A validated report: the operation it is about and what the attempt says.
 pub fn confirm(
     req: pb::ConfirmRequest,
-    caller: &Caller,
     limits: &Limits,
 ) -> Result<(OperationId, ReportCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
@@ -168,38 +180,35 @@ pub fn confirm(
         result: req.result,
         provider_ref,
     };
-    Ok((id, report_command(fencing_token, report, caller)))
+    Ok((id, report_command(fencing_token, report)))
 }
 
 pub fn report_absent(
     req: pb::ReportAbsentRequest,
-    caller: &Caller,
     limits: &Limits,
 ) -> Result<(OperationId, ReportCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
     check_text("reason", &req.reason, limits.max_reason_bytes)?;
     let report = Report::Absent { reason: req.reason };
-    Ok((id, report_command(fencing_token, report, caller)))
+    Ok((id, report_command(fencing_token, report)))
 }
 
 pub fn report_unknown(
     req: pb::ReportUnknownRequest,
-    caller: &Caller,
     limits: &Limits,
 ) -> Result<(OperationId, ReportCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
     check_text("reason", &req.reason, limits.max_reason_bytes)?;
     let report = Report::Unknown { reason: req.reason };
-    Ok((id, report_command(fencing_token, report, caller)))
+    Ok((id, report_command(fencing_token, report)))
 }
 
-fn report_command(fencing_token: u64, report: Report, caller: &Caller) -> ReportCommand {
+fn report_command(fencing_token: u64, report: Report) -> ReportCommand {
     ReportCommand {
         fencing_token,
         report,
-        actor: caller.actor.clone(),
     }
 }
 
@@ -223,12 +232,24 @@ pub fn reconcile(req: pb::ReconcileRequest) -> Result<OperationId, Invalid> {
 }
 
 pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Invalid> {
-    let states = req
-        .states
-        .iter()
-        .enumerate()
-        .map(|(i, raw)| state_from_pb(&format!("states[{i}]"), *raw))
-        .collect::<Result<Vec<_>, _>>()?;
+    if req.states.len() > MAX_LISTED_STATES {
+        return Err(Invalid::new(
+            "states",
+            format!(
+                "names {} states; there are {MAX_LISTED_STATES}, each named at most once",
+                req.states.len()
+            ),
+        ));
+    }
+    let mut states = Vec::with_capacity(req.states.len());
+    for (i, raw) in req.states.iter().enumerate() {
+        let field = format!("states[{i}]");
+        let state = state_from_pb(&field, *raw)?;
+        if states.contains(&state) {
+            return Err(Invalid::new(field, format!("{state} is named twice")));
+        }
+        states.push(state);
+    }
     let tool = optional_name("tool", req.tool, MAX_TOOL_BYTES)?;
     let older_than_ms = req
         .older_than
@@ -302,6 +323,12 @@ pub fn resolve(
     check_text("reason", &req.reason, limits.max_reason_bytes)?;
     check_name("operator", &req.operator, MAX_NAME_BYTES)?;
     check_name("resolution_id", &req.resolution_id, MAX_NAME_BYTES)?;
+    if req.attempt == 0 {
+        return Err(Invalid::new(
+            "attempt",
+            "is mandatory: name the attempt you examined (GetOperation shows the latest)",
+        ));
+    }
     Ok((
         id,
         ResolveCommand {
@@ -309,6 +336,8 @@ pub fn resolve(
             reason: req.reason,
             actor: format!("operator:{}", req.operator),
             resolution_id: req.resolution_id,
+            attempt: req.attempt,
+            fencing_token: (req.fencing_token != 0).then_some(req.fencing_token),
         },
     ))
 }
@@ -317,7 +346,7 @@ fn fencing_token(token: u64) -> Result<u64, Invalid> {
     if token == 0 {
         return Err(Invalid::new(
             "fencing_token",
-            "must be the token of a granted attempt (1 or more)",
+            "must be the token of a granted attempt",
         ));
     }
     Ok(token)
@@ -457,6 +486,7 @@ pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb
             lease_deadline: Some(timestamp(grant.lease_deadline)),
             provider_key: grant.provider_key,
             regranted: grant.regranted,
+            lease_ttl: Some(duration(grant.lease_ttl_ms)),
         }),
         BeginDecision::Replay {
             result,
@@ -473,10 +503,12 @@ pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb
             attempt,
             lease_deadline,
             retry_after_ms,
+            blocking,
         } => Decision::InProgress(pb::InProgress {
             attempt,
             lease_deadline: Some(timestamp(lease_deadline)),
             retry_after: Some(duration(retry_after_ms)),
+            blocking_operation_id: blocking.map(|id| id.to_string()).unwrap_or_default(),
         }),
         BeginDecision::Unknown {
             since,
@@ -515,6 +547,8 @@ pub fn operation(op: Operation) -> pb::Operation {
         created_at: Some(timestamp(op.created_at)),
         updated_at: Some(timestamp(op.updated_at)),
         expires_at: op.expires_at.map(timestamp),
+        fencing_token: op.fencing_token,
+        source: op.source.as_str().to_owned(),
     }
 }
 
@@ -530,6 +564,7 @@ pub fn attempt(a: Attempt) -> pb::Attempt {
             session_id: a.context.session_id.unwrap_or_default(),
             request_id: a.context.request_id.unwrap_or_default(),
         }),
+        fencing_token: a.fencing_token,
     }
 }
 

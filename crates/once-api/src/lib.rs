@@ -4,7 +4,11 @@
 //! validated domain command (refusing malformed input with the field it is about) and each
 //! domain answer back into its message, so a generated type never reaches the core.
 
+pub mod codec;
 pub mod convert;
+
+/// The `ErrorInfo.domain` of every error the ledger returns.
+pub const ERROR_DOMAIN: &str = "once.ledger.v1";
 
 /// Generated messages, client and server for `once.ledger.v1`.
 #[allow(missing_debug_implementations, clippy::all)]

@@ -6,7 +6,10 @@ use std::time::{Duration, SystemTime};
 use once_api::pb;
 use tokio::sync::Notify;
 
-use crate::client::{duration, system_time, ClientError, LedgerClient};
+use crate::client::{duration, std_duration, system_time, ClientError, LedgerClient, Retries};
+
+/// The lease assumed when a ledger too old to say what it granted does not.
+const FALLBACK_LEASE: Duration = Duration::from_secs(30);
 
 /// The right to perform one operation's effect once.
 ///
@@ -26,12 +29,20 @@ pub struct Attempt {
 }
 
 impl Attempt {
+    /// Starts heartbeating the lease of `grant`: the lease the ledger granted (its default when
+    /// the spec asked for none), not an assumed one.
     pub(crate) fn start(
         client: LedgerClient,
         operation_id: String,
         grant: pb::Execute,
-        lease_ttl: Duration,
+        requested_ttl: Option<Duration>,
     ) -> Self {
+        let lease_ttl = grant
+            .lease_ttl
+            .map(std_duration)
+            .filter(|ttl| !ttl.is_zero())
+            .or(requested_ttl)
+            .unwrap_or(FALLBACK_LEASE);
         let stop_heartbeat = Arc::new(Notify::new());
         tokio::spawn(heartbeat(
             client.clone(),
@@ -173,7 +184,9 @@ async fn report_unknown(
         .map(drop)
 }
 
-/// Extends the lease every third of its length until stopped or refused.
+/// Extends the lease every third of its length until stopped or refused. A heartbeat that
+/// cannot reach the ledger is tried again until the lease would have ended, so an outage
+/// shorter than the lease (a database failover) costs the attempt nothing.
 async fn heartbeat(
     client: LedgerClient,
     operation_id: String,
@@ -182,6 +195,7 @@ async fn heartbeat(
     stop: Arc<Notify>,
 ) {
     let period = (ttl / 3).max(Duration::from_millis(20));
+    let mut lease_ends = tokio::time::Instant::now() + ttl;
     loop {
         tokio::select! {
             _ = stop.notified() => return,
@@ -192,16 +206,23 @@ async fn heartbeat(
             fencing_token: token,
             lease_ttl: Some(duration(ttl)),
         };
-        if let Err(error) = client
-            .call(
-                Duration::ZERO,
-                |mut grpc, r| async move { grpc.heartbeat(r).await },
-                request,
-            )
-            .await
-        {
-            tracing::warn!(%operation_id, %error, "lease heartbeat refused; the attempt lost its lease");
-            return;
+        let sent = tokio::time::Instant::now();
+        let extended = client.call_with(
+            Retries::Until(lease_ends),
+            Duration::ZERO,
+            |mut grpc, r| async move { grpc.heartbeat(r).await },
+            request,
+        );
+        tokio::select! {
+            _ = stop.notified() => return,
+            extended = extended => match extended {
+                // The ledger extended the lease from some moment after `sent`.
+                Ok(_) => lease_ends = sent + ttl,
+                Err(error) => {
+                    tracing::warn!(%operation_id, %error, "lease heartbeat failed; the attempt lost its lease");
+                    return;
+                }
+            }
         }
     }
 }

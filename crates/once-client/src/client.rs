@@ -83,6 +83,8 @@ pub enum Decision {
 pub struct InProgress {
     pub operation_id: String,
     pub retry_after: Duration,
+    /// Set when the same tool and arguments run under another id: that operation.
+    pub blocking_operation_id: Option<String>,
 }
 
 /// The effect may have happened; do not perform it, and do not mint a new id for it.
@@ -90,7 +92,8 @@ pub struct InProgress {
 pub struct Unknown {
     pub operation_id: String,
     pub reason: String,
-    /// Set when another UNKNOWN operation with the same tool and arguments blocks this one.
+    /// Set when another operation with the same tool and arguments, UNKNOWN (or past its
+    /// lease), blocks this one.
     pub blocking_operation_id: Option<String>,
 }
 
@@ -253,7 +256,7 @@ impl LedgerClient {
                 self.clone(),
                 operation_id,
                 grant,
-                spec.lease_ttl.unwrap_or(Duration::from_secs(30)),
+                spec.lease_ttl,
             )),
             Some(D::Replay(replay)) => Decision::Replay(Replay {
                 operation_id,
@@ -270,6 +273,7 @@ impl LedgerClient {
                     .retry_after
                     .map(std_duration)
                     .unwrap_or(Duration::from_secs(1)),
+                blocking_operation_id: Some(p.blocking_operation_id).filter(|b| !b.is_empty()),
             }),
             Some(D::Unknown(u)) => Decision::Unknown(Unknown {
                 operation_id,
@@ -392,9 +396,25 @@ impl LedgerClient {
         F: Fn(Grpc<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
+        self.call_with(Retries::Tries, extra, send, message).await
+    }
+
+    /// [`call`](Self::call), retrying as `retries` says.
+    pub(crate) async fn call_with<Req, Resp, F, Fut>(
+        &self,
+        retries: Retries,
+        extra: Duration,
+        send: F,
+        message: Req,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(Grpc<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
         let mut pause = self.config.backoff;
         let mut last = None;
-        for try_number in 1..=self.config.tries.max(1) {
+        for try_number in 1.. {
             let mut request = Request::new(message.clone());
             request.set_timeout(self.config.rpc_timeout + extra);
             if let Some(token) = &self.config.token {
@@ -407,10 +427,15 @@ impl LedgerClient {
                 Err(status) if retryable(&status) => {
                     tracing::debug!(code = ?status.code(), try_number, "ledger call failed; retrying");
                     last = Some(status);
-                    if try_number < self.config.tries {
-                        tokio::time::sleep(pause).await;
-                        pause *= 2;
+                    let again = match retries {
+                        Retries::Tries => try_number < self.config.tries.max(1),
+                        Retries::Until(until) => tokio::time::Instant::now() + pause < until,
+                    };
+                    if !again {
+                        break;
                     }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
                 }
                 Err(status) if status.code() == Code::InvalidArgument => {
                     return Err(ClientError::Invalid(status.message().to_owned()))
@@ -425,6 +450,18 @@ impl LedgerClient {
             status.message()
         )))
     }
+}
+
+/// The longest pause between two tries of one call.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// How long a call keeps trying through transport failures and UNAVAILABLE.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Retries {
+    /// [`ClientConfig::tries`] tries in all.
+    Tries,
+    /// Until this moment: a heartbeat keeps trying while its lease may still be extended.
+    Until(tokio::time::Instant),
 }
 
 /// One ledger endpoint with its timeouts, and TLS when the scheme is `https`.
@@ -470,7 +507,7 @@ pub(crate) fn duration(d: Duration) -> prost_types::Duration {
     }
 }
 
-fn std_duration(d: prost_types::Duration) -> Duration {
+pub(crate) fn std_duration(d: prost_types::Duration) -> Duration {
     Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32)
 }
 

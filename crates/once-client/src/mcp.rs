@@ -100,7 +100,15 @@ pub fn tool_result(outcome: &Outcome, status_tool: &str) -> CallToolResult {
              You may correct the request and try again."
         )),
         Outcome::Ambiguous { operation_id, .. }
-        | Outcome::Unknown(Unknown { operation_id, .. }) => error(format!(
+        | Outcome::Unknown(Unknown {
+            blocking_operation_id: None,
+            operation_id,
+            ..
+        })
+        | Outcome::Unknown(Unknown {
+            blocking_operation_id: Some(operation_id),
+            ..
+        }) => error(format!(
             "The outcome of this action is being verified: it may or may not have happened. \
              Do not retry it, and do not retry it under a different id or idempotency key: that \
              could perform it twice. On-call staff have the operation id {operation_id}; call \
@@ -109,11 +117,16 @@ pub fn tool_result(outcome: &Outcome, status_tool: &str) -> CallToolResult {
         Outcome::InProgress(InProgress {
             operation_id,
             retry_after,
-        }) => error(format!(
-            "This action is already in progress (operation {operation_id}). Do not retry it. \
-             Call {status_tool} in about {} seconds to see its result.",
-            retry_after.as_secs().max(1)
-        )),
+            blocking_operation_id,
+        }) => {
+            let running = blocking_operation_id.as_deref().unwrap_or(operation_id);
+            error(format!(
+                "This action is already in progress (operation {running}). Do not retry it, and \
+                 do not retry it under a different id or idempotency key: that could perform it \
+                 twice. Call {status_tool} in about {} seconds to see its result.",
+                retry_after.as_secs().max(1)
+            ))
+        }
         Outcome::Conflict(Conflict { operation_id, .. }) => error(format!(
             "This action was already requested with different arguments (operation \
              {operation_id}), so it was not performed again. Do not retry with changed arguments \
@@ -207,11 +220,22 @@ mod tests {
             Outcome::InProgress(InProgress {
                 operation_id: "op".into(),
                 retry_after: Duration::from_secs(2),
+                blocking_operation_id: None,
+            }),
+            Outcome::InProgress(InProgress {
+                operation_id: "op-fresh".into(),
+                retry_after: Duration::from_secs(2),
+                blocking_operation_id: Some("op".into()),
             }),
             Outcome::Unknown(Unknown {
                 operation_id: "op".into(),
                 reason: "lease expired".into(),
                 blocking_operation_id: None,
+            }),
+            Outcome::Unknown(Unknown {
+                operation_id: "op-fresh".into(),
+                reason: "blocked".into(),
+                blocking_operation_id: Some("op".into()),
             }),
         ] {
             let result = tool_result(&outcome, "get_refund_status");
@@ -220,6 +244,10 @@ mod tests {
             assert!(
                 body.contains("Do not retry") && body.contains("get_refund_status"),
                 "{body}"
+            );
+            assert!(
+                body.contains("operation op)") || body.contains("operation id op;"),
+                "names the operation that holds the intent: {body}"
             );
         }
     }

@@ -143,6 +143,20 @@ impl CanonicalArguments {
         let Value::Object(map) = value else {
             return Err(Invalid::new(field, "must be a JSON object"));
         };
+        // Integers too large even for a 64-bit parser arrive as doubles: only the text shows
+        // they were integers. Those in fields left out of the fingerprint do not matter.
+        let fingerprinted = |path: &[jcs::Step]| match path.first() {
+            Some(jcs::Step::Key(key)) => {
+                key != IDEMPOTENCY_KEY_FIELD && !volatile_fields.contains(key)
+            }
+            _ => true,
+        };
+        if let Some((path, literal)) = jcs::unsafe_integer_literals(json)
+            .into_iter()
+            .find(|(path, _)| fingerprinted(path))
+        {
+            return Err(unsafe_integer(field, &path, &literal));
+        }
         Self::from_object(field, map, volatile_fields)
     }
 
@@ -171,9 +185,13 @@ impl CanonicalArguments {
         for name in volatile_fields {
             map.remove(name);
         }
+        let arguments = Value::Object(map);
+        if let Some((path, literal)) = jcs::first_unsafe_integer(&arguments) {
+            return Err(unsafe_integer(field, &path, &literal));
+        }
         Ok(Self {
             idempotency_key,
-            canonical: jcs::canonicalize(&Value::Object(map)),
+            canonical: jcs::canonicalize(&arguments),
         })
     }
 
@@ -192,18 +210,35 @@ impl CanonicalArguments {
     }
 }
 
+/// Refuses an integer that canonical JSON cannot keep exact, naming where it is.
+fn unsafe_integer(field: &str, path: &[jcs::Step], literal: &str) -> Invalid {
+    let at = jcs::path_string(path);
+    let field = if at.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{field}.{at}")
+    };
+    Invalid::new(
+        field,
+        format!(
+            "{literal} is an integer beyond ±(2^53−1); canonical JSON holds numbers as doubles, so it \
+             would be fingerprinted like its neighbours: send it as a string"
+        ),
+    )
+}
+
 /// The key handed to the downstream provider's own idempotency mechanism.
 ///
 /// Stable for every attempt of one operation, different across tenants, and fresh when an
-/// operation id starts a new life after retention (`life_began_ms` is when that life began).
-pub fn provider_key(tenant: &str, operation_id: &OperationId, life_began_ms: i64) -> String {
+/// operation id starts a new life after retention (`life` identifies that life).
+pub fn provider_key(tenant: &str, operation_id: &OperationId, life: u64) -> String {
     let mut hasher = Sha256::new();
     hasher.update(b"once-provider-key-v1\0");
     for part in [tenant.as_bytes(), operation_id.as_str().as_bytes()] {
         hasher.update((part.len() as u32).to_be_bytes());
         hasher.update(part);
     }
-    hasher.update(life_began_ms.to_be_bytes());
+    hasher.update(life.to_be_bytes());
     format!("once_{}", &hex::encode(hasher.finalize())[..40])
 }
 
@@ -274,6 +309,42 @@ mod tests {
         assert_ne!(provider_key("t1", &id, 7), provider_key("t1", &id, 8));
         let other = OperationId::parse("id", "refund:o2").unwrap();
         assert_ne!(provider_key("t1", &id, 7), provider_key("t1", &other, 7));
+    }
+
+    #[test]
+    fn integers_beyond_the_safe_range_are_refused_naming_their_path() {
+        for json in [
+            r#"{"channel_id": 1234567890123456789}"#,
+            r#"{"channel_id": 123456789012345678901234567890}"#,
+        ] {
+            let refused = CanonicalArguments::parse("arguments_json", json, &[]).unwrap_err();
+            assert_eq!(refused.field, "arguments_json.channel_id", "{json}");
+            assert!(refused.message.contains("send it as a string"));
+        }
+        let nested = CanonicalArguments::parse("a", r#"{"x": [{"y": -9007199254740992}]}"#, &[]);
+        assert_eq!(nested.unwrap_err().field, "a.x[0].y");
+        // Within range, as doubles, as strings, or left out of the fingerprint: accepted.
+        for json in [
+            r#"{"n": 9007199254740991, "m": -9007199254740991}"#,
+            r#"{"n": 1.5e300, "s": "1234567890123456789"}"#,
+            r#"{"nonce": 1234567890123456789, "idempotency_key": "k"}"#,
+        ] {
+            let volatile = vec!["nonce".to_owned()];
+            assert!(
+                CanonicalArguments::parse("a", json, &volatile).is_ok(),
+                "{json}"
+            );
+        }
+        let object = serde_json::json!({"channel_id": 1234567890123456789_u64});
+        let Value::Object(map) = object else {
+            unreachable!()
+        };
+        assert_eq!(
+            CanonicalArguments::from_object("arguments", map, &[])
+                .unwrap_err()
+                .field,
+            "arguments.channel_id"
+        );
     }
 
     #[test]

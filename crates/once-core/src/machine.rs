@@ -3,6 +3,11 @@
 //! Each function takes what is stored, a command and `now`, and returns the caller's answer and
 //! a [`Plan`]: the writes that must commit in one transaction for that answer to be true. A store
 //! applies the plan and commits before it lets the answer leave the process.
+//!
+//! Where a decision needs more than the operation row, the function says so and the store
+//! fetches it in the same transaction: [`begin`] asks for a [`Guard`] (the fresh-id guard's
+//! finding and a new fencing token) before it grants anything, and [`report`] asks for the
+//! attempt record of a superseded fencing token ([`needs_attempt_record`]).
 
 use serde_json::json;
 
@@ -15,6 +20,9 @@ pub struct Plan {
     pub operation: Option<Write>,
     /// A newly granted attempt, for the attempt log.
     pub attempt: Option<Attempt>,
+    /// The write starts a new life of an existing row: the previous life's attempt log goes,
+    /// as retention would have taken it with the row.
+    pub new_life: bool,
     pub events: Vec<NewEvent>,
 }
 
@@ -44,10 +52,14 @@ impl Write {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
     /// The fencing token is not the latest attempt's: that attempt lost its right to execute.
-    #[error("attempt {token} lost its execution right: the latest attempt is {latest}")]
-    ExecutionRightLost { token: u64, latest: u32 },
+    #[error("fencing token {token} has no execution right: the latest attempt is {latest_attempt} (token {latest_token})")]
+    ExecutionRightLost {
+        token: u64,
+        latest_attempt: u32,
+        latest_token: u64,
+    },
     /// The lease this heartbeat tries to extend has already ended.
-    #[error("the lease of attempt {token} has ended")]
+    #[error("the lease of fencing token {token} has ended")]
     LeaseExpired { token: u64 },
     /// The report contradicts the operation's settled truth.
     #[error("the operation is already {state}")]
@@ -55,6 +67,19 @@ pub enum Rejection {
     /// Only UNKNOWN operations can be resolved.
     #[error("only UNKNOWN operations can be resolved; this one is {state}")]
     NotUnknown { state: State },
+    /// The operator examined an attempt that is no longer the latest.
+    #[error("the resolution names attempt {examined}, but the latest attempt is {current} (fencing token {current_token}): look at the operation again")]
+    AttemptMismatch {
+        examined: u32,
+        current: u32,
+        current_token: u64,
+    },
+    /// The resolution id was already used for a different resolution of this operation.
+    #[error("resolution_id {resolution_id:?} already resolved this operation {state}")]
+    ResolutionIdReused { resolution_id: String, state: State },
+    /// An attempt confirmed the effect: the operation cannot be declared ABSENT.
+    #[error("an attempt confirmed the effect, so it cannot be ABSENT; resolve it CONFIRMED (or declare a new intent)")]
+    EffectProven,
 }
 
 /// The longest retry-after an IN_PROGRESS answer suggests.
@@ -62,84 +87,71 @@ const MAX_RETRY_AFTER_MS: i64 = 1_000;
 /// The shortest, so callers do not spin.
 const MIN_RETRY_AFTER_MS: i64 = 20;
 
-/// Whether this Begin would grant a new execution right and so must first pass the fresh-id
-/// guard: the store then looks for a blocking UNKNOWN operation and passes it to [`begin`].
-pub fn needs_guard(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> bool {
-    if cmd.new_intent {
-        return false;
-    }
-    match current {
-        None => true,
-        Some(op) if op.is_expired(now) => true,
-        Some(op) => op.state == State::Absent && op.fingerprint == cmd.fingerprint,
-    }
+/// The first step of a Begin, from the operation row alone.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one step per Begin, consumed at once; boxing buys nothing"
+)]
+pub enum BeginStep {
+    /// The answer, and what must be written for it to be true (often nothing).
+    Decided(BeginDecision, Plan),
+    /// The Begin would grant a new execution right: the store must run the fresh-id guard
+    /// (unless a new intent is declared), take a fencing token, and call [`claim`].
+    Claim,
 }
 
-/// Decides a Begin. `blocking` is the fresh-id guard's finding, if [`needs_guard`] asked for it.
-pub fn begin(
-    current: Option<&Operation>,
-    cmd: &BeginCommand,
-    blocking: Option<&OperationId>,
-    now: Millis,
-) -> (BeginDecision, Plan) {
+/// What the store found before a new execution right is granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guard {
+    /// Nothing blocks the claim; `token` is a fencing token never issued before.
+    Clear { token: u64 },
+    /// Another open operation with the same tool and fingerprint blocks it.
+    Blocked(Blocking),
+}
+
+/// Decides a Begin from the stored operation, as far as the row alone can.
+pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> BeginStep {
     let op = match current {
         Some(op) if !op.is_expired(now) => op,
-        _ => {
-            if let Some(blocking) = blocking.filter(|_| !cmd.new_intent) {
-                return guarded(blocking, now);
-            }
-            return claim_new_life(current, cmd, now);
-        }
+        // No record, or a settled one past retention: a new life.
+        _ => return BeginStep::Claim,
     };
-
     if op.fingerprint != cmd.fingerprint {
         let decision = BeginDecision::Conflict {
             stored: op.fingerprint,
             requested: cmd.fingerprint,
         };
-        return (decision, Plan::default());
+        return BeginStep::Decided(decision, Plan::default());
     }
-
-    match op.state {
-        State::Absent => {
-            if let Some(blocking) = blocking.filter(|_| !cmd.new_intent) {
-                return guarded(blocking, now);
-            }
-            claim_again(op, cmd, now)
-        }
+    let (decision, plan) = match op.state {
+        State::Absent => return BeginStep::Claim,
         State::InFlight if now >= op.lease_deadline => {
             let plan = expire_lease(op, now).expect("lease is IN_FLIGHT and past its deadline");
-            let expired = plan
-                .operation
-                .as_ref()
-                .expect("expiry writes the operation")
-                .operation();
             let decision = BeginDecision::Unknown {
-                since: expired.updated_at,
-                reason: expired.reason.clone(),
+                since: now,
+                reason: Some(lease_ended(op)),
                 blocking: None,
             };
             (decision, plan)
         }
-        State::InFlight if op.attempt_id == cmd.attempt_id => {
+        // A transport retry of the very Begin that was granted: the same grant again. The
+        // attempt id alone is not enough (a JSON-RPC id is unique only within its session).
+        State::InFlight if op.attempt_id == cmd.attempt_id && op.attempt_context == cmd.context => {
             let grant = Grant {
                 attempt: op.attempt,
-                fencing_token: op.attempt as u64,
+                fencing_token: op.fencing_token,
                 lease_deadline: op.lease_deadline,
+                lease_ttl_ms: cmd.lease_ttl_ms,
                 provider_key: op.provider_key.clone(),
                 regranted: true,
             };
             (BeginDecision::Execute(grant), Plan::default())
         }
-        State::InFlight => {
-            let decision = BeginDecision::InProgress {
-                attempt: op.attempt,
-                lease_deadline: op.lease_deadline,
-                retry_after_ms: (op.lease_deadline - now)
-                    .clamp(MIN_RETRY_AFTER_MS, MAX_RETRY_AFTER_MS),
-            };
-            (decision, Plan::default())
-        }
+        State::InFlight => (
+            in_progress(op.attempt, op.lease_deadline, None, now),
+            Plan::default(),
+        ),
         State::Confirmed => {
             let decision = BeginDecision::Replay {
                 result: op.result.clone().unwrap_or_default(),
@@ -151,33 +163,80 @@ pub fn begin(
         }
         State::Unknown => {
             let decision = BeginDecision::Unknown {
-                since: op.updated_at,
+                since: op.unknown_since.unwrap_or(op.updated_at),
                 reason: op.reason.clone(),
                 blocking: None,
             };
             (decision, Plan::default())
         }
+    };
+    BeginStep::Decided(decision, plan)
+}
+
+/// Grants a new execution right, or refuses it for the operation the guard found. Call only
+/// after [`begin`] answered [`BeginStep::Claim`] for the same row and `now`.
+pub fn claim(
+    current: Option<&Operation>,
+    cmd: &BeginCommand,
+    guard: Guard,
+    now: Millis,
+) -> (BeginDecision, Plan) {
+    match guard {
+        Guard::Blocked(blocking) => (guarded(&blocking, now), Plan::default()),
+        Guard::Clear { token } => match current {
+            Some(op) if !op.is_expired(now) => claim_again(op, cmd, token, now),
+            previous => claim_new_life(previous, cmd, token, now),
+        },
     }
 }
 
-fn guarded(blocking: &OperationId, now: Millis) -> (BeginDecision, Plan) {
-    let decision = BeginDecision::Unknown {
-        since: now,
-        reason: Some(format!(
-            "operation {blocking} with the same tool and arguments is UNKNOWN; declare a new intent to run this one"
-        )),
-        blocking: Some(blocking.clone()),
+fn in_progress(
+    attempt: u32,
+    lease_deadline: Millis,
+    blocking: Option<OperationId>,
+    now: Millis,
+) -> BeginDecision {
+    BeginDecision::InProgress {
+        attempt,
+        lease_deadline,
+        retry_after_ms: (lease_deadline - now).clamp(MIN_RETRY_AFTER_MS, MAX_RETRY_AFTER_MS),
+        blocking,
+    }
+}
+
+/// The fresh-id guard's answer: the same intent runs (IN_PROGRESS) or may have run (UNKNOWN)
+/// under another id. An IN_FLIGHT operation past its lease is UNKNOWN whether or not the
+/// sweeper has marked it yet.
+fn guarded(blocking: &Blocking, now: Millis) -> BeginDecision {
+    let id = &blocking.operation_id;
+    if blocking.state == State::InFlight && now < blocking.lease_deadline {
+        return in_progress(
+            blocking.attempt,
+            blocking.lease_deadline,
+            Some(id.clone()),
+            now,
+        );
+    }
+    let since = match blocking.state {
+        State::InFlight => blocking.lease_deadline,
+        _ => blocking.updated_at,
     };
-    (decision, Plan::default())
+    BeginDecision::Unknown {
+        since,
+        reason: Some(format!(
+            "operation {id} with the same tool and arguments is UNKNOWN; declare a new intent to run this one"
+        )),
+        blocking: Some(id.clone()),
+    }
 }
 
 /// A first claim, or a claim on an id whose previous life ended with retention.
 fn claim_new_life(
     previous: Option<&Operation>,
     cmd: &BeginCommand,
+    token: u64,
     now: Millis,
 ) -> (BeginDecision, Plan) {
-    let attempt = previous.map_or(1, |op| op.attempt + 1);
     let op = Operation {
         tenant: cmd.tenant.clone(),
         operation_id: cmd.operation_id.clone(),
@@ -185,13 +244,17 @@ fn claim_new_life(
         fingerprint: cmd.fingerprint,
         state: State::InFlight,
         source: Source::Attempt,
-        attempt,
+        attempt: 1,
+        fencing_token: token,
+        life: token,
         attempt_id: cmd.attempt_id.clone(),
+        attempt_context: cmd.context.clone(),
+        executor: cmd.actor.clone(),
         lease_started_at: now,
         lease_deadline: now + cmd.lease_ttl_ms,
         result: None,
         provider_ref: None,
-        provider_key: provider_key(&cmd.tenant, &cmd.operation_id, now),
+        provider_key: provider_key(&cmd.tenant, &cmd.operation_id, token),
         provider: cmd.provider.clone(),
         lookup_hints: cmd.lookup_hints.clone(),
         retention_ms: cmd.retention_ms,
@@ -199,9 +262,13 @@ fn claim_new_life(
         updated_at: now,
         expires_at: None,
         reason: None,
-        resolution_id: None,
+        version: previous.map_or(0, |p| p.version),
+        unknown_since: None,
+        last_report_at: None,
+        declared_absent_token: None,
         reconcile_lookups: 0,
         reconcile_next_at: None,
+        lookup_claimed_until: None,
     };
     let details = previous.map(|p| {
         json!({ "previous_life_expired_at": p.expires_at, "previous_state": p.state.as_str() })
@@ -212,28 +279,36 @@ fn claim_new_life(
     } else {
         Write::Insert(op)
     };
-    granted(
-        previous.map(|p| p.state).unwrap_or(State::Absent),
-        write,
-        cmd,
-        details,
-    )
+    let (decision, mut plan) = granted(State::Absent, write, cmd, details);
+    plan.new_life = previous.is_some();
+    (decision, plan)
 }
 
-/// A new attempt after an ABSENT outcome: same life, same provider key, next fencing token.
-fn claim_again(op: &Operation, cmd: &BeginCommand, now: Millis) -> (BeginDecision, Plan) {
+/// A new attempt after an ABSENT outcome: same life, same provider key, a new fencing token.
+fn claim_again(
+    op: &Operation,
+    cmd: &BeginCommand,
+    token: u64,
+    now: Millis,
+) -> (BeginDecision, Plan) {
     let mut next = op.clone();
     next.state = State::InFlight;
     next.source = Source::Attempt;
     next.attempt = op.attempt + 1;
+    next.fencing_token = token;
     next.attempt_id = cmd.attempt_id.clone();
+    next.attempt_context = cmd.context.clone();
+    next.executor = cmd.actor.clone();
     next.lease_started_at = now;
     next.lease_deadline = now + cmd.lease_ttl_ms;
     next.updated_at = now;
     next.expires_at = None;
     next.reason = None;
-    next.resolution_id = None;
+    next.unknown_since = None;
+    next.last_report_at = None;
     next.reconcile_lookups = 0;
+    next.reconcile_next_at = None;
+    next.lookup_claimed_until = None;
     if cmd.provider.is_some() {
         next.provider = cmd.provider.clone();
     }
@@ -253,13 +328,15 @@ fn granted(
     let op = write.operation();
     let grant = Grant {
         attempt: op.attempt,
-        fencing_token: op.attempt as u64,
+        fencing_token: op.fencing_token,
         lease_deadline: op.lease_deadline,
+        lease_ttl_ms: cmd.lease_ttl_ms,
         provider_key: op.provider_key.clone(),
         regranted: false,
     };
     let attempt = Attempt {
         number: op.attempt,
+        fencing_token: op.fencing_token,
         attempt_id: cmd.attempt_id.clone(),
         started_at: op.lease_started_at,
         lease_deadline: op.lease_deadline,
@@ -267,6 +344,7 @@ fn granted(
         context: cmd.context.clone(),
     };
     let event = NewEvent {
+        life: op.life,
         kind: EventKind::Claimed,
         from: Some(from),
         to: Some(State::InFlight),
@@ -279,9 +357,14 @@ fn granted(
     let plan = Plan {
         operation: Some(write),
         attempt: Some(attempt),
+        new_life: false,
         events: vec![event],
     };
     (BeginDecision::Execute(grant), plan)
+}
+
+fn lease_ended(op: &Operation) -> String {
+    format!("the lease of attempt {} ended with no report", op.attempt)
 }
 
 /// IN_FLIGHT past its lease becomes UNKNOWN: lease expiry is evidence of nothing. `None` when
@@ -290,17 +373,13 @@ pub fn expire_lease(op: &Operation, now: Millis) -> Option<Plan> {
     if op.state != State::InFlight || now < op.lease_deadline {
         return None;
     }
-    let reason = format!("the lease of attempt {} ended with no report", op.attempt);
-    let mut next = op.clone();
-    next.state = State::Unknown;
-    next.source = Source::Lease;
-    next.updated_at = now;
+    let reason = lease_ended(op);
+    let mut next = moved(op, State::Unknown, Source::Lease, now);
     next.reason = Some(reason.clone());
-    schedule_lookups(&mut next, now);
-    Some(Plan {
-        operation: Some(Write::Update(next)),
-        attempt: None,
-        events: vec![NewEvent {
+    Some(single(
+        next,
+        NewEvent {
+            life: op.life,
             kind: EventKind::LeaseExpired,
             from: Some(State::InFlight),
             to: Some(State::Unknown),
@@ -309,62 +388,109 @@ pub fn expire_lease(op: &Operation, now: Millis) -> Option<Plan> {
             reason: Some(reason),
             details: Some(json!({ "lease_deadline": op.lease_deadline }).to_string()),
             dedupe_key: None,
-        }],
-    })
+        },
+    ))
 }
 
-/// An operation entering UNKNOWN with a reconciler is due for a lookup at once; one leaving
-/// UNKNOWN is due for none.
-fn schedule_lookups(next: &mut Operation, now: Millis) {
-    next.reconcile_next_at = match next.state {
-        State::Unknown if next.provider.is_some() => Some(next.reconcile_next_at.unwrap_or(now)),
+/// The operation moved to `to` by `source` at `now`, with everything that follows from the
+/// state alone: when it became UNKNOWN, when retention may take it, and its lookup schedule.
+pub(crate) fn moved(op: &Operation, to: State, source: Source, now: Millis) -> Operation {
+    let mut next = op.clone();
+    next.state = to;
+    next.source = source;
+    next.updated_at = now;
+    next.expires_at = to.is_settled().then(|| now + op.retention_ms);
+    next.unknown_since = match to {
+        State::Unknown if op.state == State::Unknown => op.unknown_since,
+        State::Unknown => Some(now),
         _ => None,
     };
+    // An operation entering UNKNOWN with a reconciler is due for a lookup at once (unless it
+    // is held for an operator); one leaving UNKNOWN is due for none.
+    next.reconcile_next_at = match to {
+        State::Unknown if next.provider.is_some() && source != Source::Anomaly => {
+            Some(op.reconcile_next_at.unwrap_or(now))
+        }
+        _ => None,
+    };
+    if to != State::Unknown || source == Source::Anomaly {
+        next.lookup_claimed_until = None;
+    }
+    next
 }
 
-/// Applies a report from the attempt holding `cmd.fencing_token`. On success returns the state
-/// the operation is in afterwards.
+fn single(next: Operation, event: NewEvent) -> Plan {
+    Plan {
+        operation: Some(Write::Update(next)),
+        attempt: None,
+        new_life: false,
+        events: vec![event],
+    }
+}
+
+/// Whether a report with `token` comes from an earlier attempt of this life, whose record the
+/// store must read from the attempt log and pass to [`report`].
+pub fn needs_attempt_record(op: &Operation, token: u64) -> bool {
+    is_token_of_life(token, op) && token != op.fencing_token
+}
+
+/// Applies a report sent with `cmd.fencing_token`. `earlier` is the attempt log's record of
+/// that token when [`needs_attempt_record`] asked for it. On success returns the state the
+/// operation is in afterwards. A refusal may still come with a plan: an anomaly to record.
 pub fn report(
+    op: &Operation,
+    cmd: &ReportCommand,
+    earlier: Option<&Attempt>,
+    now: Millis,
+) -> (Result<State, Rejection>, Plan) {
+    let token = cmd.fencing_token;
+    if token == op.fencing_token {
+        return latest_attempt_report(op, cmd, now);
+    }
+    let lost = Err(Rejection::ExecutionRightLost {
+        token,
+        latest_attempt: op.attempt,
+        latest_token: op.fencing_token,
+    });
+    // A token of an earlier life, one never issued, or another operation's: it changes nothing.
+    let Some(attempt) = earlier.filter(|a| a.fencing_token == token && is_token_of_life(token, op))
+    else {
+        return (lost, Plan::default());
+    };
+    match &cmd.report {
+        Report::Confirm {
+            result,
+            provider_ref,
+        } => superseded_confirm(op, attempt, result, provider_ref.as_deref(), now, lost),
+        // A superseded attempt saying it did nothing, or cannot tell, adds nothing.
+        Report::Absent { .. } | Report::Unknown { .. } => (lost, Plan::default()),
+    }
+}
+
+/// A report from the attempt that holds (or last held) the execution right.
+fn latest_attempt_report(
     op: &Operation,
     cmd: &ReportCommand,
     now: Millis,
 ) -> (Result<State, Rejection>, Plan) {
-    let token = cmd.fencing_token;
-    if token != op.attempt as u64 {
-        let mut plan = Plan::default();
-        let superseded = token >= 1 && token < op.attempt as u64;
-        if superseded && matches!(cmd.report, Report::Confirm { .. }) {
-            plan.events.push(NewEvent {
-                kind: EventKind::DoubleExecution,
-                from: None,
-                to: None,
-                attempt: Some(token as u32),
-                actor: cmd.actor.clone(),
-                reason: Some(format!(
-                    "attempt {token} confirmed its effect after attempt {} was granted the execution right",
-                    op.attempt
-                )),
-                details: Some(json!({ "stale_attempt": token, "latest_attempt": op.attempt, "state": op.state.as_str() }).to_string()),
-                dedupe_key: Some(format!("DOUBLE_EXECUTION:{token}")),
-            });
-        }
-        return (
-            Err(Rejection::ExecutionRightLost {
-                token,
-                latest: op.attempt,
-            }),
-            plan,
-        );
-    }
-
-    let target = cmd.report.target();
+    let settled = |state| (Err(Rejection::AlreadySettled { state }), Plan::default());
     match (op.state, &cmd.report) {
+        (State::Unknown, _) if op.held_for_operator() => held_report(op, cmd, now),
         // The report of the attempt in flight, or a late one after its lease ran out.
         (State::InFlight, _) | (State::Unknown, Report::Confirm { .. } | Report::Absent { .. }) => {
-            (Ok(target), settle_by_attempt(op, cmd, now))
+            (Ok(cmd.report.target()), settle_by_attempt(op, cmd, now))
         }
-        // Reports are idempotent: the same report again changes nothing.
-        (State::Unknown, Report::Unknown { .. }) => (Ok(State::Unknown), Plan::default()),
+        // The same UNKNOWN report again changes no state, but the attempt was still alive to
+        // send it: a lookup must wait its settle time from this moment too.
+        (State::Unknown, Report::Unknown { .. }) => {
+            let mut next = op.clone();
+            next.last_report_at = Some(now);
+            let plan = Plan {
+                operation: Some(Write::Update(next)),
+                ..Plan::default()
+            };
+            (Ok(State::Unknown), plan)
+        }
         (
             State::Confirmed,
             Report::Confirm {
@@ -375,10 +501,7 @@ pub fn report(
             if op.result.as_ref() == Some(result) && op.provider_ref == *provider_ref {
                 (Ok(State::Confirmed), Plan::default())
             } else {
-                (
-                    Err(Rejection::AlreadySettled { state: op.state }),
-                    Plan::default(),
-                )
+                settled(op.state)
             }
         }
         (State::Absent, Report::Absent { .. }) => (Ok(State::Absent), Plan::default()),
@@ -386,37 +509,49 @@ pub fn report(
         (State::Confirmed | State::Absent, Report::Unknown { .. }) => {
             (Ok(op.state), Plan::default())
         }
-        // A genuine confirm after someone other than this attempt said ABSENT: the effect did
-        // happen. Record the truth, and the contradiction as an anomaly.
-        (State::Absent, Report::Confirm { .. }) if op.source != Source::Attempt => {
+        // A confirm after ABSENT (said by a reconciler, an operator, or the attempt itself):
+        // the effect did happen, and no later attempt exists. Record the truth, and the
+        // contradiction as an anomaly.
+        (State::Absent, Report::Confirm { .. }) => {
+            let said = if op.source == Source::Attempt {
+                "the attempt itself".to_owned()
+            } else {
+                format!("a {}", op.source.as_str())
+            };
             let mut plan = settle_by_attempt(op, cmd, now);
-            plan.events.push(NewEvent {
-                kind: EventKind::ResolutionContradicted,
-                from: None,
-                to: None,
-                attempt: Some(op.attempt),
-                actor: cmd.actor.clone(),
-                reason: Some(format!(
-                    "attempt {} confirmed its effect after a {} said ABSENT",
-                    op.attempt,
-                    op.source.as_str()
-                )),
-                details: None,
-                dedupe_key: Some(format!("RESOLUTION_CONTRADICTED:{}", op.attempt)),
-            });
+            plan.events.push(contradiction(
+                op,
+                op.attempt,
+                op.fencing_token,
+                &op.executor,
+                &said,
+            ));
             (Ok(State::Confirmed), plan)
         }
-        (State::Absent | State::Confirmed, _) => (
-            Err(Rejection::AlreadySettled { state: op.state }),
-            Plan::default(),
-        ),
+        (State::Confirmed, Report::Absent { .. }) => settled(op.state),
+    }
+}
+
+fn contradiction(op: &Operation, attempt: u32, token: u64, actor: &str, said: &str) -> NewEvent {
+    NewEvent {
+        life: op.life,
+        kind: EventKind::ResolutionContradicted,
+        from: None,
+        to: None,
+        attempt: Some(attempt),
+        actor: actor.to_owned(),
+        reason: Some(format!(
+            "attempt {attempt} confirmed its effect after {said} said ABSENT"
+        )),
+        details: Some(json!({ "fencing_token": token }).to_string()),
+        dedupe_key: Some(format!("RESOLUTION_CONTRADICTED:{token}")),
     }
 }
 
 fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
-    let mut next = op.clone();
-    next.source = Source::Attempt;
-    next.updated_at = now;
+    let target = cmd.report.target();
+    let mut next = moved(op, target, Source::Attempt, now);
+    next.last_report_at = Some(now);
     let (kind, reason) = match &cmd.report {
         Report::Confirm {
             result,
@@ -436,25 +571,196 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
             (EventKind::ReportedUnknown, Some(reason.clone()))
         }
     };
-    next.state = cmd.report.target();
-    next.expires_at = next.state.is_settled().then(|| now + next.retention_ms);
-    schedule_lookups(&mut next, now);
     let late = op.state != State::InFlight || now >= op.lease_deadline;
     let details =
         late.then(|| json!({ "late": true, "previous_source": op.source.as_str() }).to_string());
-    Plan {
-        operation: Some(Write::Update(next)),
-        attempt: None,
-        events: vec![NewEvent {
+    single(
+        next,
+        NewEvent {
+            life: op.life,
             kind,
             from: Some(op.state),
-            to: Some(cmd.report.target()),
+            to: Some(target),
             attempt: Some(op.attempt),
-            actor: cmd.actor.clone(),
+            actor: op.executor.clone(),
             reason,
             details,
             dedupe_key: None,
-        }],
+        },
+    )
+}
+
+/// A confirm from attempt `earlier`, superseded by a later attempt of this life. The effect
+/// happened; whether it may have happened twice depends on what the later attempts did.
+fn superseded_confirm(
+    op: &Operation,
+    earlier: &Attempt,
+    result: &[u8],
+    provider_ref: Option<&str>,
+    now: Millis,
+    lost: Result<State, Rejection>,
+) -> (Result<State, Rejection>, Plan) {
+    let token = earlier.fencing_token;
+    // The effect is already on record (CONFIRMED, or held with an earlier confirm): the same
+    // provider object again is no second effect; another one may be.
+    if op.state == State::Confirmed || op.held_for_operator() {
+        if provider_ref.is_some() && op.provider_ref.as_deref() == provider_ref {
+            return (lost, Plan::default());
+        }
+        let plan = Plan {
+            events: vec![double_execution(op, earlier, provider_ref, None)],
+            ..Plan::default()
+        };
+        return (lost, plan);
+    }
+    // Every later attempt said by itself that it did nothing: the effect happened once.
+    let no_later_attempt_ran = op.declared_absent_token.is_none_or(|d| d <= token);
+    if op.state == State::Absent && no_later_attempt_ran {
+        let mut next = moved(op, State::Confirmed, Source::Attempt, now);
+        next.result = Some(result.to_vec());
+        next.provider_ref = provider_ref.map(str::to_owned);
+        next.reason = None;
+        let said = match op.declared_absent_token {
+            Some(_) => "a reconciler or an operator",
+            None => "it",
+        };
+        let mut plan = single(
+            next,
+            NewEvent {
+                life: op.life,
+                kind: EventKind::Confirmed,
+                from: Some(State::Absent),
+                to: Some(State::Confirmed),
+                attempt: Some(earlier.number),
+                actor: earlier.actor.clone(),
+                reason: Some(format!(
+                    "attempt {} confirmed late; no later attempt performed the effect",
+                    earlier.number
+                )),
+                details: Some(
+                    json!({ "late": true, "superseded_by_attempt": op.attempt }).to_string(),
+                ),
+                dedupe_key: None,
+            },
+        );
+        plan.events.push(contradiction(
+            op,
+            earlier.number,
+            token,
+            &earlier.actor,
+            said,
+        ));
+        return (Ok(State::Confirmed), plan);
+    }
+    // A later attempt runs, may have run, or was declared ABSENT by someone other than itself:
+    // the effect may have happened twice. Nothing automatic settles that.
+    let mut next = moved(op, State::Unknown, Source::Anomaly, now);
+    next.result = Some(result.to_vec());
+    next.provider_ref = provider_ref.map(str::to_owned);
+    next.reason = Some(format!(
+        "attempt {} confirmed its effect after attempt {} was granted the execution right; held for an operator",
+        earlier.number, op.attempt
+    ));
+    let event = double_execution(op, earlier, provider_ref, Some(State::Unknown));
+    (lost, single(next, event))
+}
+
+fn double_execution(
+    op: &Operation,
+    earlier: &Attempt,
+    provider_ref: Option<&str>,
+    to: Option<State>,
+) -> NewEvent {
+    let token = earlier.fencing_token;
+    NewEvent {
+        life: op.life,
+        kind: EventKind::DoubleExecution,
+        from: to.map(|_| op.state),
+        to,
+        attempt: Some(earlier.number),
+        actor: earlier.actor.clone(),
+        reason: Some(format!(
+            "attempt {} confirmed its effect after attempt {} was granted the execution right",
+            earlier.number, op.attempt
+        )),
+        details: Some(
+            json!({
+                "stale_attempt": earlier.number,
+                "stale_fencing_token": token,
+                "stale_provider_ref": provider_ref,
+                "latest_attempt": op.attempt,
+                "state": op.state.as_str(),
+            })
+            .to_string(),
+        ),
+        dedupe_key: Some(format!("DOUBLE_EXECUTION:{token}")),
+    }
+}
+
+/// The latest attempt reports while the operation is held for an operator after a superseded
+/// attempt proved an effect (whose result the operation holds).
+fn held_report(
+    op: &Operation,
+    cmd: &ReportCommand,
+    now: Millis,
+) -> (Result<State, Rejection>, Plan) {
+    let confirmed = |kind: EventKind, reason: String| {
+        let next = moved(op, State::Confirmed, Source::Attempt, now);
+        let event = NewEvent {
+            life: op.life,
+            kind,
+            from: Some(State::Unknown),
+            to: Some(State::Confirmed),
+            attempt: Some(op.attempt),
+            actor: op.executor.clone(),
+            reason: Some(reason),
+            details: None,
+            dedupe_key: None,
+        };
+        (Ok(State::Confirmed), single(next, event))
+    };
+    match &cmd.report {
+        // This attempt did nothing: the earlier attempt's effect is the only one.
+        Report::Absent { reason } => confirmed(
+            EventKind::ReportedAbsent,
+            format!("attempt {} did not perform the effect ({reason}); the earlier attempt's effect is the only one", op.attempt),
+        ),
+        // The provider returned the same object to both attempts: one effect.
+        Report::Confirm {
+            provider_ref: Some(reference),
+            ..
+        } if op.provider_ref.as_deref() == Some(reference.as_str()) => confirmed(
+            EventKind::Confirmed,
+            format!(
+                "attempt {} confirmed the same effect ({reference}) as the earlier attempt",
+                op.attempt
+            ),
+        ),
+        Report::Confirm { provider_ref, .. } => {
+            let event = NewEvent {
+                life: op.life,
+                kind: EventKind::DoubleExecution,
+                from: None,
+                to: None,
+                attempt: Some(op.attempt),
+                actor: op.executor.clone(),
+                reason: Some(format!(
+                    "attempt {} confirmed an effect beside the earlier attempt's; held for an operator",
+                    op.attempt
+                )),
+                details: Some(
+                    json!({ "provider_ref": provider_ref, "held_provider_ref": op.provider_ref })
+                        .to_string(),
+                ),
+                dedupe_key: Some(format!("DOUBLE_EXECUTION:{}", op.fencing_token)),
+            };
+            let plan = Plan {
+                events: vec![event],
+                ..Plan::default()
+            };
+            (Ok(State::Unknown), plan)
+        }
+        Report::Unknown { .. } => (Ok(State::Unknown), Plan::default()),
     }
 }
 
@@ -466,10 +772,11 @@ pub fn heartbeat(
     ttl_ms: i64,
     now: Millis,
 ) -> Result<(Millis, Plan), Rejection> {
-    if fencing_token != op.attempt as u64 {
+    if fencing_token != op.fencing_token {
         return Err(Rejection::ExecutionRightLost {
             token: fencing_token,
-            latest: op.attempt,
+            latest_attempt: op.attempt,
+            latest_token: op.fencing_token,
         });
     }
     if !op.lease_live(now) {
@@ -491,40 +798,50 @@ pub fn heartbeat(
     Ok((deadline, plan))
 }
 
-/// Applies an operator's resolution to an UNKNOWN operation. A retry of a resolution that
-/// already took effect gets the same answer.
+/// Applies an operator's resolution. `prior` is the state an earlier resolution with the same
+/// resolution id settled the operation in, if any: a retry gets that answer again, whatever
+/// the operation did since.
 pub fn resolve(
     op: &Operation,
     cmd: &ResolveCommand,
+    prior: Option<State>,
     now: Millis,
 ) -> Result<(State, Plan), Rejection> {
-    let target = match cmd.resolution {
-        Resolution::Confirmed { .. } => State::Confirmed,
-        Resolution::Absent => State::Absent,
-    };
+    let target = cmd.resolution.target();
+    if let Some(state) = prior {
+        return retried_resolution(cmd, state).map(|state| (state, Plan::default()));
+    }
     if op.state != State::Unknown {
-        if op.resolution_id.as_deref() == Some(cmd.resolution_id.as_str()) && op.state == target {
-            return Ok((target, Plan::default()));
-        }
         return Err(Rejection::NotUnknown { state: op.state });
     }
-    let mut next = op.clone();
-    next.state = target;
-    next.source = Source::Operator;
-    next.updated_at = now;
+    if cmd.attempt != op.attempt || cmd.fencing_token.is_some_and(|t| t != op.fencing_token) {
+        return Err(Rejection::AttemptMismatch {
+            examined: cmd.attempt,
+            current: op.attempt,
+            current_token: op.fencing_token,
+        });
+    }
+    if target == State::Absent && op.held_for_operator() {
+        return Err(Rejection::EffectProven);
+    }
+    let mut next = moved(op, target, Source::Operator, now);
     next.reason = Some(cmd.reason.clone());
-    next.resolution_id = Some(cmd.resolution_id.clone());
-    next.expires_at = Some(now + op.retention_ms);
-    next.reconcile_next_at = None;
-    if let Resolution::Confirmed {
-        result,
-        provider_ref,
-    } = &cmd.resolution
-    {
-        next.result = Some(result.clone());
-        next.provider_ref = provider_ref.clone();
+    match &cmd.resolution {
+        Resolution::Confirmed {
+            result,
+            provider_ref,
+        } => {
+            next.result = Some(result.clone());
+            next.provider_ref = provider_ref.clone();
+        }
+        Resolution::Absent => {
+            next.result = None;
+            next.provider_ref = None;
+            next.declared_absent_token = Some(op.fencing_token);
+        }
     }
     let event = NewEvent {
+        life: op.life,
         kind: EventKind::Resolved,
         from: Some(State::Unknown),
         to: Some(target),
@@ -532,19 +849,30 @@ pub fn resolve(
         actor: cmd.actor.clone(),
         reason: Some(cmd.reason.clone()),
         details: Some(
-            json!({ "resolution_id": cmd.resolution_id, "provider_ref": next.provider_ref })
+            json!({ "resolution_id": cmd.resolution_id, "provider_ref": next.provider_ref, "fencing_token": op.fencing_token })
                 .to_string(),
         ),
-        dedupe_key: None,
+        dedupe_key: Some(resolution_key(&cmd.resolution_id)),
     };
-    Ok((
-        target,
-        Plan {
-            operation: Some(Write::Update(next)),
-            attempt: None,
-            events: vec![event],
-        },
-    ))
+    Ok((target, single(next, event)))
+}
+
+/// A Resolve whose resolution id already settled the operation: the same answer for the same
+/// resolution, a refusal for a different one.
+pub fn retried_resolution(cmd: &ResolveCommand, prior: State) -> Result<State, Rejection> {
+    if prior == cmd.resolution.target() {
+        Ok(prior)
+    } else {
+        Err(Rejection::ResolutionIdReused {
+            resolution_id: cmd.resolution_id.clone(),
+            state: prior,
+        })
+    }
+}
+
+/// The dedupe key of the RESOLVED event a resolution writes, by which a retry finds it.
+pub fn resolution_key(resolution_id: &str) -> String {
+    format!("RESOLVED:{resolution_id}")
 }
 
 #[cfg(test)]

@@ -28,10 +28,37 @@ fn cmd(attempt_id: &str) -> BeginCommand {
     }
 }
 
+/// The first fencing token the tests' store hands out; later ones are larger.
+const TOKEN: u64 = 1_000;
+
+/// A Begin through both steps, with `token` as the store's next fencing token and nothing
+/// blocking.
+fn begin_with(
+    stored: Option<&Operation>,
+    command: &BeginCommand,
+    token: u64,
+    now: Millis,
+) -> (BeginDecision, Plan) {
+    match begin(stored, command, now) {
+        BeginStep::Decided(decision, plan) => (decision, plan),
+        BeginStep::Claim => claim(stored, command, Guard::Clear { token }, now),
+    }
+}
+
+fn written(plan: &Plan) -> Operation {
+    plan.operation.as_ref().unwrap().operation().clone()
+}
+
 /// The operation after a first claim by attempt `a1` at `T0`.
 fn claimed() -> Operation {
-    let (_, plan) = begin(None, &cmd("a1"), None, T0);
-    plan.operation.unwrap().operation().clone()
+    let (_, plan) = begin_with(None, &cmd("a1"), TOKEN, T0);
+    written(&plan)
+}
+
+/// The attempt log's record of the first claim.
+fn first_attempt() -> Attempt {
+    let (_, plan) = begin_with(None, &cmd("a1"), TOKEN, T0);
+    plan.attempt.unwrap()
 }
 
 fn report_by(
@@ -40,33 +67,42 @@ fn report_by(
     report: Report,
     now: Millis,
 ) -> (Result<State, Rejection>, Plan) {
+    report_from(op, token, None, report, now)
+}
+
+fn report_from(
+    op: &Operation,
+    token: u64,
+    earlier: Option<&Attempt>,
+    report: Report,
+    now: Millis,
+) -> (Result<State, Rejection>, Plan) {
     super::report(
         op,
         &ReportCommand {
             fencing_token: token,
             report,
-            actor: "executor:test".into(),
         },
+        earlier,
         now,
     )
 }
 
+fn confirm_report(result: &[u8], provider_ref: Option<&str>) -> Report {
+    Report::Confirm {
+        result: result.to_vec(),
+        provider_ref: provider_ref.map(str::to_owned),
+    }
+}
+
 fn confirmed(op: &Operation, now: Millis) -> Operation {
-    let (_, plan) = report_by(
-        op,
-        op.attempt as u64,
-        Report::Confirm {
-            result: b"r".to_vec(),
-            provider_ref: None,
-        },
-        now,
-    );
-    plan.operation.unwrap().operation().clone()
+    let (_, plan) = report_by(op, op.fencing_token, confirm_report(b"r", None), now);
+    written(&plan)
 }
 
 fn with_state(op: &Operation, report: Report, now: Millis) -> Operation {
-    let (_, plan) = report_by(op, op.attempt as u64, report, now);
-    plan.operation.unwrap().operation().clone()
+    let (_, plan) = report_by(op, op.fencing_token, report, now);
+    written(&plan)
 }
 
 fn absent() -> Report {
@@ -81,6 +117,32 @@ fn unknown() -> Report {
     }
 }
 
+fn resolution(resolution: Resolution, attempt: u32, id: &str) -> ResolveCommand {
+    ResolveCommand {
+        resolution,
+        reason: "checked the provider".into(),
+        actor: "operator:alice".into(),
+        resolution_id: id.into(),
+        attempt,
+        fencing_token: None,
+    }
+}
+
+/// Attempt 1 went UNKNOWN and an operator said ABSENT; attempt 2 (token `TOKEN + 1`) holds the
+/// execution right at `T0 + 30`.
+fn second_attempt_after_absent_resolution() -> Operation {
+    let unsure = with_state(&claimed(), unknown(), T0 + 10);
+    let (_, plan) = resolve(
+        &unsure,
+        &resolution(Resolution::Absent, 1, "r-1"),
+        None,
+        T0 + 20,
+    )
+    .unwrap();
+    let (_, plan) = begin_with(Some(&written(&plan)), &cmd("a2"), TOKEN + 1, T0 + 30);
+    written(&plan)
+}
+
 /// One row: what is stored, who asks and when, and what they must get.
 fn check(
     stored: Option<&Operation>,
@@ -89,7 +151,7 @@ fn check(
     decision: &str,
     state_after: Option<State>,
 ) {
-    let (got, plan) = begin(stored, command, None, now);
+    let (got, plan) = begin_with(stored, command, TOKEN + 7, now);
     assert_eq!(
         got.name(),
         decision,
@@ -204,14 +266,16 @@ fn decision_table() {
 }
 
 #[test]
-fn same_attempt_gets_the_same_grant_and_a_new_life_a_new_provider_key() {
+fn same_attempt_gets_the_same_grant_and_a_new_life_a_new_token_and_provider_key() {
     let in_flight = claimed();
-    let (BeginDecision::Execute(first), _) = begin(None, &cmd("a1"), None, T0) else {
+    let (BeginDecision::Execute(first), _) = begin_with(None, &cmd("a1"), TOKEN, T0) else {
         panic!()
     };
-    let (BeginDecision::Execute(again), plan) = begin(Some(&in_flight), &cmd("a1"), None, T0 + 5)
+    assert_eq!((first.attempt, first.fencing_token), (1, TOKEN));
+    let BeginStep::Decided(BeginDecision::Execute(again), plan) =
+        begin(Some(&in_flight), &cmd("a1"), T0 + 5)
     else {
-        panic!()
+        panic!("a retried Begin is answered from the row")
     };
     assert!(plan.is_empty());
     assert!(again.regranted);
@@ -220,22 +284,34 @@ fn same_attempt_gets_the_same_grant_and_a_new_life_a_new_provider_key() {
         (first.fencing_token, first.lease_deadline)
     );
 
+    // The same attempt id from another session is another attempt.
+    let mut elsewhere = cmd("a1");
+    elsewhere.context.session_id = Some("other-session".into());
+    let BeginStep::Decided(decision, _) = begin(Some(&in_flight), &elsewhere, T0 + 5) else {
+        panic!()
+    };
+    assert_eq!(decision.name(), "IN_PROGRESS");
+
     let done = confirmed(&in_flight, T0 + 10);
-    let (BeginDecision::Execute(reborn), _) =
-        begin(Some(&done), &cmd("a2"), None, T0 + 10 + RETENTION)
+    let (BeginDecision::Execute(reborn), plan) =
+        begin_with(Some(&done), &cmd("a2"), TOKEN + 50, T0 + 10 + RETENTION)
     else {
         panic!()
     };
-    assert_eq!(
-        reborn.attempt, 2,
-        "tokens keep growing while the row exists"
-    );
+    assert_eq!((reborn.attempt, reborn.fencing_token), (1, TOKEN + 50));
+    assert!(plan.new_life, "the previous life's attempt log goes");
+    assert_eq!(written(&plan).life, TOKEN + 50);
     assert_ne!(reborn.provider_key, first.provider_key);
 
     let gone = with_state(&in_flight, absent(), T0 + 10);
-    let (BeginDecision::Execute(retry), _) = begin(Some(&gone), &cmd("a2"), None, T0 + 20) else {
+    let (BeginDecision::Execute(retry), plan) =
+        begin_with(Some(&gone), &cmd("a2"), TOKEN + 3, T0 + 20)
+    else {
         panic!()
     };
+    assert_eq!((retry.attempt, retry.fencing_token), (2, TOKEN + 3));
+    assert!(!plan.new_life);
+    assert_eq!(written(&plan).life, TOKEN, "one life");
     assert_eq!(
         retry.provider_key, first.provider_key,
         "one life, one provider key"
@@ -244,52 +320,91 @@ fn same_attempt_gets_the_same_grant_and_a_new_life_a_new_provider_key() {
 
 #[test]
 fn fresh_id_guard_blocks_new_executions_unless_a_new_intent_is_declared() {
-    let blocking = OperationId::parse("id", "refund:other").unwrap();
-    assert!(needs_guard(None, &cmd("a1"), T0));
-    let (decision, plan) = begin(None, &cmd("a1"), Some(&blocking), T0);
+    let other = OperationId::parse("id", "refund:other").unwrap();
+    let blocking = |state, lease_deadline| Blocking {
+        operation_id: other.clone(),
+        state,
+        attempt: 1,
+        lease_deadline,
+        updated_at: T0 - 5,
+    };
+    assert_eq!(begin(None, &cmd("a1"), T0), BeginStep::Claim);
+
+    let (decision, plan) = claim(
+        None,
+        &cmd("a1"),
+        Guard::Blocked(blocking(State::Unknown, T0 - 10)),
+        T0,
+    );
     assert!(plan.is_empty());
     assert!(
-        matches!(decision, BeginDecision::Unknown { blocking: Some(ref b), .. } if *b == blocking)
+        matches!(decision, BeginDecision::Unknown { blocking: Some(ref b), .. } if *b == other)
+    );
+    // Still running: IN_PROGRESS, naming it.
+    let (decision, _) = claim(
+        None,
+        &cmd("a1"),
+        Guard::Blocked(blocking(State::InFlight, T0 + 10)),
+        T0,
+    );
+    assert!(
+        matches!(decision, BeginDecision::InProgress { blocking: Some(ref b), .. } if *b == other),
+        "{decision:?}"
+    );
+    // Past its lease it is UNKNOWN, whether or not a sweeper has said so.
+    let (decision, _) = claim(
+        None,
+        &cmd("a1"),
+        Guard::Blocked(blocking(State::InFlight, T0)),
+        T0,
+    );
+    assert!(
+        matches!(decision, BeginDecision::Unknown { blocking: Some(ref b), .. } if *b == other),
+        "{decision:?}"
     );
 
-    let mut declared = cmd("a1");
-    declared.new_intent = true;
-    assert!(!needs_guard(None, &declared, T0));
-    assert_eq!(
-        begin(None, &declared, Some(&blocking), T0).0.name(),
-        "EXECUTE"
-    );
-
-    // Replays, IN_PROGRESS and the like never need the guard.
-    assert!(!needs_guard(Some(&claimed()), &cmd("a2"), T0 + 1));
+    // Replays, IN_PROGRESS and the like never reach the guard.
+    let BeginStep::Decided(decision, _) = begin(Some(&claimed()), &cmd("a2"), T0 + 1) else {
+        panic!()
+    };
+    assert_eq!(decision.name(), "IN_PROGRESS");
 }
 
 #[test]
 fn reports_from_the_holder_settle_and_are_idempotent() {
     let in_flight = claimed();
-    let confirm = Report::Confirm {
-        result: b"r".to_vec(),
-        provider_ref: None,
-    };
     for (report, state) in [
-        (confirm.clone(), State::Confirmed),
+        (confirm_report(b"r", None), State::Confirmed),
         (absent(), State::Absent),
         (unknown(), State::Unknown),
     ] {
-        let (outcome, plan) = report_by(&in_flight, 1, report.clone(), T0 + 5);
+        let (outcome, plan) = report_by(&in_flight, TOKEN, report.clone(), T0 + 5);
         assert_eq!(outcome, Ok(state));
-        let settled = plan.operation.unwrap().operation().clone();
+        assert_eq!(
+            plan.events[0].actor, "executor:test",
+            "the attempt's executor"
+        );
+        let settled = written(&plan);
         assert_eq!(
             settled.expires_at,
             state.is_settled().then_some(T0 + 5 + RETENTION)
         );
-        let (again, plan) = report_by(&settled, 1, report, T0 + 6);
+        let (again, plan) = report_by(&settled, TOKEN, report, T0 + 6);
         assert_eq!(
             again,
             Ok(state),
             "the same report twice gets the same answer"
         );
-        assert!(plan.is_empty());
+        assert!(plan.events.is_empty(), "and records no second transition");
+        if state == State::Unknown {
+            assert_eq!(
+                written(&plan).last_report_at,
+                Some(T0 + 6),
+                "a repeated UNKNOWN report moves the effect horizon"
+            );
+        } else {
+            assert!(plan.is_empty());
+        }
     }
 }
 
@@ -297,22 +412,14 @@ fn reports_from_the_holder_settle_and_are_idempotent() {
 fn late_reports_are_accepted_after_the_lease_ran_out() {
     let in_flight = claimed();
     let plan = expire_lease(&in_flight, T0 + LEASE).unwrap();
-    let expired = plan.operation.unwrap().operation().clone();
+    let expired = written(&plan);
     assert_eq!(
-        (expired.state, expired.source),
-        (State::Unknown, Source::Lease)
+        (expired.state, expired.source, expired.unknown_since),
+        (State::Unknown, Source::Lease, Some(T0 + LEASE))
     );
     assert!(expire_lease(&in_flight, T0 + LEASE - 1).is_none());
 
-    let (outcome, plan) = report_by(
-        &expired,
-        1,
-        Report::Confirm {
-            result: b"r".to_vec(),
-            provider_ref: None,
-        },
-        T0 + LEASE + 1,
-    );
+    let (outcome, plan) = report_by(&expired, TOKEN, confirm_report(b"r", None), T0 + LEASE + 1);
     assert_eq!(outcome, Ok(State::Confirmed));
     assert!(plan.events[0]
         .details
@@ -322,151 +429,327 @@ fn late_reports_are_accepted_after_the_lease_ran_out() {
 }
 
 #[test]
-fn stale_reports_change_nothing_and_a_stale_confirm_is_a_double_execution() {
+fn reports_from_another_life_or_no_attempt_change_nothing() {
     let in_flight = claimed();
-    let gone = with_state(&in_flight, absent(), T0 + 10);
-    let (BeginDecision::Execute(_), plan) = begin(Some(&gone), &cmd("a2"), None, T0 + 20) else {
-        panic!()
+    let lost = |token| {
+        Err(Rejection::ExecutionRightLost {
+            token,
+            latest_attempt: 1,
+            latest_token: TOKEN,
+        })
     };
-    let second = plan.operation.unwrap().operation().clone();
+    // An earlier life's token, a token never issued, and one the attempt log does not know.
+    for token in [TOKEN - 1, TOKEN + 1, 1] {
+        assert!(!needs_attempt_record(&in_flight, token));
+        for report in [confirm_report(b"x", None), absent(), unknown()] {
+            let (outcome, plan) = report_by(&in_flight, token, report, T0 + 5);
+            assert_eq!(outcome, lost(token));
+            assert!(plan.is_empty());
+        }
+    }
+    // A new life after retention: the previous life's token is refused, never applied.
+    let done = confirmed(&in_flight, T0 + 10);
+    let (_, plan) = begin_with(Some(&done), &cmd("a2"), TOKEN + 9, T0 + 10 + RETENTION);
+    let reborn = written(&plan);
+    assert!(!needs_attempt_record(&reborn, TOKEN));
+    let (outcome, plan) = report_from(
+        &reborn,
+        TOKEN,
+        Some(&first_attempt()),
+        confirm_report(b"old", None),
+        T0 + 11 + RETENTION,
+    );
+    assert!(matches!(
+        outcome,
+        Err(Rejection::ExecutionRightLost { token: TOKEN, .. })
+    ));
+    assert!(plan.is_empty());
+}
 
+#[test]
+fn a_superseded_attempt_saying_absent_or_unknown_changes_nothing() {
+    let second = second_attempt_after_absent_resolution();
+    assert!(needs_attempt_record(&second, TOKEN));
     for report in [absent(), unknown()] {
-        let (outcome, plan) = report_by(&second, 1, report, T0 + 30);
+        let (outcome, plan) = report_from(&second, TOKEN, Some(&first_attempt()), report, T0 + 40);
         assert_eq!(
             outcome,
             Err(Rejection::ExecutionRightLost {
-                token: 1,
-                latest: 2
+                token: TOKEN,
+                latest_attempt: 2,
+                latest_token: TOKEN + 1
             })
         );
         assert!(plan.is_empty());
     }
-    let (outcome, plan) = report_by(
-        &second,
-        1,
-        Report::Confirm {
-            result: b"r".to_vec(),
-            provider_ref: None,
-        },
-        T0 + 30,
+}
+
+#[test]
+fn a_late_confirm_when_no_later_attempt_ran_settles_confirmed_and_contradicts_the_resolution() {
+    // Attempt 1 UNKNOWN, resolved ABSENT; attempt 2 reports ABSENT itself; attempt 1 confirms.
+    let second = second_attempt_after_absent_resolution();
+    let gone = with_state(&second, absent(), T0 + 40);
+    let (outcome, plan) = report_from(
+        &gone,
+        TOKEN,
+        Some(&first_attempt()),
+        confirm_report(b"one", Some("re_1")),
+        T0 + 50,
     );
-    assert!(outcome.is_err());
-    assert!(plan.operation.is_none(), "state never changes");
+    assert_eq!(outcome, Ok(State::Confirmed));
+    let op = written(&plan);
+    assert_eq!(
+        (op.state, op.result.as_deref(), op.provider_ref.as_deref()),
+        (State::Confirmed, Some(&b"one"[..]), Some("re_1"))
+    );
+    let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [EventKind::Confirmed, EventKind::ResolutionContradicted]
+    );
+    assert_eq!(plan.events[0].attempt, Some(1));
+    let BeginStep::Decided(decision, _) = begin(Some(&op), &cmd("a3"), T0 + 60) else {
+        panic!()
+    };
+    assert_eq!(decision.name(), "REPLAY", "never executable again");
+}
+
+#[test]
+fn a_late_confirm_after_a_later_attempt_ran_is_held_for_an_operator() {
+    // Attempt 2 is running when attempt 1 confirms: both may have performed the effect.
+    let second = second_attempt_after_absent_resolution();
+    let (outcome, plan) = report_from(
+        &second,
+        TOKEN,
+        Some(&first_attempt()),
+        confirm_report(b"one", Some("re_1")),
+        T0 + 40,
+    );
+    assert!(matches!(outcome, Err(Rejection::ExecutionRightLost { .. })));
+    let held = written(&plan);
+    assert!(held.held_for_operator());
+    assert_eq!(held.reconcile_next_at, None, "no reconciler settles it");
     assert_eq!(plan.events.len(), 1);
     assert_eq!(plan.events[0].kind, EventKind::DoubleExecution);
     assert_eq!(
         plan.events[0].dedupe_key.as_deref(),
-        Some("DOUBLE_EXECUTION:1")
+        Some(format!("DOUBLE_EXECUTION:{TOKEN}").as_str())
+    );
+    let BeginStep::Decided(decision, _) = begin(Some(&held), &cmd("a3"), T0 + 41) else {
+        panic!()
+    };
+    assert_eq!(decision.name(), "UNKNOWN");
+    // Attempt 2's lease is gone.
+    assert!(heartbeat(&held, TOKEN + 1, LEASE, T0 + 41).is_err());
+    // No ABSENT resolution: an attempt proved the effect.
+    assert_eq!(
+        resolve(
+            &held,
+            &resolution(Resolution::Absent, 2, "r-2"),
+            None,
+            T0 + 42
+        )
+        .unwrap_err(),
+        Rejection::EffectProven
     );
 
-    // A token from the future is stale too, and no anomaly.
-    let (outcome, plan) = report_by(
-        &second,
-        9,
-        Report::Confirm {
-            result: b"r".to_vec(),
-            provider_ref: None,
-        },
-        T0 + 30,
+    // Attempt 2 says it did nothing: attempt 1's effect is the only one.
+    let (outcome, plan) = report_by(&held, TOKEN + 1, absent(), T0 + 43);
+    assert_eq!(outcome, Ok(State::Confirmed));
+    assert_eq!(written(&plan).result.as_deref(), Some(&b"one"[..]));
+    // Attempt 2 got the same provider object: one effect.
+    let (outcome, _) = report_by(
+        &held,
+        TOKEN + 1,
+        confirm_report(b"two", Some("re_1")),
+        T0 + 43,
     );
-    assert!(outcome.is_err() && plan.is_empty());
+    assert_eq!(outcome, Ok(State::Confirmed));
+    // Attempt 2 made another: still held, a second anomaly.
+    let (outcome, plan) = report_by(
+        &held,
+        TOKEN + 1,
+        confirm_report(b"two", Some("re_2")),
+        T0 + 43,
+    );
+    assert_eq!(outcome, Ok(State::Unknown));
+    assert!(plan.operation.is_none());
+    assert_eq!(plan.events[0].kind, EventKind::DoubleExecution);
+    // An operator settles it.
+    let (state, _) = resolve(
+        &held,
+        &resolution(
+            Resolution::Confirmed {
+                result: b"both".to_vec(),
+                provider_ref: Some("re_1".into()),
+            },
+            2,
+            "r-3",
+        ),
+        None,
+        T0 + 44,
+    )
+    .unwrap();
+    assert_eq!(state, State::Confirmed);
 }
 
 #[test]
-fn contradicting_reports_are_refused() {
+fn a_late_confirm_after_a_doubtful_absent_or_a_confirmation_records_the_double_execution() {
+    let second = second_attempt_after_absent_resolution();
+    // Attempt 2 too was declared ABSENT by an operator, not by itself: it may have run.
+    let unsure = with_state(&second, unknown(), T0 + 40);
+    let (_, plan) = resolve(
+        &unsure,
+        &resolution(Resolution::Absent, 2, "r-2"),
+        None,
+        T0 + 41,
+    )
+    .unwrap();
+    let doubtful = written(&plan);
+    let (_, plan) = report_from(
+        &doubtful,
+        TOKEN,
+        Some(&first_attempt()),
+        confirm_report(b"one", None),
+        T0 + 42,
+    );
+    assert!(written(&plan).held_for_operator());
+
+    // Attempt 2 confirmed: CONFIRMED stays, the anomaly is recorded (unless it is the same
+    // provider object).
+    let done = with_state(&second, confirm_report(b"two", Some("re_2")), T0 + 40);
+    let (_, plan) = report_from(
+        &done,
+        TOKEN,
+        Some(&first_attempt()),
+        confirm_report(b"one", Some("re_1")),
+        T0 + 42,
+    );
+    assert!(plan.operation.is_none());
+    assert_eq!(plan.events[0].kind, EventKind::DoubleExecution);
+    let (_, plan) = report_from(
+        &done,
+        TOKEN,
+        Some(&first_attempt()),
+        confirm_report(b"two", Some("re_2")),
+        T0 + 42,
+    );
+    assert!(plan.is_empty());
+}
+
+#[test]
+fn contradicting_reports_are_refused_unless_they_prove_the_effect() {
     let in_flight = claimed();
     let done = confirmed(&in_flight, T0 + 10);
-    let (outcome, _) = report_by(
-        &done,
-        1,
-        Report::Confirm {
-            result: b"other".to_vec(),
-            provider_ref: None,
-        },
-        T0 + 11,
-    );
+    let (outcome, _) = report_by(&done, TOKEN, confirm_report(b"other", None), T0 + 11);
     assert_eq!(
         outcome,
         Err(Rejection::AlreadySettled {
             state: State::Confirmed
         })
     );
-    let (outcome, _) = report_by(&done, 1, absent(), T0 + 11);
+    let (outcome, _) = report_by(&done, TOKEN, absent(), T0 + 11);
     assert_eq!(
         outcome,
         Err(Rejection::AlreadySettled {
             state: State::Confirmed
         })
     );
+    // The attempt itself said ABSENT, then confirms: the effect happened after all.
     let gone = with_state(&in_flight, absent(), T0 + 10);
-    let (outcome, _) = report_by(
-        &gone,
-        1,
-        Report::Confirm {
-            result: b"r".to_vec(),
-            provider_ref: None,
-        },
-        T0 + 11,
-    );
-    assert_eq!(
-        outcome,
-        Err(Rejection::AlreadySettled {
-            state: State::Absent
-        }),
-        "the attempt itself said ABSENT"
-    );
+    let (outcome, plan) = report_by(&gone, TOKEN, confirm_report(b"r", None), T0 + 11);
+    assert_eq!(outcome, Ok(State::Confirmed));
+    assert_eq!(plan.events[1].kind, EventKind::ResolutionContradicted);
 }
 
 #[test]
 fn heartbeats_extend_only_a_live_lease_and_never_shorten_it() {
     let in_flight = claimed();
-    let (deadline, plan) = heartbeat(&in_flight, 1, LEASE, T0 + 1000).unwrap();
+    let (deadline, plan) = heartbeat(&in_flight, TOKEN, LEASE, T0 + 1000).unwrap();
     assert_eq!(deadline, T0 + 1000 + LEASE);
     assert!(!plan.is_empty());
-    let (deadline, plan) = heartbeat(&in_flight, 1, 10, T0 + 1000).unwrap();
+    let (deadline, plan) = heartbeat(&in_flight, TOKEN, 10, T0 + 1000).unwrap();
     assert_eq!(deadline, in_flight.lease_deadline);
     assert!(plan.is_empty());
     assert_eq!(
-        heartbeat(&in_flight, 1, LEASE, T0 + LEASE).unwrap_err(),
-        Rejection::LeaseExpired { token: 1 }
+        heartbeat(&in_flight, TOKEN, LEASE, T0 + LEASE).unwrap_err(),
+        Rejection::LeaseExpired { token: TOKEN }
     );
     assert!(matches!(
-        heartbeat(&in_flight, 2, LEASE, T0 + 1),
+        heartbeat(&in_flight, TOKEN + 1, LEASE, T0 + 1),
         Err(Rejection::ExecutionRightLost { .. })
     ));
 }
 
 #[test]
-fn resolutions_apply_to_unknown_only_and_are_idempotent() {
+fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_idempotent() {
     let in_flight = claimed();
     let unsure = with_state(&in_flight, unknown(), T0 + 10);
-    let resolve_absent = ResolveCommand {
-        resolution: Resolution::Absent,
-        reason: "provider has no record".into(),
-        actor: "operator:alice".into(),
-        resolution_id: "r1".into(),
-    };
-    let (state, plan) = resolve(&unsure, &resolve_absent, T0 + 20).unwrap();
+    let resolve_absent = resolution(Resolution::Absent, 1, "r1");
+    let (state, plan) = resolve(&unsure, &resolve_absent, None, T0 + 20).unwrap();
     assert_eq!(state, State::Absent);
-    let resolved = plan.operation.unwrap().operation().clone();
+    let resolved = written(&plan);
     assert_eq!(
-        (resolved.source, resolved.expires_at),
-        (Source::Operator, Some(T0 + 20 + RETENTION))
+        (
+            resolved.source,
+            resolved.expires_at,
+            resolved.declared_absent_token
+        ),
+        (Source::Operator, Some(T0 + 20 + RETENTION), Some(TOKEN))
     );
     assert_eq!(plan.events[0].actor, "operator:alice");
+    assert_eq!(plan.events[0].dedupe_key.as_deref(), Some("RESOLVED:r1"));
 
-    let (again, plan) = resolve(&resolved, &resolve_absent, T0 + 30).unwrap();
+    // A retry finds its earlier resolution, whatever the operation did since.
+    let (_, plan) = begin_with(Some(&resolved), &cmd("a2"), TOKEN + 1, T0 + 25);
+    let moved_on = written(&plan);
+    let (again, plan) = resolve(&moved_on, &resolve_absent, Some(State::Absent), T0 + 30).unwrap();
     assert_eq!(again, State::Absent);
     assert!(plan.is_empty());
-    let other = ResolveCommand {
-        resolution_id: "r2".into(),
-        ..resolve_absent.clone()
-    };
+    let confirmed_instead = resolution(
+        Resolution::Confirmed {
+            result: vec![],
+            provider_ref: None,
+        },
+        1,
+        "r1",
+    );
+    assert!(matches!(
+        resolve(&moved_on, &confirmed_instead, Some(State::Absent), T0 + 30),
+        Err(Rejection::ResolutionIdReused { .. })
+    ));
     assert_eq!(
-        resolve(&resolved, &other, T0 + 30).unwrap_err(),
+        resolve(
+            &resolved,
+            &resolution(Resolution::Absent, 1, "r2"),
+            None,
+            T0 + 30
+        )
+        .unwrap_err(),
         Rejection::NotUnknown {
             state: State::Absent
         }
     );
-    assert!(resolve(&in_flight, &resolve_absent, T0 + 30).is_err());
+
+    // The examined attempt must be the latest (and, when given, its token).
+    assert_eq!(
+        resolve(
+            &unsure,
+            &resolution(Resolution::Absent, 2, "r3"),
+            None,
+            T0 + 30
+        )
+        .unwrap_err(),
+        Rejection::AttemptMismatch {
+            examined: 2,
+            current: 1,
+            current_token: TOKEN
+        }
+    );
+    let mut other_life = resolution(Resolution::Absent, 1, "r4");
+    other_life.fencing_token = Some(TOKEN + 99);
+    assert!(matches!(
+        resolve(&unsure, &other_life, None, T0 + 30),
+        Err(Rejection::AttemptMismatch { .. })
+    ));
 }

@@ -65,6 +65,9 @@ pub enum Source {
     Reconciler,
     /// An operator's resolution.
     Operator,
+    /// The ledger, because a superseded attempt proved an effect while a later attempt may also
+    /// have performed it: the operation is held UNKNOWN for an operator.
+    Anomaly,
 }
 
 impl Source {
@@ -74,6 +77,7 @@ impl Source {
             Source::Lease => "lease",
             Source::Reconciler => "reconciler",
             Source::Operator => "operator",
+            Source::Anomaly => "anomaly",
         }
     }
 
@@ -83,6 +87,7 @@ impl Source {
             Source::Lease,
             Source::Reconciler,
             Source::Operator,
+            Source::Anomaly,
         ]
         .into_iter()
         .find(|source| source.as_str() == s)
@@ -90,6 +95,11 @@ impl Source {
 }
 
 /// One logical operation as stored: `(tenant, operation_id)` is its key.
+///
+/// A row lives through one or more *lives*: retention deletes a settled operation (or a Begin
+/// finds it past retention), and the next Begin of the same id starts a new life with a new
+/// provider key. Fencing tokens come from one sequence for the whole store, so no token is ever
+/// issued twice for an operation id, across lives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Operation {
     pub tenant: String,
@@ -98,16 +108,26 @@ pub struct Operation {
     pub fingerprint: Fingerprint,
     pub state: State,
     pub source: Source,
-    /// Number of the latest attempt; it is also that attempt's fencing token. Never decreases
-    /// while the row exists.
+    /// Number of the latest attempt in this life, counting from 1.
     pub attempt: u32,
+    /// The latest attempt's fencing token. Never decreases while the row exists, and is never
+    /// issued again, in this life or any later one.
+    pub fencing_token: u64,
+    /// Identifies this life of the operation id: the fencing token of its first attempt. Every
+    /// token of this life is at least this; every token of an earlier life is below it.
+    pub life: u64,
     /// The caller-chosen id of the latest attempt, so a transport retry of its Begin is known.
     pub attempt_id: String,
+    /// The transport context the latest attempt was granted with; a regrant needs the same.
+    pub attempt_context: AttemptContext,
+    /// Who holds (or last held) the execution right: the actor recorded for the latest attempt.
+    pub executor: String,
     /// When the latest attempt's lease began.
     pub lease_started_at: Millis,
     /// When the latest attempt's lease ends, unless extended by a heartbeat.
     pub lease_deadline: Millis,
-    /// The stored result of a CONFIRMED operation, replayed byte for byte.
+    /// The stored result of a CONFIRMED operation, replayed byte for byte. While the operation
+    /// is held for an operator, the result a superseded attempt confirmed.
     pub result: Option<Vec<u8>>,
     pub provider_ref: Option<String>,
     /// The key the downstream provider deduplicates by; stable across attempts of one life.
@@ -118,21 +138,29 @@ pub struct Operation {
     pub lookup_hints: Option<String>,
     /// How long the operation is kept once settled.
     pub retention_ms: i64,
-    /// When this life of the operation id began: a settled operation past retention starts a
-    /// new life on its next Begin.
+    /// When this life of the operation id began.
     pub created_at: Millis,
     pub updated_at: Millis,
     /// When retention may delete a settled operation; `None` while not settled.
     pub expires_at: Option<Millis>,
     /// Why the operation is in its current state, when someone said.
     pub reason: Option<String>,
-    /// The operator resolution that settled the operation, so a retried Resolve is recognised.
-    pub resolution_id: Option<String>,
+    /// Counts every write of the row, including lookup claims, so that a lookup read before a
+    /// change is recognised as stale. Maintained by the store: plans do not set it.
+    pub version: i64,
+    /// When the operation last became UNKNOWN.
+    pub unknown_since: Option<Millis>,
+    /// When the latest attempt last reported.
+    pub last_report_at: Option<Millis>,
+    /// The latest attempt of this life that a reconciler or an operator declared ABSENT (rather
+    /// than the attempt itself): it may have performed the effect after all.
+    pub declared_absent_token: Option<u64>,
     /// How many reconciler lookups this UNKNOWN operation has had.
     pub reconcile_lookups: u32,
-    /// When an UNKNOWN operation with a provider is next due for a lookup; pushed ahead while a
-    /// replica looks it up, so no two replicas reconcile it at once.
+    /// When an UNKNOWN operation with a provider is next due for a lookup.
     pub reconcile_next_at: Option<Millis>,
+    /// Until when a lookup holds the operation: no other lookup starts before then.
+    pub lookup_claimed_until: Option<Millis>,
 }
 
 impl Operation {
@@ -144,6 +172,30 @@ impl Operation {
     pub fn lease_live(&self, now: Millis) -> bool {
         self.state == State::InFlight && now < self.lease_deadline
     }
+
+    /// UNKNOWN because a superseded attempt proved an effect while a later one may also have
+    /// performed it: neither reconcilers nor new attempts settle it, only an operator (or the
+    /// latest attempt's own report, when it shows there was one effect).
+    pub fn held_for_operator(&self) -> bool {
+        self.state == State::Unknown && self.source == Source::Anomaly
+    }
+
+    /// The latest moment the latest attempt's effect could have been written at the provider,
+    /// as far as the ledger knows: the later of its lease deadline, its last report, and when
+    /// the operation became UNKNOWN.
+    pub fn effect_horizon(&self) -> Millis {
+        [self.last_report_at, self.unknown_since]
+            .into_iter()
+            .flatten()
+            .fold(self.lease_deadline, Millis::max)
+    }
+}
+
+/// Whether `token` falls within the current life of `op`: issued no earlier than its first
+/// attempt and no later than its latest. Tokens of one life increase but are not consecutive,
+/// so the attempt log says whether such a token is really one of this operation's.
+pub fn is_token_of_life(token: u64, op: &Operation) -> bool {
+    token >= op.life && token <= op.fencing_token
 }
 
 /// What the caller knows of the transport that carried an attempt, for duplicate forensics.
@@ -158,6 +210,7 @@ pub struct AttemptContext {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
     pub number: u32,
+    pub fencing_token: u64,
     pub attempt_id: String,
     pub started_at: Millis,
     pub lease_deadline: Millis,
@@ -222,6 +275,8 @@ impl EventKind {
 /// An event to append, in the same transaction as the transition it records.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
+    /// The life of the operation the event belongs to (see [`Operation::life`]).
+    pub life: u64,
     pub kind: EventKind,
     pub from: Option<State>,
     pub to: Option<State>,
@@ -272,6 +327,8 @@ pub struct Grant {
     pub attempt: u32,
     pub fencing_token: u64,
     pub lease_deadline: Millis,
+    /// The lease length granted; heartbeats extend the lease by this much.
+    pub lease_ttl_ms: i64,
     pub provider_key: String,
     /// True when this is the same grant again, for a transport retry of the same Begin.
     pub regranted: bool,
@@ -291,12 +348,15 @@ pub enum BeginDecision {
         attempt: u32,
         lease_deadline: Millis,
         retry_after_ms: i64,
+        /// Set by the fresh-id guard: the IN_FLIGHT operation with the same tool and
+        /// fingerprint, under another id, that is running now.
+        blocking: Option<OperationId>,
     },
     Unknown {
         since: Millis,
         reason: Option<String>,
-        /// Set by the fresh-id guard: the UNKNOWN operation with the same tool and fingerprint
-        /// that blocks this one.
+        /// Set by the fresh-id guard: the UNKNOWN operation (or IN_FLIGHT past its lease) with
+        /// the same tool and fingerprint, under another id, that blocks this one.
         blocking: Option<OperationId>,
     },
     Conflict {
@@ -342,12 +402,12 @@ impl Report {
     }
 }
 
-/// A report from the attempt holding fencing token `fencing_token`.
+/// A report from the attempt holding fencing token `fencing_token`. The event it writes names
+/// the executor recorded for that attempt.
 #[derive(Debug, Clone)]
 pub struct ReportCommand {
     pub fencing_token: u64,
     pub report: Report,
-    pub actor: String,
 }
 
 /// The settled truth an operator (or reconciler) assigns to an UNKNOWN operation.
@@ -360,14 +420,39 @@ pub enum Resolution {
     Absent,
 }
 
+impl Resolution {
+    pub fn target(&self) -> State {
+        match self {
+            Resolution::Confirmed { .. } => State::Confirmed,
+            Resolution::Absent => State::Absent,
+        }
+    }
+}
+
 /// An operator's resolution of an UNKNOWN operation.
 #[derive(Debug, Clone)]
 pub struct ResolveCommand {
     pub resolution: Resolution,
     pub reason: String,
     pub actor: String,
-    /// Makes a retried Resolve recognisable.
+    /// Makes a retried Resolve recognisable, even after the operation moved on.
     pub resolution_id: String,
+    /// The attempt the operator examined; the resolution applies only while it is the latest.
+    pub attempt: u32,
+    /// The examined attempt's fencing token, when the operator's tool knows it: pins the life
+    /// of the operation too.
+    pub fencing_token: Option<u64>,
+}
+
+/// What the fresh-id guard found: an open operation with the same tenant, tool and fingerprint
+/// under another id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocking {
+    pub operation_id: OperationId,
+    pub state: State,
+    pub attempt: u32,
+    pub lease_deadline: Millis,
+    pub updated_at: Millis,
 }
 
 /// A page request for ListOperations.

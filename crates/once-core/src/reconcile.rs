@@ -2,14 +2,19 @@
 //!
 //! A reconciler looks up provider truth; the ledger, not the reconciler, decides what that truth
 //! permits. A confirmed match settles the operation CONFIRMED. A miss settles it ABSENT only
-//! when the provider's misses are authoritative, the provider has had its settle time since the
-//! last attempt began, and the provider deduplicates by our provider key (so that a new
-//! execution after ABSENT cannot double a late-landing effect). Anything else leaves the
-//! operation UNKNOWN, with an event that says why, and schedules the next lookup.
+//! when the provider's misses are authoritative, the lookup was *issued* at least the settle
+//! time after the latest moment the effect could have been written (the operation's
+//! [effect horizon](Operation::effect_horizon)), and the provider deduplicates by our provider
+//! key (so that a new execution after ABSENT cannot double a late-landing effect). Anything else
+//! leaves the operation UNKNOWN, with an event that says why, and schedules the next lookup.
+//!
+//! Every lookup runs under a claim ([`Lookup`]) and judges the operation as it was when
+//! claimed: a verdict applies only if nothing about the operation changed since, so a slow
+//! lookup about one attempt is never applied to another.
 
 use serde_json::json;
 
-use crate::machine::{Plan, Write};
+use crate::machine::{moved, Plan, Write};
 use crate::model::*;
 
 /// What a provider can promise, declared by its reconciler.
@@ -59,14 +64,16 @@ impl Backoff {
     }
 }
 
-/// One reconciler as the ledger sees it: its name, what its provider promises, and how its
-/// lookups of one operation are spaced.
+/// One reconciler as the ledger sees it: its name, what its provider promises, how its lookups
+/// of one operation are spaced, and the largest result it may store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LookupPolicy {
     pub name: String,
     pub capabilities: Capabilities,
     pub backoff: Backoff,
     pub escalation: Escalation,
+    /// The same limit a Confirm's result is held to.
+    pub max_result_bytes: usize,
 }
 
 /// When an operation that stays UNKNOWN is escalated to people.
@@ -90,54 +97,102 @@ impl Escalation {
     }
 }
 
-/// Whether the operation is due for a lookup now.
+/// The claim a lookup ran under: the operation's version when it was claimed, and when the
+/// lookup was issued, both read from the store in the claiming statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup {
+    pub version: i64,
+    pub issued_at: Millis,
+}
+
+/// What applying a verdict did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The verdict was judged; the operation is now in this state.
+    Judged(State),
+    /// The operation changed after the lookup was claimed (a report, a resolution, another
+    /// lookup, a new attempt): the verdict is about something that no longer is, and is dropped.
+    Stale,
+}
+
+/// Whether the operation is due for a lookup now, and no lookup holds it.
 pub fn is_due(op: &Operation, now: Millis) -> bool {
     op.state == State::Unknown
         && op.provider.is_some()
+        && !op.held_for_operator()
         && op.reconcile_next_at.is_some_and(|at| at <= now)
+        && op.lookup_claimed_until.is_none_or(|until| until <= now)
 }
 
-/// Applies a verdict from reconciler `name` to an UNKNOWN operation. Returns the state after.
-/// An operation that is no longer UNKNOWN is left as it is.
+/// A result the store can keep: the provider's record as found, or, when it is over the result
+/// limit, a small document naming the provider's reference instead. The truth (CONFIRMED, and
+/// the reference) is kept either way.
+pub fn bounded_result(result: &[u8], provider_ref: &str, max_bytes: usize) -> Vec<u8> {
+    if result.len() <= max_bytes {
+        return result.to_vec();
+    }
+    json!({
+        "provider_ref": provider_ref,
+        "result_omitted": format!(
+            "the provider's record is {} bytes, over the {max_bytes}-byte result limit; look it up by provider_ref",
+            result.len()
+        ),
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Applies a verdict from a lookup of `op` claimed as `lookup`.
 pub fn apply_verdict(
     op: &Operation,
+    lookup: &Lookup,
     verdict: &Verdict,
     policy: &LookupPolicy,
     jitter: f64,
     now: Millis,
-) -> (State, Plan) {
+) -> (Applied, Plan) {
     let (capabilities, backoff) = (&policy.capabilities, &policy.backoff);
-    if op.state != State::Unknown {
-        return (op.state, Plan::default());
+    if op.version != lookup.version || op.state != State::Unknown || op.held_for_operator() {
+        return (Applied::Stale, Plan::default());
     }
     let actor = format!("reconciler:{}", policy.name);
-    let mut next = op.clone();
-    next.updated_at = now;
-    next.reconcile_lookups = op.reconcile_lookups + 1;
-    let settled = |mut next: Operation, to: State, evidence: &str, reason: String| {
-        next.state = to;
-        next.source = Source::Reconciler;
+    let lookups = op.reconcile_lookups + 1;
+    let settled = |to: State, evidence: &str, reason: String, found: Option<(&str, &[u8])>| {
+        let mut next = moved(op, to, Source::Reconciler, now);
+        next.reconcile_lookups = lookups;
         next.reason = Some(reason.clone());
-        next.expires_at = Some(now + op.retention_ms);
-        next.reconcile_next_at = None;
+        if let Some((provider_ref, result)) = found {
+            next.result = Some(bounded_result(
+                result,
+                provider_ref,
+                policy.max_result_bytes,
+            ));
+            next.provider_ref = Some(provider_ref.to_owned());
+        } else {
+            next.declared_absent_token = Some(op.fencing_token);
+        }
+        let evidence =
+            serde_json::from_str::<serde_json::Value>(evidence).unwrap_or_else(|_| evidence.into());
         let event = NewEvent {
+            life: op.life,
             kind: EventKind::Reconciled,
             from: Some(State::Unknown),
             to: Some(to),
             attempt: Some(op.attempt),
             actor: actor.clone(),
             reason: Some(reason),
-            details: Some(json!({ "evidence": serde_json::from_str::<serde_json::Value>(evidence).unwrap_or_else(|_| evidence.into()), "lookups": next.reconcile_lookups }).to_string()),
+            details: Some(
+                json!({ "evidence": evidence, "lookups": lookups, "issued_at": lookup.issued_at })
+                    .to_string(),
+            ),
             dedupe_key: None,
         };
-        (
-            to,
-            Plan {
-                operation: Some(Write::Update(next)),
-                attempt: None,
-                events: vec![event],
-            },
-        )
+        let plan = Plan {
+            operation: Some(Write::Update(next)),
+            events: vec![event],
+            ..Plan::default()
+        };
+        (Applied::Judged(to), plan)
     };
 
     let inconclusive = match verdict {
@@ -146,27 +201,25 @@ pub fn apply_verdict(
             result,
             evidence,
         } => {
-            let mut next = next;
-            next.result = Some(result.clone());
-            next.provider_ref = Some(provider_ref.clone());
             return settled(
-                next,
                 State::Confirmed,
                 evidence,
                 format!("the provider holds the effect as {provider_ref}"),
+                Some((provider_ref, result)),
             );
         }
         Verdict::Unknown { why } => format!("the lookup could not tell: {why}"),
         Verdict::Absent { evidence } => {
-            let settles_at = op.lease_started_at + capabilities.settle_time_ms;
+            let horizon = op.effect_horizon();
+            let settles_at = horizon.saturating_add(capabilities.settle_time_ms);
             if !capabilities.miss_is_authoritative {
                 format!(
                     "the provider found nothing, but its misses are not authoritative ({evidence})"
                 )
-            } else if now < settles_at {
+            } else if lookup.issued_at < settles_at {
                 format!(
-                    "the provider found nothing, but only {} ms after the attempt began; its settle time is {} ms",
-                    now - op.lease_started_at,
+                    "the provider found nothing, but the lookup was issued {} ms after the effect could last have been written; its settle time is {} ms",
+                    lookup.issued_at - horizon,
                     capabilities.settle_time_ms
                 )
             } else if !capabilities.dedupes_by_provider_key {
@@ -176,32 +229,37 @@ pub fn apply_verdict(
                 )
             } else {
                 return settled(
-                    next,
                     State::Absent,
                     evidence,
                     "the provider has no record of the effect".to_owned(),
+                    None,
                 );
             }
         }
     };
-    next.reconcile_next_at = Some(now + backoff.after(next.reconcile_lookups, jitter));
+    let mut next = op.clone();
+    next.updated_at = now;
+    next.reconcile_lookups = lookups;
+    next.reconcile_next_at = Some(now + backoff.after(lookups, jitter));
+    next.lookup_claimed_until = None;
     let escalated = policy
         .escalation
-        .crossed(op, next.reconcile_lookups, now)
+        .crossed(op, lookups, now)
         .then(|| NewEvent {
+            life: op.life,
             kind: EventKind::Escalated,
             from: None,
             to: None,
             attempt: Some(op.attempt),
             actor: "ledger".to_owned(),
             reason: Some(format!(
-                "still UNKNOWN after {} lookups; needs an operator",
-                next.reconcile_lookups
+                "still UNKNOWN after {lookups} lookups; needs an operator"
             )),
             details: None,
-            dedupe_key: Some(format!("ESCALATED:{}", op.attempt)),
+            dedupe_key: Some(format!("ESCALATED:{}", op.fencing_token)),
         });
     let event = NewEvent {
+        life: op.life,
         kind: EventKind::LookupInconclusive,
         from: None,
         to: None,
@@ -209,17 +267,17 @@ pub fn apply_verdict(
         actor,
         reason: Some(inconclusive),
         details: Some(
-            json!({ "lookups": next.reconcile_lookups, "next_lookup_at": next.reconcile_next_at })
+            json!({ "lookups": lookups, "next_lookup_at": next.reconcile_next_at, "issued_at": lookup.issued_at })
                 .to_string(),
         ),
         dedupe_key: None,
     };
     (
-        State::Unknown,
+        Applied::Judged(State::Unknown),
         Plan {
             operation: Some(Write::Update(next)),
-            attempt: None,
             events: std::iter::once(event).chain(escalated).collect(),
+            ..Plan::default()
         },
     )
 }
@@ -228,8 +286,10 @@ pub fn apply_verdict(
 mod tests {
     use super::*;
     use crate::identity::Fingerprint;
+    use crate::machine::{self, BeginStep, Guard};
 
     const T0: Millis = 1_000_000;
+    const LEASE: i64 = 1_000;
     const SETTLE: i64 = 5_000;
     const BACKOFF: Backoff = Backoff {
         first_ms: 1_000,
@@ -240,6 +300,8 @@ mod tests {
         settle_time_ms: SETTLE,
         dedupes_by_provider_key: true,
     };
+    /// When the lease of the operation [`unknown`] returns ran out, and it became UNKNOWN.
+    const EXPIRED: Millis = T0 + LEASE;
 
     fn unknown() -> Operation {
         let cmd = BeginCommand {
@@ -249,23 +311,32 @@ mod tests {
             fingerprint: Fingerprint([1; 32]),
             attempt_id: "a1".into(),
             context: AttemptContext::default(),
-            lease_ttl_ms: 1_000,
+            lease_ttl_ms: LEASE,
             retention_ms: 600_000,
             new_intent: false,
             provider: Some("stripe".into()),
             lookup_hints: Some(r#"{"payment_intent":"pi_1"}"#.into()),
             actor: "executor:test".into(),
         };
-        let (_, plan) = crate::machine::begin(None, &cmd, None, T0);
+        assert_eq!(machine::begin(None, &cmd, T0), BeginStep::Claim);
+        let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token: 7 }, T0);
         let in_flight = plan.operation.unwrap().operation().clone();
-        let plan = crate::machine::expire_lease(&in_flight, T0 + 1_000).unwrap();
+        let plan = machine::expire_lease(&in_flight, EXPIRED).unwrap();
         let op = plan.operation.unwrap().operation().clone();
         assert_eq!(
             op.reconcile_next_at,
-            Some(T0 + 1_000),
+            Some(EXPIRED),
             "due at once on entering UNKNOWN"
         );
         op
+    }
+
+    /// A lookup claimed on `op` as it is now, issued at `at`.
+    fn claimed(op: &Operation, at: Millis) -> Lookup {
+        Lookup {
+            version: op.version,
+            issued_at: at,
+        }
     }
 
     fn absent() -> Verdict {
@@ -280,20 +351,31 @@ mod tests {
             capabilities,
             backoff: BACKOFF,
             escalation: Escalation::default(),
+            max_result_bytes: 64,
         }
     }
 
+    /// Applies `verdict` from a lookup issued at `issued` and judged at `issued + 10`.
     fn check(
         capabilities: Capabilities,
         verdict: Verdict,
-        now: Millis,
+        issued: Millis,
         expected: State,
         kind: EventKind,
     ) -> Operation {
-        let (state, plan) = apply_verdict(&unknown(), &verdict, &policy(capabilities), 0.0, now);
+        let op = unknown();
+        let (applied, plan) = apply_verdict(
+            &op,
+            &claimed(&op, issued),
+            &verdict,
+            &policy(capabilities),
+            0.0,
+            issued + 10,
+        );
         assert_eq!(
-            state, expected,
-            "{verdict:?} with {capabilities:?} at {now}"
+            applied,
+            Applied::Judged(expected),
+            "{verdict:?} with {capabilities:?} issued at {issued}"
         );
         assert_eq!(plan.events.len(), 1);
         assert_eq!(plan.events[0].kind, kind);
@@ -311,7 +393,7 @@ mod tests {
         let op = check(
             STRIPE,
             verdict,
-            T0 + 1_500,
+            EXPIRED + 10,
             State::Confirmed,
             EventKind::Reconciled,
         );
@@ -320,26 +402,53 @@ mod tests {
             (Some("re_1"), Source::Reconciler)
         );
         assert_eq!(op.reconcile_next_at, None);
+        assert_eq!(op.lookup_claimed_until, None);
     }
 
     #[test]
-    fn a_miss_settles_absent_only_when_authoritative_settled_and_deduplicated() {
-        let after_settle = T0 + SETTLE;
-        check(
+    fn a_result_over_the_limit_keeps_the_truth_and_a_reference() {
+        let verdict = Verdict::Confirmed {
+            provider_ref: "re_big".into(),
+            result: vec![b'x'; 65],
+            evidence: "{}".into(),
+        };
+        let op = check(
             STRIPE,
-            absent(),
-            after_settle,
-            State::Absent,
+            verdict,
+            EXPIRED + 10,
+            State::Confirmed,
             EventKind::Reconciled,
         );
+        let stored: serde_json::Value =
+            serde_json::from_slice(op.result.as_deref().unwrap()).unwrap();
+        assert_eq!(stored["provider_ref"], "re_big");
+        assert!(stored["result_omitted"]
+            .as_str()
+            .unwrap()
+            .contains("65 bytes"));
+        assert_eq!(op.provider_ref.as_deref(), Some("re_big"));
+    }
+
+    #[test]
+    fn a_miss_settles_absent_only_when_authoritative_issued_after_the_settle_time_and_deduplicated()
+    {
+        let issued_after_settle = EXPIRED + SETTLE;
         let op = check(
             STRIPE,
             absent(),
-            after_settle - 1,
+            issued_after_settle,
+            State::Absent,
+            EventKind::Reconciled,
+        );
+        assert_eq!(op.declared_absent_token, Some(7));
+        let op = check(
+            STRIPE,
+            absent(),
+            issued_after_settle - 1,
             State::Unknown,
             EventKind::LookupInconclusive,
         );
-        assert_eq!(op.reconcile_next_at, Some(after_settle - 1 + 1_000));
+        assert_eq!(op.reconcile_next_at, Some(issued_after_settle + 9 + 1_000));
         let not_authoritative = Capabilities {
             miss_is_authoritative: false,
             ..STRIPE
@@ -347,7 +456,7 @@ mod tests {
         check(
             not_authoritative,
             absent(),
-            after_settle,
+            issued_after_settle,
             State::Unknown,
             EventKind::LookupInconclusive,
         );
@@ -355,7 +464,15 @@ mod tests {
             dedupes_by_provider_key: false,
             ..STRIPE
         };
-        let (_, plan) = apply_verdict(&unknown(), &absent(), &policy(no_dedupe), 0.0, after_settle);
+        let op = unknown();
+        let (_, plan) = apply_verdict(
+            &op,
+            &claimed(&op, issued_after_settle),
+            &absent(),
+            &policy(no_dedupe),
+            0.0,
+            issued_after_settle,
+        );
         assert!(plan.events[0]
             .reason
             .as_deref()
@@ -366,19 +483,90 @@ mod tests {
             Verdict::Unknown {
                 why: "rate limited".into(),
             },
-            after_settle,
+            issued_after_settle,
             State::Unknown,
             EventKind::LookupInconclusive,
         );
     }
 
     #[test]
-    fn settled_operations_ignore_verdicts() {
+    fn the_settle_time_runs_from_the_effect_horizon_and_is_judged_when_the_lookup_was_issued() {
+        // A lookup issued before the settle time, however late it is applied, proves nothing.
+        let op = unknown();
+        let (applied, _) = apply_verdict(
+            &op,
+            &claimed(&op, EXPIRED + SETTLE - 1),
+            &absent(),
+            &policy(STRIPE),
+            0.0,
+            EXPIRED + 100 * SETTLE,
+        );
+        assert_eq!(applied, Applied::Judged(State::Unknown));
+
+        // The horizon is the latest of the lease deadline, the last report and when the
+        // operation became UNKNOWN: an attempt that was still reporting moves it.
+        let mut reported_late = unknown();
+        reported_late.last_report_at = Some(EXPIRED + 3_000);
+        assert_eq!(reported_late.effect_horizon(), EXPIRED + 3_000);
+        let (applied, _) = apply_verdict(
+            &reported_late,
+            &claimed(&reported_late, EXPIRED + SETTLE),
+            &absent(),
+            &policy(STRIPE),
+            0.0,
+            EXPIRED + SETTLE,
+        );
+        assert_eq!(applied, Applied::Judged(State::Unknown));
+        let mut extended = unknown();
+        extended.lease_deadline = EXPIRED + 4_000;
+        extended.unknown_since = Some(EXPIRED + 2_000);
+        assert_eq!(extended.effect_horizon(), EXPIRED + 4_000);
+    }
+
+    #[test]
+    fn a_verdict_about_an_operation_that_changed_since_its_claim_is_dropped() {
+        let op = unknown();
+        let lookup = claimed(&op, EXPIRED + SETTLE);
+        let mut changed = op.clone();
+        changed.version += 1;
+        let (applied, plan) = apply_verdict(
+            &changed,
+            &lookup,
+            &absent(),
+            &policy(STRIPE),
+            0.0,
+            EXPIRED + SETTLE,
+        );
+        assert_eq!(applied, Applied::Stale);
+        assert!(plan.is_empty());
+    }
+
+    #[test]
+    fn settled_and_held_operations_ignore_verdicts() {
         let mut op = unknown();
         op.state = State::Confirmed;
-        let (state, plan) = apply_verdict(&op, &absent(), &policy(STRIPE), 0.0, T0 + SETTLE);
-        assert_eq!(state, State::Confirmed);
+        let (applied, plan) = apply_verdict(
+            &op,
+            &claimed(&op, T0 + SETTLE),
+            &absent(),
+            &policy(STRIPE),
+            0.0,
+            T0 + SETTLE,
+        );
+        assert_eq!(applied, Applied::Stale);
         assert!(plan.is_empty());
+        let mut held = unknown();
+        held.source = Source::Anomaly;
+        assert!(!is_due(&held, EXPIRED + 1));
+        let (applied, _) = apply_verdict(
+            &held,
+            &claimed(&held, EXPIRED + SETTLE),
+            &absent(),
+            &policy(STRIPE),
+            0.0,
+            EXPIRED + SETTLE,
+        );
+        assert_eq!(applied, Applied::Stale);
     }
 
     #[test]
@@ -392,6 +580,7 @@ mod tests {
         for lookups in 1..=4 {
             let (_, plan) = apply_verdict(
                 &op,
+                &claimed(&op, T0),
                 &Verdict::Unknown { why: "503".into() },
                 &policy(STRIPE),
                 0.0,
@@ -402,11 +591,15 @@ mod tests {
             assert_eq!(op.reconcile_next_at, Some(T0 + BACKOFF.after(lookups, 0.0)));
         }
     }
-}
 
-#[cfg(test)]
-mod escalation_tests {
-    use super::*;
+    #[test]
+    fn claims_hold_an_operation_until_they_lapse() {
+        let mut op = unknown();
+        assert!(is_due(&op, EXPIRED));
+        op.lookup_claimed_until = Some(EXPIRED + 100);
+        assert!(!is_due(&op, EXPIRED + 99));
+        assert!(is_due(&op, EXPIRED + 100));
+    }
 
     #[test]
     fn escalates_once_when_a_threshold_is_crossed() {
@@ -414,7 +607,8 @@ mod escalation_tests {
             after_lookups: Some(3),
             after_ms: Some(10_000),
         };
-        let mut op = test_operation();
+        let mut op = unknown();
+        op.lease_started_at = 0;
         op.updated_at = 5_000;
         assert!(!escalation.crossed(&op, 2, 6_000));
         assert!(escalation.crossed(&op, 3, 6_000), "by count");
@@ -425,33 +619,5 @@ mod escalation_tests {
             !escalation.crossed(&op, 5, 12_000),
             "only the lookup that crosses the age escalates"
         );
-    }
-
-    fn test_operation() -> Operation {
-        Operation {
-            tenant: "t".into(),
-            operation_id: OperationId::parse("id", "x").unwrap(),
-            tool: "tool".into(),
-            fingerprint: crate::identity::Fingerprint([0; 32]),
-            state: State::Unknown,
-            source: Source::Lease,
-            attempt: 1,
-            attempt_id: "a".into(),
-            lease_started_at: 0,
-            lease_deadline: 0,
-            result: None,
-            provider_ref: None,
-            provider_key: "k".into(),
-            provider: Some("stripe".into()),
-            lookup_hints: None,
-            retention_ms: 0,
-            created_at: 0,
-            updated_at: 0,
-            expires_at: None,
-            reason: None,
-            resolution_id: None,
-            reconcile_lookups: 0,
-            reconcile_next_at: Some(0),
-        }
     }
 }

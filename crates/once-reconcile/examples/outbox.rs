@@ -67,6 +67,7 @@ mod tests {
             provider_key: key.into(),
             lookup_hints: json!({}),
             attempt: 1,
+            fencing_token: 1,
             attempt_started_at_ms: 0,
         }
     }

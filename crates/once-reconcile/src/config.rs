@@ -129,6 +129,21 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// An `http` lookup's URL template. It must name the effect by `{provider_key}`: an operation id
+/// is shared by every life of the operation (and by other tenants), so a lookup by it alone
+/// could credit this life with an earlier life's effect.
+fn http_url(url: Option<&str>) -> Result<String, String> {
+    let url = url.ok_or("the http kind needs a url template")?;
+    if !url.contains("{provider_key}") {
+        return Err(
+            "must contain {provider_key}: the lookup must find the effect of this life of the operation, \
+             which only its provider key names (record it with the effect)"
+                .to_owned(),
+        );
+    }
+    Ok(url.to_owned())
+}
+
 /// Parses `text`; credentials are read with `env` (the process environment in production).
 pub fn parse(
     text: &str,
@@ -194,6 +209,16 @@ pub fn parse(
             r.settle_time.as_deref(),
             Duration::from_secs(5),
         )?;
+        // A lookup must end well before its claim lapses, or another replica starts a second.
+        if settings.claim < timeout * 2 {
+            return Err(invalid(
+                field("timeout"),
+                format!(
+                    "{timeout:?} leaves no margin in the {:?} lookup claim: make reconciliation.claim at least twice the timeout",
+                    settings.claim
+                ),
+            ));
+        }
         let api_key = match &r.api_key_env {
             None => None,
             Some(variable) => Some(env(variable).ok_or_else(|| {
@@ -210,10 +235,7 @@ pub fn parse(
             ),
             "http" => Arc::new(HttpReconciler {
                 endpoint: r.endpoint.clone(),
-                url: r
-                    .url
-                    .clone()
-                    .ok_or_else(|| invalid(field("url"), "the http kind needs a url template"))?,
+                url: http_url(r.url.as_deref()).map_err(|m| invalid(field("url"), m))?,
                 found_status: r.found_status.clone().unwrap_or_else(|| vec![200]),
                 not_found_status: r.not_found_status.clone().unwrap_or_else(|| vec![404]),
                 provider_ref_pointer: r
@@ -277,7 +299,7 @@ mod tests {
         assert_eq!(parsed.settings.interval, Duration::from_millis(250));
         assert_eq!(parsed.settings.backoff.max_ms, 60_000);
         let stripe = parsed.registry.get("payments").unwrap();
-        assert_eq!(stripe.policy().capabilities.settle_time_ms, 2_000);
+        assert_eq!(stripe.policy(64).capabilities.settle_time_ms, 2_000);
         let shown = format!("{:?}", parsed.registry);
         assert!(
             shown.contains("<redacted>") && !shown.contains("sk_test_secret"),
@@ -303,6 +325,16 @@ mod tests {
             matches!(parse(secret_in_file, |_| None), Err(ConfigError::Toml(_))),
             "credentials never go in the file"
         );
+        let by_operation_id = "[[reconciler]]\nname = \"t\"\nkind = \"http\"\nendpoint = \"http://x\"\nurl = \"{endpoint}/t/{operation_id}\"";
+        assert!(parse(by_operation_id, |_| None)
+            .unwrap_err()
+            .to_string()
+            .contains("{provider_key}"));
+        let short_claim = "[reconciliation]\nclaim = \"5s\"\n[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\ntimeout = \"5s\"";
+        assert!(parse(short_claim, |_| None)
+            .unwrap_err()
+            .to_string()
+            .contains("twice the timeout"));
         let duplicate = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\n[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://y\"";
         assert!(parse(duplicate, |_| None).is_err());
     }

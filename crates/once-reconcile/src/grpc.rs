@@ -95,6 +95,7 @@ impl Reconciler for GrpcReconciler {
             lookup_hints_json: request.lookup_hints.to_string(),
             attempt: request.attempt,
             attempt_started_at: Some(once_api::convert::timestamp(request.attempt_started_at_ms)),
+            fencing_token: request.fencing_token,
         };
         let answer = match self.client.clone().lookup(message).await {
             Ok(answer) => answer.into_inner(),

@@ -184,6 +184,7 @@ mod tests {
             provider_key: "once_1".into(),
             lookup_hints: json!({"customer": "c&1", "n": 7}),
             attempt: 1,
+            fencing_token: 1,
             attempt_started_at_ms: 0,
         }
     }

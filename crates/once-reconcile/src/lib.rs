@@ -30,12 +30,15 @@ use serde_json::Value;
 pub struct LookupRequest {
     pub operation_id: String,
     pub tool: String,
-    /// The key the executor passed to the provider's idempotency mechanism.
+    /// The key the executor passed to the provider's idempotency mechanism. It names this life
+    /// of the operation: match the effect by it, never by the operation id, which every life of
+    /// the operation (and other tenants) may share.
     pub provider_key: String,
     /// What the executor said would help find the effect (e.g. `{"payment_intent": "pi_1"}`).
     pub lookup_hints: Value,
     /// The latest attempt and when its lease began (milliseconds since the Unix epoch).
     pub attempt: u32,
+    pub fencing_token: u64,
     pub attempt_started_at_ms: i64,
 }
 
@@ -61,13 +64,15 @@ pub struct Registered {
 }
 
 impl Registered {
-    /// The ledger's policy for this reconciler's verdicts, from the capabilities it declares now.
-    pub fn policy(&self) -> LookupPolicy {
+    /// The ledger's policy for this reconciler's verdicts, from the capabilities it declares now;
+    /// a result it finds is held to `max_result_bytes`, as a Confirm's is.
+    pub fn policy(&self, max_result_bytes: usize) -> LookupPolicy {
         LookupPolicy {
             name: self.name.clone(),
             capabilities: self.reconciler.capabilities(),
             backoff: self.backoff,
             escalation: self.escalation,
+            max_result_bytes,
         }
     }
 

@@ -1,9 +1,12 @@
 //! `stripe`: finds an operation's refund in a Stripe-like refunds API.
 //!
 //! Lists the refunds of the payment intent named in the lookup hints (`payment_intent`), reading
-//! every page, and matches the operation id the executor put in the refund's metadata
-//! (`metadata.once_operation_id`). One match confirms; no match on a complete listing is a miss;
-//! anything else — an error, a partial listing, several matches — is unknown.
+//! every page, and matches the provider key the executor put in the refund's metadata
+//! (`metadata.once_provider_key`; it is also the refund's `Idempotency-Key`). The provider key
+//! names this life of the operation: an operation id is the same in every life (and may be in
+//! other tenants), so it never attributes a refund. One match confirms; no match on a complete
+//! listing is a miss; anything else — an error, a partial listing, several matches, a refund
+//! that names the operation but carries no provider key — is unknown.
 
 use std::time::Duration;
 
@@ -11,7 +14,9 @@ use serde_json::{json, Value};
 
 use crate::{Capabilities, LookupRequest, Reconciler, Verdict};
 
-/// The metadata key executors set to the operation id.
+/// The metadata key executors set to the operation's provider key.
+pub const PROVIDER_KEY_METADATA: &str = "once_provider_key";
+/// The metadata key executors set to the operation id, for people reading the provider's records.
 pub const OPERATION_ID_METADATA: &str = "once_operation_id";
 /// Refunds per page requested.
 const PAGE_SIZE: usize = 100;
@@ -107,6 +112,8 @@ impl Reconciler for StripeReconciler {
             };
         };
         let mut matches = Vec::new();
+        // Refunds that name the operation but not a life: they cannot be attributed.
+        let mut unattributed = 0;
         let mut after: Option<String> = None;
         let mut pages = 0;
         loop {
@@ -126,8 +133,13 @@ impl Reconciler for StripeReconciler {
                 };
             };
             for refund in data {
-                if refund["metadata"][OPERATION_ID_METADATA] == request.operation_id.as_str() {
+                let metadata = &refund["metadata"];
+                if metadata[PROVIDER_KEY_METADATA] == request.provider_key.as_str() {
                     matches.push(refund.clone());
+                } else if metadata[PROVIDER_KEY_METADATA].is_null()
+                    && metadata[OPERATION_ID_METADATA] == request.operation_id.as_str()
+                {
+                    unattributed += 1;
                 }
             }
             let has_more = page["has_more"].as_bool().unwrap_or(false);
@@ -145,6 +157,11 @@ impl Reconciler for StripeReconciler {
             }
         }
         match matches.as_slice() {
+            [] if unattributed > 0 => Verdict::Unknown {
+                why: format!(
+                    "{unattributed} refunds name this operation id but carry no provider key, so none can be attributed to this life of it"
+                ),
+            },
             [] => Verdict::Absent {
                 evidence: json!({ "payment_intent": payment_intent, "pages": pages, "matched": 0 })
                     .to_string(),
@@ -158,7 +175,7 @@ impl Reconciler for StripeReconciler {
                 }
             }
             several => Verdict::Unknown {
-                why: format!("{} refunds carry this operation id", several.len()),
+                why: format!("{} refunds carry this provider key", several.len()),
             },
         }
     }

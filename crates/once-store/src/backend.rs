@@ -2,7 +2,8 @@
 
 use std::future::Future;
 
-use once_core::{Attempt, Event, ListQuery, Millis, Operation, OperationId, Plan};
+use once_core::reconcile::Lookup;
+use once_core::{Attempt, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan, State};
 
 use crate::StoreError;
 
@@ -35,18 +36,52 @@ pub trait Backend: Clone + Send + Sync + 'static {
         id: &OperationId,
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
 
-    /// The fresh-id guard: an UNKNOWN operation of the same tenant, tool and fingerprint under
-    /// another id.
+    /// Serialises the fresh-id guard of one intent (`key` names tenant, tool and fingerprint)
+    /// until the transaction ends, so that two Begins of the same intent under different new ids
+    /// cannot both find nothing blocking them.
+    fn lock_intent(
+        &self,
+        tx: &mut Self::Tx,
+        key: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The fresh-id guard: an UNKNOWN or IN_FLIGHT operation of the same tenant, tool and
+    /// fingerprint under another id (UNKNOWN ones first).
     fn find_blocking(
         &self,
         tx: &mut Self::Tx,
-        op_tenant: &str,
+        tenant: &str,
         tool: &str,
         fingerprint: &[u8; 32],
         except: &OperationId,
-    ) -> impl Future<Output = Result<Option<OperationId>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<Blocking>, StoreError>> + Send;
+
+    /// A fencing token never issued before by this store, larger than every one it issued.
+    fn next_token(&self, tx: &mut Self::Tx)
+        -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The attempt log's record of the attempt granted `fencing_token`, if it is this
+    /// operation's.
+    fn attempt(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+        fencing_token: u64,
+    ) -> impl Future<Output = Result<Option<Attempt>, StoreError>> + Send;
+
+    /// The state a resolution with `resolution_id` settled the operation in, if one did (in any
+    /// life whose events are still kept).
+    fn find_resolution(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+        resolution_id: &str,
+    ) -> impl Future<Output = Result<Option<State>, StoreError>> + Send;
 
     /// Writes a plan. An insert that meets an existing row fails with [`StoreError::Duplicate`].
+    /// Every update of the operation row bumps its version.
     fn apply(
         &self,
         tx: &mut Self::Tx,
@@ -58,14 +93,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// The attempt log and event history of one operation, oldest first.
+    /// The attempt log and the event history of one life of an operation, oldest first.
     fn history(
         &self,
         tenant: &str,
         id: &OperationId,
+        life: u64,
     ) -> impl Future<Output = Result<(Vec<Attempt>, Vec<Event>), StoreError>> + Send;
 
-    /// One page of operations, oldest first, and the store's clock.
+    /// One page of operations, oldest first, without their results.
     fn list(
         &self,
         tenant: &str,
@@ -78,13 +114,26 @@ pub trait Backend: Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
-    /// Claims up to `limit` UNKNOWN operations due for a reconciler lookup, for `claim_ms`: no
-    /// other caller sees them due until the claim lapses or a verdict reschedules them.
-    fn claim_lookups(
+    /// Up to `limit` UNKNOWN operations due for a reconciler lookup that no lookup holds,
+    /// most overdue first. Nothing is claimed: see [`Backend::claim_lookup`].
+    fn due_lookups(
         &self,
         limit: u32,
-        claim_ms: i64,
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
+
+    /// Claims one UNKNOWN operation for a lookup lasting at most `claim_ms`: no other claim
+    /// succeeds until this one lapses or a verdict is applied. Only a due operation is claimed,
+    /// unless `before_due` (an operator asking now). Returns the operation as claimed and the
+    /// lookup's claim (its version, and when it was issued by the store's clock); `None` when
+    /// the operation is not UNKNOWN, is held for an operator, is held by another lookup, or is
+    /// not due.
+    fn claim_lookup(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        claim_ms: i64,
+        before_due: bool,
+    ) -> impl Future<Output = Result<Option<(Operation, Lookup)>, StoreError>> + Send;
 
     /// Deletes up to `limit` settled operations past retention; returns how many.
     fn delete_expired(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
@@ -96,7 +145,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Checks that the database answers.
+    /// Checks that the database answers and accepts writes.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Closes the pool: waits for checked-out connections to return, then closes them.

@@ -1,13 +1,24 @@
 //! Storage errors, classified so the service can tell a retryable outage from a bug.
+//!
+//! [`POSTGRES_SQLSTATES`] and [`SQLITE_CODES`] are the one table of what each database error
+//! means to a caller. The rule: whatever says "this database cannot serve you right now" — it
+//! is unreachable, restarting, refusing connections, read-only (a standby or a demoted primary),
+//! out of resources, or asked us to retry a transaction — is [`StoreError::Unavailable`], which
+//! the API answers `UNAVAILABLE` (safe to retry; nothing changed) while health says NOT_SERVING.
+//! Whatever means our SQL or our data is wrong is [`StoreError::Internal`].
 
 use once_core::Rejection;
 
 /// What went wrong below the domain. Database text stays inside: callers see the variant.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database cannot be reached or is overloaded; the same call may succeed later.
+    /// The database cannot be reached, refuses us, or is overloaded; the same call may succeed
+    /// later.
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// The database answers but does not accept writes (a standby, or a demoted primary).
+    #[error("the database is read-only")]
+    ReadOnly,
     /// No operation with that id exists for the tenant.
     #[error("no such operation")]
     NotFound,
@@ -27,43 +38,201 @@ pub enum StoreError {
 
 impl StoreError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::ReadOnly)
     }
 }
 
-/// PostgreSQL SQLSTATE classes and codes that mean "try again later".
-fn postgres_retryable(code: &str) -> bool {
-    code.starts_with("08") // connection exception
-        || code.starts_with("53") // insufficient resources
-        || code.starts_with("57P") // operator intervention: shutdown, cannot connect now
-        || code == "40001" // serialization failure
-        || code == "40P01" // deadlock detected
+/// What a database error means to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Meaning {
+    /// Try again later: `UNAVAILABLE`.
+    Unavailable,
+    /// A concurrent insert of the same key won: retried inside the ledger.
+    Duplicate,
+    /// Our SQL, our schema or our data is wrong: `INTERNAL`, logged.
+    Internal,
 }
 
-/// SQLite result codes (primary and extended) that mean the file is busy or locked.
-fn sqlite_retryable(code: &str) -> bool {
-    matches!(code, "5" | "6" | "261" | "517" | "262")
+/// PostgreSQL SQLSTATEs, by class (two characters) or by code (five); the longest match wins,
+/// and anything not listed is [`Meaning::Internal`].
+pub const POSTGRES_SQLSTATES: &[(&str, Meaning, &str)] = &[
+    ("08", Meaning::Unavailable, "connection exception"),
+    (
+        "23505",
+        Meaning::Duplicate,
+        "unique violation: a concurrent first claim",
+    ),
+    (
+        "25006",
+        Meaning::Unavailable,
+        "read-only transaction: a standby or a demoted primary",
+    ),
+    (
+        "25P03",
+        Meaning::Unavailable,
+        "idle-in-transaction timeout ended the session",
+    ),
+    (
+        "28",
+        Meaning::Unavailable,
+        "the server refuses our credentials",
+    ),
+    (
+        "3D000",
+        Meaning::Unavailable,
+        "the database does not exist (yet, or any more)",
+    ),
+    (
+        "40001",
+        Meaning::Unavailable,
+        "serialization failure: retry the transaction",
+    ),
+    (
+        "40003",
+        Meaning::Unavailable,
+        "statement completion unknown: retry, the call is idempotent",
+    ),
+    (
+        "40P01",
+        Meaning::Unavailable,
+        "deadlock detected: retry the transaction",
+    ),
+    (
+        "53",
+        Meaning::Unavailable,
+        "insufficient resources: disk full, out of memory, too many connections",
+    ),
+    (
+        "55000",
+        Meaning::Unavailable,
+        "not in prerequisite state: the database is not accepting connections",
+    ),
+    ("55006", Meaning::Unavailable, "object in use"),
+    ("55P03", Meaning::Unavailable, "lock not available"),
+    (
+        "57",
+        Meaning::Unavailable,
+        "operator intervention: shutdown, restart, cancelled statement",
+    ),
+    (
+        "58",
+        Meaning::Unavailable,
+        "system error: I/O failure on the server",
+    ),
+    (
+        "XX",
+        Meaning::Internal,
+        "internal error or corruption on the server",
+    ),
+];
+
+/// SQLite primary result codes (an extended code's low byte); anything not listed is
+/// [`Meaning::Internal`].
+pub const SQLITE_CODES: &[(i32, Meaning, &str)] = &[
+    (
+        5,
+        Meaning::Unavailable,
+        "SQLITE_BUSY: another process holds the write lock",
+    ),
+    (6, Meaning::Unavailable, "SQLITE_LOCKED"),
+    (7, Meaning::Unavailable, "SQLITE_NOMEM"),
+    (
+        8,
+        Meaning::Unavailable,
+        "SQLITE_READONLY: the file cannot be written",
+    ),
+    (10, Meaning::Unavailable, "SQLITE_IOERR"),
+    (13, Meaning::Unavailable, "SQLITE_FULL: the disk is full"),
+    (14, Meaning::Unavailable, "SQLITE_CANTOPEN"),
+    (15, Meaning::Unavailable, "SQLITE_PROTOCOL: a locking race"),
+];
+
+/// The meaning of a PostgreSQL SQLSTATE.
+pub fn postgres_meaning(sqlstate: &str) -> Meaning {
+    POSTGRES_SQLSTATES
+        .iter()
+        .filter(|(prefix, _, _)| sqlstate.starts_with(prefix))
+        .max_by_key(|(prefix, _, _)| prefix.len())
+        .map_or(Meaning::Internal, |(_, meaning, _)| *meaning)
+}
+
+/// The meaning of an SQLite result code, primary or extended.
+pub fn sqlite_meaning(code: i32) -> Meaning {
+    let primary = code & 0xff;
+    if code == 2067 || code == 1555 {
+        // SQLITE_CONSTRAINT_UNIQUE, SQLITE_CONSTRAINT_PRIMARYKEY
+        return Meaning::Duplicate;
+    }
+    SQLITE_CODES
+        .iter()
+        .find(|(c, _, _)| *c == primary)
+        .map_or(Meaning::Internal, |(_, meaning, _)| *meaning)
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
-        match &error {
+        let meaning = match &error {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(error),
-            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Duplicate,
+            | sqlx::Error::WorkerCrashed => Meaning::Unavailable,
+            sqlx::Error::Database(db) if db.is_unique_violation() => Meaning::Duplicate,
             sqlx::Error::Database(db) => {
                 let code = db.code().unwrap_or_default();
-                if postgres_retryable(&code) || sqlite_retryable(&code) {
-                    StoreError::Unavailable(error)
+                if db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some()
+                {
+                    postgres_meaning(&code)
                 } else {
-                    StoreError::Internal(error)
+                    code.parse().map_or(Meaning::Internal, sqlite_meaning)
                 }
             }
-            _ => StoreError::Internal(error),
+            _ => Meaning::Internal,
+        };
+        match meaning {
+            Meaning::Unavailable => StoreError::Unavailable(error),
+            Meaning::Duplicate => StoreError::Duplicate,
+            Meaning::Internal => StoreError::Internal(error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_map_by_code_then_class() {
+        for (code, meaning) in [
+            ("08006", Meaning::Unavailable),
+            ("55000", Meaning::Unavailable),
+            ("57P01", Meaning::Unavailable),
+            ("57P03", Meaning::Unavailable),
+            ("57014", Meaning::Unavailable),
+            ("25006", Meaning::Unavailable),
+            ("53300", Meaning::Unavailable),
+            ("40001", Meaning::Unavailable),
+            ("23505", Meaning::Duplicate),
+            ("23503", Meaning::Internal),
+            ("22021", Meaning::Internal),
+            ("42P01", Meaning::Internal),
+            ("55001", Meaning::Internal),
+            ("XX001", Meaning::Internal),
+        ] {
+            assert_eq!(postgres_meaning(code), meaning, "{code}");
+        }
+    }
+
+    #[test]
+    fn sqlite_codes_map_by_primary_code() {
+        assert_eq!(sqlite_meaning(5), Meaning::Unavailable);
+        assert_eq!(sqlite_meaning(517), Meaning::Unavailable, "BUSY_SNAPSHOT");
+        assert_eq!(sqlite_meaning(778), Meaning::Unavailable, "IOERR_WRITE");
+        assert_eq!(sqlite_meaning(2067), Meaning::Duplicate);
+        assert_eq!(sqlite_meaning(1), Meaning::Internal);
+        assert_eq!(sqlite_meaning(787), Meaning::Internal, "a foreign key");
     }
 }

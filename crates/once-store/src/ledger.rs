@@ -9,6 +9,22 @@ use crate::{Backend, StoreError};
 /// How often a first claim is retried after losing the race to create the row.
 const CLAIM_RACE_RETRIES: usize = 3;
 
+/// The advisory lock key of one intent: tenant, tool and fingerprint, hashed to 64 bits.
+fn intent_lock_key(tenant: &str, tool: &str, fingerprint: &Fingerprint) -> i64 {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for part in [tenant.as_bytes(), tool.as_bytes(), &fingerprint.0[..]] {
+        hasher.update((part.len() as u32).to_be_bytes());
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
+    i64::from_be_bytes(
+        digest[..8]
+            .try_into()
+            .expect("a SHA-256 digest has 8 bytes"),
+    )
+}
+
 /// The ledger over one backend. Cheap to clone; every clone shares the pool.
 #[derive(Debug, Clone)]
 pub struct Ledger<B> {
@@ -26,12 +42,13 @@ impl<B: Backend> Ledger<B> {
 
     /// Decides a Begin and commits whatever the decision needs before returning it.
     pub async fn begin(&self, cmd: &BeginCommand) -> Result<BeginDecision, StoreError> {
-        // Most Begins that write nothing (replays, IN_PROGRESS, UNKNOWN) are answered from a
-        // plain read: those states only change under a lock, and each answer is true of the
-        // committed state it was read from.
+        // Most Begins that write nothing (replays, IN_PROGRESS, UNKNOWN, a retried grant) are
+        // answered from a plain read: those states only change under a lock, and each answer is
+        // true of the committed state it was read from.
         let (current, now) = self.backend.read(&cmd.tenant, &cmd.operation_id).await?;
-        if !machine::needs_guard(current.as_ref(), cmd, now) {
-            let (decision, plan) = machine::begin(current.as_ref(), cmd, None, now);
+        if let machine::BeginStep::Decided(decision, plan) =
+            machine::begin(current.as_ref(), cmd, now)
+        {
             if plan.is_empty() {
                 return Ok(decision);
             }
@@ -42,22 +59,13 @@ impl<B: Backend> Ledger<B> {
                 .backend
                 .lock(&mut tx, &cmd.tenant, &cmd.operation_id)
                 .await?;
-            let blocking = if machine::needs_guard(current.as_ref(), cmd, now) {
-                let found = self
-                    .backend
-                    .find_blocking(
-                        &mut tx,
-                        &cmd.tenant,
-                        &cmd.tool,
-                        &cmd.fingerprint.0,
-                        &cmd.operation_id,
-                    )
-                    .await?;
-                found
-            } else {
-                None
+            let (decision, plan) = match machine::begin(current.as_ref(), cmd, now) {
+                machine::BeginStep::Decided(decision, plan) => (decision, plan),
+                machine::BeginStep::Claim => {
+                    let guard = self.guard(&mut tx, cmd).await?;
+                    machine::claim(current.as_ref(), cmd, guard, now)
+                }
             };
-            let (decision, plan) = machine::begin(current.as_ref(), cmd, blocking.as_ref(), now);
             match self
                 .backend
                 .apply(&mut tx, &cmd.tenant, &cmd.operation_id, &plan, now)
@@ -74,6 +82,35 @@ impl<B: Backend> Ledger<B> {
         Err(StoreError::Duplicate)
     }
 
+    /// The fresh-id guard and, when nothing blocks, a new fencing token. The guard of one
+    /// intent is serialised until this transaction ends, so two Begins of the same intent under
+    /// two new ids cannot both find the way clear.
+    async fn guard(
+        &self,
+        tx: &mut B::Tx,
+        cmd: &BeginCommand,
+    ) -> Result<machine::Guard, StoreError> {
+        if !cmd.new_intent {
+            let key = intent_lock_key(&cmd.tenant, &cmd.tool, &cmd.fingerprint);
+            self.backend.lock_intent(tx, key).await?;
+            let blocking = self
+                .backend
+                .find_blocking(
+                    tx,
+                    &cmd.tenant,
+                    &cmd.tool,
+                    &cmd.fingerprint.0,
+                    &cmd.operation_id,
+                )
+                .await?;
+            if let Some(blocking) = blocking {
+                return Ok(machine::Guard::Blocked(blocking));
+            }
+        }
+        let token = self.backend.next_token(tx).await?;
+        Ok(machine::Guard::Clear { token })
+    }
+
     /// Applies an executor's report. A refused report may still record an anomaly.
     pub async fn report(
         &self,
@@ -81,11 +118,23 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ReportCommand,
     ) -> Result<State, StoreError> {
-        self.locked(tenant, id, |op, now| {
-            let (outcome, plan) = machine::report(op, cmd, now);
-            (outcome.map_err(StoreError::from), plan)
-        })
-        .await
+        let mut tx = self.backend.begin_write().await?;
+        let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
+        let op = current.ok_or(StoreError::NotFound)?;
+        // A superseded attempt of this life is known by its record in the attempt log.
+        let earlier = if machine::needs_attempt_record(&op, cmd.fencing_token) {
+            self.backend
+                .attempt(&mut tx, tenant, id, cmd.fencing_token)
+                .await?
+        } else {
+            None
+        };
+        let (answer, plan) = machine::report(&op, cmd, earlier.as_ref(), now);
+        self.commit_plan(tx, tenant, id, &plan, now).await?;
+        if answer.is_err() && cmd.fencing_token < op.life {
+            tracing::warn!(operation_id = %id, fencing_token = cmd.fencing_token, life = op.life, "refused a report from an earlier life of the operation");
+        }
+        Ok(answer?)
     }
 
     /// Extends a live lease; returns the new deadline.
@@ -105,18 +154,29 @@ impl<B: Backend> Ledger<B> {
         .await
     }
 
-    /// Applies an operator's resolution of an UNKNOWN operation.
+    /// Applies an operator's resolution of an UNKNOWN operation. A retry with the same
+    /// resolution id gets the first answer, even after the operation moved on or retention
+    /// deleted it (for as long as its events are kept).
     pub async fn resolve(
         &self,
         tenant: &str,
         id: &OperationId,
         cmd: &ResolveCommand,
     ) -> Result<State, StoreError> {
-        self.locked(tenant, id, |op, now| match machine::resolve(op, cmd, now) {
-            Ok((state, plan)) => (Ok(state), plan),
-            Err(rejection) => (Err(rejection.into()), Plan::default()),
-        })
-        .await
+        let mut tx = self.backend.begin_write().await?;
+        let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
+        let prior = self
+            .backend
+            .find_resolution(&mut tx, tenant, id, &cmd.resolution_id)
+            .await?;
+        let op = match (current, prior) {
+            (Some(op), _) => op,
+            (None, Some(prior)) => return Ok(machine::retried_resolution(cmd, prior)?),
+            (None, None) => return Err(StoreError::NotFound),
+        };
+        let (state, plan) = machine::resolve(&op, cmd, prior, now)?;
+        self.commit_plan(tx, tenant, id, &plan, now).await?;
+        Ok(state)
     }
 
     /// Turns one IN_FLIGHT operation whose lease has ended into UNKNOWN. Returns whether it did.
@@ -147,11 +207,25 @@ impl<B: Backend> Ledger<B> {
             return Err(StoreError::NotFound);
         };
         let (answer, plan) = decide(&op, now);
-        if !plan.is_empty() {
-            self.backend.apply(&mut tx, tenant, id, &plan, now).await?;
-            self.backend.commit(tx).await?;
-        }
+        self.commit_plan(tx, tenant, id, &plan, now).await?;
         answer
+    }
+
+    /// Writes and commits `plan`, if it writes anything (a transaction dropped uncommitted
+    /// rolls back, releasing its locks).
+    async fn commit_plan(
+        &self,
+        mut tx: B::Tx,
+        tenant: &str,
+        id: &OperationId,
+        plan: &Plan,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        if plan.is_empty() {
+            return Ok(());
+        }
+        self.backend.apply(&mut tx, tenant, id, plan, now).await?;
+        self.backend.commit(tx).await
     }
 
     /// One operation with its attempt log and event history.
@@ -162,7 +236,7 @@ impl<B: Backend> Ledger<B> {
     ) -> Result<(Operation, Vec<Attempt>, Vec<Event>), StoreError> {
         let (op, _) = self.backend.read(tenant, id).await?;
         let op = op.ok_or(StoreError::NotFound)?;
-        let (attempts, events) = self.backend.history(tenant, id).await?;
+        let (attempts, events) = self.backend.history(tenant, id, op.life).await?;
         Ok((op, attempts, events))
     }
 
@@ -186,36 +260,56 @@ impl<B: Backend> Ledger<B> {
         Ok((operations, next))
     }
 
-    /// Claims up to `limit` operations due for a reconciler lookup and returns them as they are
-    /// stored. See [`Backend::claim_lookups`].
+    /// Claims up to `limit` operations due for a reconciler lookup, each for `claim_ms`, and
+    /// returns them as claimed, with their claims. See [`Backend::claim_lookup`].
     pub async fn claim_lookups(
         &self,
         limit: u32,
         claim_ms: i64,
-    ) -> Result<Vec<Operation>, StoreError> {
+    ) -> Result<Vec<(Operation, reconcile::Lookup)>, StoreError> {
         let mut claimed = Vec::new();
-        for (tenant, id) in self.backend.claim_lookups(limit, claim_ms).await? {
-            if let (Some(op), _) = self.backend.read(&tenant, &id).await? {
-                claimed.push(op);
+        for (tenant, id) in self.backend.due_lookups(limit).await? {
+            // Another replica may claim it first: then this one finds it held and skips it.
+            if let Some(found) = self
+                .backend
+                .claim_lookup(&tenant, &id, claim_ms, false)
+                .await?
+            {
+                claimed.push(found);
             }
         }
         Ok(claimed)
     }
 
-    /// Applies a reconciler's verdict to an operation, in one transaction with its events.
-    /// Returns the state after, and whether this lookup escalated the operation.
+    /// Claims one operation for a lookup: only when it is due, unless `before_due`.
+    pub async fn claim_lookup(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        claim_ms: i64,
+        before_due: bool,
+    ) -> Result<Option<(Operation, reconcile::Lookup)>, StoreError> {
+        self.backend
+            .claim_lookup(tenant, id, claim_ms, before_due)
+            .await
+    }
+
+    /// Applies the verdict of a lookup claimed as `lookup`, in one transaction with its events.
+    /// Returns what it did, and whether this lookup escalated the operation.
     pub async fn apply_verdict(
         &self,
         tenant: &str,
         id: &OperationId,
+        lookup: &reconcile::Lookup,
         verdict: &reconcile::Verdict,
         policy: &reconcile::LookupPolicy,
         jitter: f64,
-    ) -> Result<(State, bool), StoreError> {
+    ) -> Result<(reconcile::Applied, bool), StoreError> {
         self.locked(tenant, id, |op, now| {
-            let (state, plan) = reconcile::apply_verdict(op, verdict, policy, jitter, now);
+            let (applied, plan) =
+                reconcile::apply_verdict(op, lookup, verdict, policy, jitter, now);
             let escalated = plan.events.iter().any(|e| e.kind == EventKind::Escalated);
-            (Ok((state, escalated)), plan)
+            (Ok((applied, escalated)), plan)
         })
         .await
     }

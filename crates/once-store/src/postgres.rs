@@ -11,7 +11,9 @@ use once_core::{Millis, Operation, OperationId};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
-use crate::shared::{bind_operation, decode_operation, shared_backend_methods, OPERATION_COLUMNS};
+use crate::shared::{
+    bind_operation, decode_attempt, decode_operation, shared_backend_methods, OPERATION_COLUMNS,
+};
 use crate::{Backend, StoreError};
 
 /// Milliseconds since the epoch by the database's clock.
@@ -104,6 +106,36 @@ impl Backend for PgBackend {
         );
         let mut conn = self.pool.acquire().await?;
         read_with_clock(&sql, &mut conn, tenant, id).await
+    }
+
+    async fn lock_intent(&self, tx: &mut Self::Tx, key: i64) -> Result<(), StoreError> {
+        // Held until the transaction ends. Row locks cannot do this: the second Begin's row
+        // does not exist yet, and the first one's is not committed.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(key)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn next_token(&self, tx: &mut Self::Tx) -> Result<u64, StoreError> {
+        // A sequence never hands out a value twice, committed or not.
+        let token: i64 = sqlx::query_scalar("SELECT nextval('fencing_tokens')")
+            .fetch_one(&mut **tx)
+            .await?;
+        crate::shared::token(token)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        // A standby or a demoted primary answers, but cannot record anything.
+        let (in_recovery, read_only): (bool, String) =
+            sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
+                .fetch_one(&self.pool)
+                .await?;
+        if in_recovery || read_only == "on" {
+            return Err(StoreError::ReadOnly);
+        }
+        Ok(())
     }
 
     shared_backend_methods!(Postgres, pg_now!());

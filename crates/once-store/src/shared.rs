@@ -1,34 +1,54 @@
 //! SQL both backends share. The statements are written once, in the dialect SQLite and
-//! PostgreSQL have in common (`$n` placeholders, `ON CONFLICT`, row values, integer
+//! PostgreSQL have in common (`$n` placeholders, `ON CONFLICT`, `RETURNING`, row values, integer
 //! milliseconds), and instantiated for each backend by [`shared_backend_methods!`].
 
 use once_core::{AttemptContext, Fingerprint, OperationId, Source, State};
 
 use crate::StoreError;
 
-/// The columns of `operations`, in the order [`bind_operation!`] binds them.
-pub(crate) const OPERATION_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, attempt_id, \
-     lease_started_at, lease_deadline, result, provider_ref, provider_key, provider, lookup_hints, retention_ms, \
-     created_at, updated_at, expires_at, reason, resolution_id, reconcile_lookups, reconcile_next_at";
+/// Every column of `operations`, as [`decode_operation!`] reads them.
+pub(crate) const OPERATION_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, fencing_token, life, \
+     attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, result, provider_ref, \
+     provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, unknown_since, \
+     last_report_at, declared_absent_token, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
 
-pub(crate) const INSERT_OPERATION: &str = "INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, source, attempt, attempt_id, \
-     lease_started_at, lease_deadline, result, provider_ref, provider_key, provider, lookup_hints, retention_ms, \
-     created_at, updated_at, expires_at, reason, resolution_id, reconcile_lookups, reconcile_next_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)";
+/// The same, without the stored result: list pages never carry results.
+pub(crate) const LISTED_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, fencing_token, life, \
+     attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, NULL AS result, provider_ref, \
+     provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, unknown_since, \
+     last_report_at, declared_absent_token, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
 
-pub(crate) const UPDATE_OPERATION: &str = "UPDATE operations SET tool = $3, fingerprint = $4, state = $5, source = $6, attempt = $7, \
-     attempt_id = $8, lease_started_at = $9, lease_deadline = $10, result = $11, provider_ref = $12, \
-     provider_key = $13, provider = $14, lookup_hints = $15, retention_ms = $16, created_at = $17, \
-     updated_at = $18, expires_at = $19, reason = $20, resolution_id = $21, \
-     reconcile_lookups = $22, reconcile_next_at = $23 \
+pub(crate) const INSERT_OPERATION: &str = "INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, source, attempt, \
+     fencing_token, life, attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, \
+     result, provider_ref, provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, \
+     unknown_since, last_report_at, declared_absent_token, reconcile_lookups, reconcile_next_at, lookup_claimed_until) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, \
+     $24, $25, $26, $27, $28, $29, $30, $31, $32)";
+
+pub(crate) const UPDATE_OPERATION: &str = "UPDATE operations SET tool = $3, fingerprint = $4, state = $5, source = $6, \
+     attempt = $7, fencing_token = $8, life = $9, attempt_id = $10, client_name = $11, session_id = $12, request_id = $13, \
+     executor = $14, lease_started_at = $15, lease_deadline = $16, result = $17, provider_ref = $18, provider_key = $19, \
+     provider = $20, lookup_hints = $21, retention_ms = $22, created_at = $23, updated_at = $24, expires_at = $25, \
+     reason = $26, unknown_since = $27, last_report_at = $28, declared_absent_token = $29, reconcile_lookups = $30, \
+     reconcile_next_at = $31, lookup_claimed_until = $32, version = version + 1 \
      WHERE tenant = $1 AND operation_id = $2";
 
-pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (tenant, operation_id, number, attempt_id, started_at, lease_deadline, actor, \
-     client_name, session_id, request_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (tenant, operation_id, number, fencing_token, attempt_id, started_at, \
+     lease_deadline, actor, client_name, session_id, request_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+
+pub(crate) const ATTEMPT_COLUMNS: &str =
+    "number, fencing_token, attempt_id, started_at, lease_deadline, actor, client_name, \
+     session_id, request_id";
 
 /// Anomalies carry a dedupe key so a repeated cause is recorded once.
-pub(crate) const INSERT_EVENT: &str = "INSERT INTO events (tenant, operation_id, at, kind, from_state, to_state, attempt, actor, reason, \
-     details, dedupe_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING";
+pub(crate) const INSERT_EVENT: &str = "INSERT INTO events (tenant, operation_id, life, at, kind, from_state, to_state, attempt, actor, \
+     reason, details, dedupe_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING";
+
+/// The fresh-id guard: an open operation with the same intent under another id, UNKNOWN ones
+/// first (they block whatever their lease says).
+pub(crate) const FIND_BLOCKING: &str = "SELECT operation_id, state, attempt, lease_deadline, updated_at FROM operations \
+     WHERE tenant = $1 AND tool = $2 AND fingerprint = $3 AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4 \
+     ORDER BY state DESC, created_at LIMIT 1";
 
 pub(crate) fn state(value: &str) -> Result<State, StoreError> {
     State::parse(value).ok_or_else(|| StoreError::Corrupt(format!("unknown state {value:?}")))
@@ -54,6 +74,17 @@ pub(crate) fn attempt_number(value: i64) -> Result<u32, StoreError> {
         .map_err(|_| StoreError::Corrupt(format!("attempt number {value} out of range")))
 }
 
+pub(crate) fn token(value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value)
+        .map_err(|_| StoreError::Corrupt(format!("fencing token {value} out of range")))
+}
+
+/// A fencing token as the database stores it (BIGINT). Tokens come from the store's own
+/// counter, so one that does not fit was never issued.
+pub(crate) fn token_column(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
 pub(crate) fn context(
     client_name: Option<String>,
     session_id: Option<String>,
@@ -66,7 +97,8 @@ pub(crate) fn context(
     }
 }
 
-/// Binds every column of an operation, in [`OPERATION_COLUMNS`] order.
+/// Binds the columns of an operation that a plan writes, in the order of [`INSERT_OPERATION`]
+/// and [`UPDATE_OPERATION`]. `version` is not among them: every update bumps it in SQL.
 macro_rules! bind_operation {
     ($query:expr, $op:expr) => {{
         let op: &once_core::Operation = $op;
@@ -78,7 +110,13 @@ macro_rules! bind_operation {
             .bind(op.state.as_str())
             .bind(op.source.as_str())
             .bind(i64::from(op.attempt))
+            .bind($crate::shared::token_column(op.fencing_token))
+            .bind($crate::shared::token_column(op.life))
             .bind(op.attempt_id.as_str())
+            .bind(op.attempt_context.client_name.clone())
+            .bind(op.attempt_context.session_id.clone())
+            .bind(op.attempt_context.request_id.clone())
+            .bind(op.executor.as_str())
             .bind(op.lease_started_at)
             .bind(op.lease_deadline)
             .bind(op.result.clone())
@@ -91,9 +129,12 @@ macro_rules! bind_operation {
             .bind(op.updated_at)
             .bind(op.expires_at)
             .bind(op.reason.clone())
-            .bind(op.resolution_id.clone())
+            .bind(op.unknown_since)
+            .bind(op.last_report_at)
+            .bind(op.declared_absent_token.map($crate::shared::token_column))
             .bind(i64::from(op.reconcile_lookups))
             .bind(op.reconcile_next_at)
+            .bind(op.lookup_claimed_until)
     }};
 }
 
@@ -114,7 +155,15 @@ macro_rules! decode_operation {
                 state: $crate::shared::state(row.try_get("state")?)?,
                 source: $crate::shared::source(row.try_get("source")?)?,
                 attempt: $crate::shared::attempt_number(row.try_get("attempt")?)?,
+                fencing_token: $crate::shared::token(row.try_get("fencing_token")?)?,
+                life: $crate::shared::token(row.try_get("life")?)?,
                 attempt_id: row.try_get("attempt_id")?,
+                attempt_context: $crate::shared::context(
+                    row.try_get("client_name")?,
+                    row.try_get("session_id")?,
+                    row.try_get("request_id")?,
+                ),
+                executor: row.try_get("executor")?,
                 lease_started_at: row.try_get("lease_started_at")?,
                 lease_deadline: row.try_get("lease_deadline")?,
                 result: row.try_get("result")?,
@@ -127,12 +176,40 @@ macro_rules! decode_operation {
                 updated_at: row.try_get("updated_at")?,
                 expires_at: row.try_get("expires_at")?,
                 reason: row.try_get("reason")?,
-                resolution_id: row.try_get("resolution_id")?,
+                version: row.try_get("version")?,
+                unknown_since: row.try_get("unknown_since")?,
+                last_report_at: row.try_get("last_report_at")?,
+                declared_absent_token: row
+                    .try_get::<Option<i64>, _>("declared_absent_token")?
+                    .map($crate::shared::token)
+                    .transpose()?,
                 reconcile_lookups: $crate::shared::attempt_number(
                     row.try_get("reconcile_lookups")?,
                 )?,
                 reconcile_next_at: row.try_get("reconcile_next_at")?,
+                lookup_claimed_until: row.try_get("lookup_claimed_until")?,
             }),
+        }
+    }};
+}
+
+/// Reads an attempt from a row holding [`ATTEMPT_COLUMNS`].
+macro_rules! decode_attempt {
+    ($row:expr) => {{
+        use sqlx::Row as _;
+        let row = $row;
+        once_core::Attempt {
+            number: $crate::shared::attempt_number(row.try_get("number")?)?,
+            fencing_token: $crate::shared::token(row.try_get("fencing_token")?)?,
+            attempt_id: row.try_get("attempt_id")?,
+            started_at: row.try_get("started_at")?,
+            lease_deadline: row.try_get("lease_deadline")?,
+            actor: row.try_get("actor")?,
+            context: $crate::shared::context(
+                row.try_get("client_name")?,
+                row.try_get("session_id")?,
+                row.try_get("request_id")?,
+            ),
         }
     }};
 }
@@ -148,19 +225,67 @@ macro_rules! shared_backend_methods {
             tool: &str,
             fingerprint: &[u8; 32],
             except: &once_core::OperationId,
-        ) -> Result<Option<once_core::OperationId>, $crate::StoreError> {
-            let found: Option<String> = sqlx::query_scalar(
-                "SELECT operation_id FROM operations \
-                 WHERE tenant = $1 AND tool = $2 AND fingerprint = $3 AND state = 'UNKNOWN' AND operation_id <> $4 \
-                 ORDER BY created_at LIMIT 1",
+        ) -> Result<Option<once_core::Blocking>, $crate::StoreError> {
+            use sqlx::Row as _;
+            let row = sqlx::query($crate::shared::FIND_BLOCKING)
+                .bind(tenant)
+                .bind(tool)
+                .bind(fingerprint.to_vec())
+                .bind(except.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            Ok(Some(once_core::Blocking {
+                operation_id: $crate::shared::operation_id(row.try_get("operation_id")?)?,
+                state: $crate::shared::state(row.try_get("state")?)?,
+                attempt: $crate::shared::attempt_number(row.try_get("attempt")?)?,
+                lease_deadline: row.try_get("lease_deadline")?,
+                updated_at: row.try_get("updated_at")?,
+            }))
+        }
+
+        async fn attempt(
+            &self,
+            tx: &mut Self::Tx,
+            tenant: &str,
+            id: &once_core::OperationId,
+            fencing_token: u64,
+        ) -> Result<Option<once_core::Attempt>, $crate::StoreError> {
+            let sql = format!(
+                "SELECT {} FROM attempts WHERE tenant = $1 AND operation_id = $2 AND fencing_token = $3",
+                $crate::shared::ATTEMPT_COLUMNS
+            );
+            let row = sqlx::query(&sql)
+                .bind(tenant)
+                .bind(id.as_str())
+                .bind($crate::shared::token_column(fencing_token))
+                .fetch_optional(&mut **tx)
+                .await?;
+            Ok(match row {
+                Some(row) => Some(decode_attempt!(&row)),
+                None => None,
+            })
+        }
+
+        async fn find_resolution(
+            &self,
+            tx: &mut Self::Tx,
+            tenant: &str,
+            id: &once_core::OperationId,
+            resolution_id: &str,
+        ) -> Result<Option<once_core::State>, $crate::StoreError> {
+            let found: Option<Option<String>> = sqlx::query_scalar(
+                "SELECT to_state FROM events WHERE tenant = $1 AND operation_id = $2 AND dedupe_key = $3",
             )
             .bind(tenant)
-            .bind(tool)
-            .bind(fingerprint.to_vec())
-            .bind(except.as_str())
+            .bind(id.as_str())
+            .bind(once_core::machine::resolution_key(resolution_id))
             .fetch_optional(&mut **tx)
             .await?;
-            found.map($crate::shared::operation_id).transpose()
+            found
+                .flatten()
+                .map(|s| $crate::shared::state(&s))
+                .transpose()
         }
 
         async fn apply(
@@ -188,11 +313,19 @@ macro_rules! shared_backend_methods {
                     }
                 }
             }
+            if plan.new_life {
+                sqlx::query("DELETE FROM attempts WHERE tenant = $1 AND operation_id = $2")
+                    .bind(tenant)
+                    .bind(id.as_str())
+                    .execute(&mut **tx)
+                    .await?;
+            }
             if let Some(attempt) = &plan.attempt {
                 sqlx::query($crate::shared::INSERT_ATTEMPT)
                     .bind(tenant)
                     .bind(id.as_str())
                     .bind(i64::from(attempt.number))
+                    .bind($crate::shared::token_column(attempt.fencing_token))
                     .bind(attempt.attempt_id.as_str())
                     .bind(attempt.started_at)
                     .bind(attempt.lease_deadline)
@@ -207,6 +340,7 @@ macro_rules! shared_backend_methods {
                 sqlx::query($crate::shared::INSERT_EVENT)
                     .bind(tenant)
                     .bind(id.as_str())
+                    .bind($crate::shared::token_column(event.life))
                     .bind(now)
                     .bind(event.kind.as_str())
                     .bind(event.from.map(|s| s.as_str()))
@@ -226,37 +360,29 @@ macro_rules! shared_backend_methods {
             &self,
             tenant: &str,
             id: &once_core::OperationId,
+            life: u64,
         ) -> Result<(Vec<once_core::Attempt>, Vec<once_core::Event>), $crate::StoreError> {
             use sqlx::Row as _;
-            let rows = sqlx::query(
-                "SELECT number, attempt_id, started_at, lease_deadline, actor, client_name, session_id, request_id \
-                 FROM attempts WHERE tenant = $1 AND operation_id = $2 ORDER BY number",
-            )
-            .bind(tenant)
-            .bind(id.as_str())
-            .fetch_all(&self.pool)
-            .await?;
+            let sql = format!(
+                "SELECT {} FROM attempts WHERE tenant = $1 AND operation_id = $2 ORDER BY number",
+                $crate::shared::ATTEMPT_COLUMNS
+            );
+            let rows = sqlx::query(&sql)
+                .bind(tenant)
+                .bind(id.as_str())
+                .fetch_all(&self.pool)
+                .await?;
             let mut attempts = Vec::with_capacity(rows.len());
-            for row in rows {
-                attempts.push(once_core::Attempt {
-                    number: $crate::shared::attempt_number(row.try_get("number")?)?,
-                    attempt_id: row.try_get("attempt_id")?,
-                    started_at: row.try_get("started_at")?,
-                    lease_deadline: row.try_get("lease_deadline")?,
-                    actor: row.try_get("actor")?,
-                    context: $crate::shared::context(
-                        row.try_get("client_name")?,
-                        row.try_get("session_id")?,
-                        row.try_get("request_id")?,
-                    ),
-                });
+            for row in &rows {
+                attempts.push(decode_attempt!(row));
             }
             let rows = sqlx::query(
                 "SELECT sequence, at, kind, from_state, to_state, attempt, actor, reason, details \
-                 FROM events WHERE tenant = $1 AND operation_id = $2 ORDER BY sequence",
+                 FROM events WHERE tenant = $1 AND operation_id = $2 AND life = $3 ORDER BY sequence",
             )
             .bind(tenant)
             .bind(id.as_str())
+            .bind($crate::shared::token_column(life))
             .fetch_all(&self.pool)
             .await?;
             let mut events = Vec::with_capacity(rows.len());
@@ -285,7 +411,7 @@ macro_rules! shared_backend_methods {
             query: &once_core::ListQuery,
         ) -> Result<Vec<once_core::Operation>, $crate::StoreError> {
             let mut sql = sqlx::QueryBuilder::<$db>::new("SELECT ");
-            sql.push($crate::shared::OPERATION_COLUMNS);
+            sql.push($crate::shared::LISTED_COLUMNS);
             sql.push(" FROM operations WHERE tenant = ").push_bind(tenant);
             if !query.states.is_empty() {
                 sql.push(" AND state IN (");
@@ -331,36 +457,66 @@ macro_rules! shared_backend_methods {
                 .collect()
         }
 
-        async fn claim_lookups(&self, limit: u32, claim_ms: i64) -> Result<Vec<(String, once_core::OperationId)>, $crate::StoreError> {
-            // Pushing reconcile_next_at ahead is the claim: the conditional UPDATE lets exactly one
-            // replica move a due operation, and nobody else sees it due until the claim lapses.
+        async fn due_lookups(&self, limit: u32) -> Result<Vec<(String, once_core::OperationId)>, $crate::StoreError> {
             let due: Vec<(String, String)> = sqlx::query_as(concat!(
                 "SELECT tenant, operation_id FROM operations WHERE state = 'UNKNOWN' AND provider IS NOT NULL \
                  AND reconcile_next_at <= ",
                 $now,
-                " ORDER BY reconcile_next_at LIMIT $1"
+                " AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= ",
+                $now,
+                ") ORDER BY reconcile_next_at LIMIT $1"
             ))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
-            let mut claimed = Vec::with_capacity(due.len());
-            for (tenant, id) in due {
-                let moved = sqlx::query(concat!(
-                    "UPDATE operations SET reconcile_next_at = ",
+            due.into_iter()
+                .map(|(tenant, id)| Ok((tenant, $crate::shared::operation_id(id)?)))
+                .collect()
+        }
+
+        async fn claim_lookup(
+            &self,
+            tenant: &str,
+            id: &once_core::OperationId,
+            claim_ms: i64,
+            before_due: bool,
+        ) -> Result<Option<(once_core::Operation, once_core::reconcile::Lookup)>, $crate::StoreError> {
+            use sqlx::Row as _;
+            // The conditional UPDATE is the claim: one caller moves the claim forward, every
+            // other sees it held until it lapses. The version it bumps makes any lookup claimed
+            // before stale, and the row it returns is the snapshot this lookup judges.
+            let sql = format!(
+                concat!(
+                    "UPDATE operations SET lookup_claimed_until = ",
                     $now,
-                    " + $3 WHERE tenant = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND reconcile_next_at <= ",
-                    $now
-                ))
-                .bind(&tenant)
-                .bind(&id)
+                    " + $3, version = version + 1 \
+                     WHERE tenant = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND provider IS NOT NULL \
+                     AND source <> 'anomaly' AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= ",
+                    $now,
+                    ") AND ($4 OR reconcile_next_at <= ",
+                    $now,
+                    ") RETURNING {}, ",
+                    $now,
+                    " AS issued_at"
+                ),
+                $crate::shared::OPERATION_COLUMNS
+            );
+            let row = sqlx::query(&sql)
+                .bind(tenant)
+                .bind(id.as_str())
                 .bind(claim_ms)
-                .execute(&self.pool)
+                .bind(before_due)
+                .fetch_optional(&self.pool)
                 .await?;
-                if moved.rows_affected() == 1 {
-                    claimed.push((tenant, $crate::shared::operation_id(id)?));
-                }
-            }
-            Ok(claimed)
+            let Some(row) = row else { return Ok(None) };
+            let issued_at: once_core::Millis = row.try_get("issued_at")?;
+            Ok(decode_operation!(&row).map(|op| {
+                let lookup = once_core::reconcile::Lookup {
+                    version: op.version,
+                    issued_at,
+                };
+                (op, lookup)
+            }))
         }
 
         async fn delete_expired(&self, limit: u32) -> Result<u64, $crate::StoreError> {
@@ -398,15 +554,10 @@ macro_rules! shared_backend_methods {
             Ok(())
         }
 
-        async fn ping(&self) -> Result<(), $crate::StoreError> {
-            sqlx::query("SELECT 1").execute(&self.pool).await?;
-            Ok(())
-        }
-
         async fn close(&self) {
             self.pool.close().await;
         }
     };
 }
 
-pub(crate) use {bind_operation, decode_operation, shared_backend_methods};
+pub(crate) use {bind_operation, decode_attempt, decode_operation, shared_backend_methods};

@@ -13,7 +13,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, Transaction};
 
-use crate::shared::{bind_operation, decode_operation, shared_backend_methods, OPERATION_COLUMNS};
+use crate::shared::{
+    bind_operation, decode_attempt, decode_operation, shared_backend_methods, OPERATION_COLUMNS,
+};
 use crate::{Backend, StoreError};
 
 /// How long a writer waits for another process's write lock before giving up.
@@ -87,6 +89,28 @@ impl Backend for SqliteBackend {
     ) -> Result<(Option<Operation>, Millis), StoreError> {
         let mut conn = self.pool.acquire().await?;
         read_with_clock(&mut conn, tenant, id).await
+    }
+
+    async fn lock_intent(&self, _tx: &mut Self::Tx, _key: i64) -> Result<(), StoreError> {
+        // Every write transaction already holds SQLite's one write lock.
+        Ok(())
+    }
+
+    async fn next_token(&self, tx: &mut Self::Tx) -> Result<u64, StoreError> {
+        // The counter row is written under the write lock and rolls back with the transaction
+        // that took a token, so a token no committed transaction used may come again, but
+        // never one that any committed transaction used.
+        let token: i64 = sqlx::query_scalar(
+            "UPDATE fencing_tokens SET last = last + 1 WHERE id = 1 RETURNING last",
+        )
+        .fetch_one(&mut **tx)
+        .await?;
+        crate::shared::token(token)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
     }
 
     shared_backend_methods!(Sqlite, sqlite_now!());

@@ -83,6 +83,7 @@ async fn serve<B: Backend>(
         tokio::spawn(sweeper::reconcile(
             ledger.clone(),
             reconciliation.clone(),
+            config.limits().max_result_bytes,
             stop_sweepers.clone(),
         )),
         tokio::spawn(sweeper::leases(
@@ -106,16 +107,17 @@ async fn serve<B: Backend>(
 
     let address = listener.local_addr()?;
     tracing::info!(%address, store = ledger.backend().kind(), "onced serving");
-    let service = LedgerService::new(
-        ledger.clone(),
-        config.limits(),
-        reconciliation.registry.clone(),
-    );
+    let limits = config.limits();
+    // Room for the largest result and everything around it; a larger request is refused before
+    // it is decoded (RESOURCE_EXHAUSTED), so it costs no more memory than this.
+    let max_request_bytes = (limits.max_result_bytes + 64 * 1024).max(1024 * 1024);
+    let service = LedgerService::new(ledger.clone(), limits, &reconciliation);
     tonic::transport::Server::builder()
+        .layer(status::TooLargeLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(LedgerServer::new(service))
+        .add_service(LedgerServer::new(service).max_decoding_message_size(max_request_bytes))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
         .context("serving gRPC")?;

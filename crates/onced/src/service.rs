@@ -22,8 +22,10 @@ const MAX_WAIT_POLL: Duration = Duration::from_millis(250);
 pub struct LedgerService<B> {
     ledger: Ledger<B>,
     limits: Limits,
-    /// The configured reconcilers, for the Reconcile RPC.
+    /// The configured reconcilers, for the Reconcile RPC and a waiting Begin's lookup.
     reconcilers: once_reconcile::Registry,
+    /// How long a lookup this service starts holds its operation (the workers' claim).
+    claim_ms: i64,
     /// Woken whenever this replica records a report or resolution, so a Begin waiting on an
     /// IN_PROGRESS operation looks again at once instead of at its next poll.
     settled: Arc<Notify>,
@@ -38,18 +40,24 @@ impl<B> std::fmt::Debug for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
-    pub fn new(ledger: Ledger<B>, limits: Limits, reconcilers: once_reconcile::Registry) -> Self {
+    pub fn new(
+        ledger: Ledger<B>,
+        limits: Limits,
+        reconciliation: &once_reconcile::config::Reconciliation,
+    ) -> Self {
         Self {
             ledger,
             limits,
-            reconcilers,
+            reconcilers: reconciliation.registry.clone(),
+            claim_ms: i64::try_from(reconciliation.settings.claim.as_millis()).unwrap_or(i64::MAX),
             settled: Arc::new(Notify::new()),
         }
     }
 }
 
 /// Establishes who is calling. Authentication is off: every caller is tenant `default`, and
-/// the executor is named after the client it says it is.
+/// an executor is named after the client it says it is (reports are recorded under the
+/// executor of the attempt they report on).
 fn caller<T>(_request: &Request<T>, client_name: Option<&str>) -> Caller {
     let name = client_name
         .filter(|n| !n.is_empty())
@@ -85,8 +93,8 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let decision = loop {
             let settled = self.settled.notified();
             let decision = self.ledger.begin(&cmd).await.map_err(status::store)?;
-            // A caller willing to wait gets one synchronous lookup of an UNKNOWN operation, and
-            // the decision its verdict allows.
+            // A caller willing to wait gets one synchronous lookup of an UNKNOWN operation, if
+            // one is due, and the decision its verdict allows.
             if let BeginDecision::Unknown { blocking: None, .. } = &decision {
                 if !looked_up && input.wait_ms > 0 {
                     looked_up = true;
@@ -98,7 +106,14 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
                     }
                 }
             }
-            let BeginDecision::InProgress { retry_after_ms, .. } = &decision else {
+            // Only the same operation is waited for: when the same intent runs under another
+            // id, its outcome must not turn this Begin into a second execution.
+            let BeginDecision::InProgress {
+                retry_after_ms,
+                blocking: None,
+                ..
+            } = &decision
+            else {
                 break decision;
             };
             let now = tokio::time::Instant::now();
@@ -126,8 +141,8 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         request: Request<pb::ConfirmRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, cmd) = convert::confirm(request.into_inner(), &caller, &self.limits)
-            .map_err(status::invalid)?;
+        let (id, cmd) =
+            convert::confirm(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         self.report(&caller, &id, &cmd).await
     }
@@ -138,8 +153,8 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         request: Request<pb::ReportAbsentRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, cmd) = convert::report_absent(request.into_inner(), &caller, &self.limits)
-            .map_err(status::invalid)?;
+        let (id, cmd) =
+            convert::report_absent(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         self.report(&caller, &id, &cmd).await
     }
@@ -150,8 +165,8 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         request: Request<pb::ReportUnknownRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let caller = caller(&request, None);
-        let (id, cmd) = convert::report_unknown(request.into_inner(), &caller, &self.limits)
-            .map_err(status::invalid)?;
+        let (id, cmd) =
+            convert::report_unknown(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         self.report(&caller, &id, &cmd).await
     }
@@ -253,26 +268,46 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
-    /// Looks an UNKNOWN operation up before `deadline`; returns whether the verdict settled it.
-    /// Failures only mean the Begin answers UNKNOWN, as it would have anyway.
+    /// Looks an UNKNOWN operation up before `deadline`, if a lookup is due and no other holds
+    /// it, and returns whether the verdict settled it. A storm of retried Begins is therefore
+    /// no storm of lookups. Failures only mean the Begin answers UNKNOWN, as it would have.
     async fn reconcile_within(
         &self,
         tenant: &str,
         id: &once_core::OperationId,
         deadline: tokio::time::Instant,
     ) -> bool {
-        let Ok((op, _, _)) = self.ledger.get(tenant, id).await else {
-            return false;
+        let claimed = self
+            .ledger
+            .claim_lookup(tenant, id, self.claim_ms, false)
+            .await;
+        let (op, lookup) = match claimed {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return false,
+            Err(error) => {
+                tracing::warn!(%error, "could not claim a lookup during Begin");
+                return false;
+            }
         };
         let Some(registered) = op.provider.as_deref().and_then(|p| self.reconcilers.get(p)) else {
             return false;
         };
-        let looked_up = crate::sweeper::look_up(&self.ledger, registered, &op);
+        let looked_up = crate::sweeper::look_up(
+            &self.ledger,
+            registered,
+            &op,
+            &lookup,
+            self.limits.max_result_bytes,
+        );
+        // Running out of time drops the lookup; its claim lapses and a worker looks again.
         let Ok((_, applied)) = tokio::time::timeout_at(deadline, looked_up).await else {
             return false;
         };
         match applied {
-            Ok((state, _)) => state != once_core::State::Unknown,
+            Ok((once_core::reconcile::Applied::Judged(state), _)) => {
+                state != once_core::State::Unknown
+            }
+            Ok((once_core::reconcile::Applied::Stale, _)) => true,
             Err(error) => {
                 tracing::warn!(%error, "could not apply a verdict during Begin");
                 false
@@ -280,27 +315,60 @@ impl<B: Backend> LedgerService<B> {
         }
     }
 
-    /// Looks `id` up with its reconciler now and applies the verdict. An operator's action: it
-    /// takes no claim, so it may run beside a worker's lookup; each verdict is applied under the
-    /// operation's lock, and a settled operation ignores later ones.
+    /// Looks `id` up with its reconciler now, whatever the backoff says, and applies the
+    /// verdict. An operator's action, under the same claim as the workers' lookups, so it never
+    /// runs beside one.
     async fn reconcile_now(
         &self,
         tenant: &str,
         id: &once_core::OperationId,
     ) -> Result<pb::ReconcileResponse, Status> {
-        let (op, _, _) = self.ledger.get(tenant, id).await.map_err(status::store)?;
-        if op.state != once_core::State::Unknown {
-            return Err(status::store(once_store::StoreError::Rejected(
-                once_core::Rejection::NotUnknown { state: op.state },
-            )));
-        }
+        let claimed = self
+            .ledger
+            .claim_lookup(tenant, id, self.claim_ms, true)
+            .await
+            .map_err(status::store)?;
+        let Some((op, lookup)) = claimed else {
+            // Why not: say which.
+            let (op, _, _) = self.ledger.get(tenant, id).await.map_err(status::store)?;
+            return Err(if op.state != once_core::State::Unknown {
+                status::store(once_store::StoreError::Rejected(
+                    once_core::Rejection::NotUnknown { state: op.state },
+                ))
+            } else if op.held_for_operator() {
+                status::held_for_operator()
+            } else if op.provider.is_none() {
+                status::no_reconciler("")
+            } else {
+                status::lookup_in_progress()
+            });
+        };
         let provider = op.provider.clone().unwrap_or_default();
         let Some(registered) = self.reconcilers.get(&provider) else {
             return Err(status::no_reconciler(&provider));
         };
-        let (verdict, applied) = crate::sweeper::look_up(&self.ledger, registered, &op).await;
-        let (state, _) = applied.map_err(status::store)?;
+        let (verdict, applied) = crate::sweeper::look_up(
+            &self.ledger,
+            registered,
+            &op,
+            &lookup,
+            self.limits.max_result_bytes,
+        )
+        .await;
+        let (applied, _) = applied.map_err(status::store)?;
         self.settled.notify_waiters();
+        let state = match applied {
+            once_core::reconcile::Applied::Judged(state) => state,
+            // It changed under the lookup: whatever it is now is the answer.
+            once_core::reconcile::Applied::Stale => {
+                self.ledger
+                    .get(tenant, id)
+                    .await
+                    .map_err(status::store)?
+                    .0
+                    .state
+            }
+        };
         let (found, detail) = match &verdict {
             once_reconcile::Verdict::Confirmed { evidence, .. } => {
                 (once_core::State::Confirmed, evidence.clone())

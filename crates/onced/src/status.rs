@@ -8,8 +8,7 @@ use once_store::StoreError;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-/// The `ErrorInfo.domain` of every error this service returns.
-pub const ERROR_DOMAIN: &str = "once.ledger.v1";
+pub use once_api::ERROR_DOMAIN;
 
 fn status(code: Code, reason: &str, message: String, metadata: Vec<(String, String)>) -> Status {
     let details = ErrorDetails::with_error_info(
@@ -52,6 +51,15 @@ pub fn store(error: StoreError) -> Status {
                 vec![],
             )
         }
+        StoreError::ReadOnly => {
+            tracing::warn!("database is read-only");
+            status(
+                Code::Unavailable,
+                "STORE_UNAVAILABLE",
+                "the ledger's database does not accept writes (a standby or a demoted primary); nothing was changed and the call is safe to retry".into(),
+                vec![],
+            )
+        }
         StoreError::Duplicate => status(
             Code::Unavailable,
             "CONTENDED",
@@ -67,6 +75,38 @@ pub fn store(error: StoreError) -> Status {
             status(Code::Internal, "INTERNAL", "internal error".into(), vec![])
         }
     }
+}
+
+/// The operation is held for an operator after a double execution: no lookup settles it.
+pub fn held_for_operator() -> Status {
+    status(
+        Code::FailedPrecondition,
+        "HELD_FOR_OPERATOR",
+        "the operation may have been performed twice and is held for an operator: resolve it"
+            .into(),
+        vec![],
+    )
+}
+
+/// Another lookup holds the operation right now.
+pub fn lookup_in_progress() -> Status {
+    status(
+        Code::FailedPrecondition,
+        "LOOKUP_IN_PROGRESS",
+        "a lookup of this operation is running; its verdict will be in the operation's history"
+            .into(),
+        vec![],
+    )
+}
+
+/// A request over the size limit, as tonic reports it before any handler runs.
+pub fn too_large(message: &str) -> Status {
+    status(
+        Code::ResourceExhausted,
+        "REQUEST_TOO_LARGE",
+        format!("{message}; store large results elsewhere and send a reference"),
+        vec![],
+    )
 }
 
 /// The operation names no reconciler this ledger has.
@@ -87,15 +127,43 @@ pub fn no_reconciler(provider: &str) -> Status {
 fn rejected(rejection: Rejection) -> Status {
     let message = rejection.to_string();
     match rejection {
-        Rejection::ExecutionRightLost { token, latest } => status(
+        Rejection::ExecutionRightLost {
+            token,
+            latest_attempt,
+            latest_token,
+        } => status(
             Code::FailedPrecondition,
             "EXECUTION_RIGHT_LOST",
             message,
             vec![
                 ("fencing_token".into(), token.to_string()),
-                ("latest_attempt".into(), latest.to_string()),
+                ("latest_attempt".into(), latest_attempt.to_string()),
+                ("latest_fencing_token".into(), latest_token.to_string()),
             ],
         ),
+        Rejection::AttemptMismatch {
+            examined,
+            current,
+            current_token,
+        } => status(
+            Code::FailedPrecondition,
+            "ATTEMPT_MISMATCH",
+            message,
+            vec![
+                ("examined_attempt".into(), examined.to_string()),
+                ("current_attempt".into(), current.to_string()),
+                ("current_fencing_token".into(), current_token.to_string()),
+            ],
+        ),
+        Rejection::ResolutionIdReused { state, .. } => status(
+            Code::FailedPrecondition,
+            "RESOLUTION_ID_REUSED",
+            message,
+            vec![("state".into(), state.as_str().into())],
+        ),
+        Rejection::EffectProven => {
+            status(Code::FailedPrecondition, "EFFECT_PROVEN", message, vec![])
+        }
         Rejection::LeaseExpired { token } => status(
             Code::FailedPrecondition,
             "LEASE_EXPIRED",
@@ -114,5 +182,60 @@ fn rejected(rejection: Rejection) -> Status {
             message,
             vec![("state".into(), state.as_str().into())],
         ),
+    }
+}
+
+/// Rewrites tonic's refusal of a request over the size limit — `OUT_OF_RANGE`, sent before any
+/// handler runs — into `RESOURCE_EXHAUSTED` with an `ErrorInfo`, like every other refusal.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TooLargeLayer;
+
+impl<S> tower_layer::Layer<S> for TooLargeLayer {
+    type Service = TooLarge<S>;
+
+    fn layer(&self, inner: S) -> TooLarge<S> {
+        TooLarge { inner }
+    }
+}
+
+/// See [`TooLargeLayer`].
+#[derive(Debug, Clone)]
+pub struct TooLarge<S> {
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> tower_service::Service<http::Request<ReqBody>> for TooLarge<S>
+where
+    S: tower_service::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let answered = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = answered.await?;
+            let refused = Status::from_header_map(response.headers()).filter(|s| {
+                s.code() == Code::OutOfRange && s.message().contains("message length too large")
+            });
+            if let Some(refused) = refused {
+                let (parts, _) = too_large(refused.message()).into_http::<()>().into_parts();
+                for (name, value) in &parts.headers {
+                    response.headers_mut().insert(name.clone(), value.clone());
+                }
+            }
+            Ok(response)
+        })
     }
 }

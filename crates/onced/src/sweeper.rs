@@ -2,7 +2,7 @@
 //! their providers, deleting what retention allows, and telling the health service whether the
 //! database answers.
 //!
-//! Both are safe to run on every replica at once: each lease expiry locks its operation and
+//! All are safe to run on every replica at once: each lease expiry locks its operation and
 //! re-checks it, and each deletion re-checks state and expiry on the row it deletes.
 
 use std::time::Duration;
@@ -102,8 +102,10 @@ pub async fn health<B: Backend>(
     }
 }
 
-/// Operations claimed per reconciliation round.
-const LOOKUP_BATCH: u32 = 50;
+/// Lookups one replica runs at once. Each round claims at most this many operations and looks
+/// them all up together, each within its reconciler's timeout, which the configuration keeps
+/// well inside the claim: a round never holds a claim it cannot use before it lapses.
+const LOOKUP_CONCURRENCY: u32 = 8;
 /// How many times an escalation webhook is tried.
 const WEBHOOK_TRIES: u32 = 8;
 
@@ -112,12 +114,13 @@ const WEBHOOK_TRIES: u32 = 8;
 pub async fn reconcile<B: Backend>(
     ledger: Ledger<B>,
     reconciliation: once_reconcile::config::Reconciliation,
+    max_result_bytes: usize,
     stop: CancellationToken,
 ) {
     if reconciliation.registry.is_empty() {
         return;
     }
-    let settings = reconciliation.settings;
+    let settings = &reconciliation.settings;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -130,38 +133,72 @@ pub async fn reconcile<B: Backend>(
             _ = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let claimed = match ledger.claim_lookups(LOOKUP_BATCH, claim_ms).await {
-            Ok(claimed) => claimed,
-            Err(error) => {
-                tracing::warn!(%error, "could not claim operations to reconcile; will retry");
-                continue;
-            }
-        };
-        for op in claimed {
-            let provider = op.provider.clone().unwrap_or_default();
-            let Some(registered) = reconciliation.registry.get(&provider) else {
-                tracing::warn!(operation_id = %op.operation_id, %provider, "no reconciler of that name is configured");
-                continue;
-            };
-            let (verdict, applied) = look_up(&ledger, registered, &op).await;
-            match applied {
-                Ok((state, escalated)) => {
-                    tracing::info!(operation_id = %op.operation_id, reconciler = %provider, state = state.as_str(), "looked up");
-                    if escalated {
-                        tracing::warn!(operation_id = %op.operation_id, lookups = op.reconcile_lookups + 1, "escalated: still UNKNOWN");
-                        if let Some(url) = &settings.webhook {
-                            tokio::spawn(send_escalation(
-                                http.clone(),
-                                url.clone(),
-                                escalation_summary(&op, &verdict),
-                            ));
-                        }
-                    }
-                }
+        // Rounds follow one another while there is a full batch of work.
+        loop {
+            let claimed = match ledger.claim_lookups(LOOKUP_CONCURRENCY, claim_ms).await {
+                Ok(claimed) => claimed,
                 Err(error) => {
-                    tracing::warn!(operation_id = %op.operation_id, %error, "could not apply a verdict; the claim will lapse and the lookup repeat")
+                    tracing::warn!(%error, "could not claim operations to reconcile; will retry");
+                    break;
+                }
+            };
+            let full = claimed.len() as u32 == LOOKUP_CONCURRENCY;
+            let lookups = claimed.iter().map(|(op, lookup)| {
+                reconcile_one(
+                    &ledger,
+                    &reconciliation,
+                    &http,
+                    op,
+                    lookup,
+                    max_result_bytes,
+                )
+            });
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = futures::future::join_all(lookups) => {}
+            }
+            if !full {
+                break;
+            }
+        }
+    }
+}
+
+/// One claimed operation: look it up, apply the verdict, and escalate if this lookup crossed
+/// a threshold.
+async fn reconcile_one<B: Backend>(
+    ledger: &Ledger<B>,
+    reconciliation: &once_reconcile::config::Reconciliation,
+    http: &reqwest::Client,
+    op: &once_core::Operation,
+    lookup: &once_core::reconcile::Lookup,
+    max_result_bytes: usize,
+) {
+    let provider = op.provider.clone().unwrap_or_default();
+    let Some(registered) = reconciliation.registry.get(&provider) else {
+        tracing::warn!(operation_id = %op.operation_id, %provider, "no reconciler of that name is configured");
+        return;
+    };
+    let (verdict, applied) = look_up(ledger, registered, op, lookup, max_result_bytes).await;
+    match applied {
+        Ok((once_core::reconcile::Applied::Judged(state), escalated)) => {
+            tracing::info!(operation_id = %op.operation_id, reconciler = %provider, state = state.as_str(), "looked up");
+            if escalated {
+                tracing::warn!(operation_id = %op.operation_id, lookups = op.reconcile_lookups + 1, "escalated: still UNKNOWN");
+                if let Some(url) = &reconciliation.settings.webhook {
+                    tokio::spawn(send_escalation(
+                        http.clone(),
+                        url.clone(),
+                        escalation_summary(op, &verdict),
+                    ));
                 }
             }
+        }
+        Ok((once_core::reconcile::Applied::Stale, _)) => {
+            tracing::info!(operation_id = %op.operation_id, reconciler = %provider, "the operation changed during its lookup; the verdict was dropped")
+        }
+        Err(error) => {
+            tracing::warn!(operation_id = %op.operation_id, %error, "could not apply a verdict; the claim will lapse and the lookup repeat")
         }
     }
 }
@@ -220,15 +257,18 @@ fn jitter(operation_id: &str, lookups: u32) -> f64 {
     (hasher.finish() % 1000) as f64 / 1000.0
 }
 
-/// Looks `op` up with `registered` and applies the verdict, in one transaction with its
-/// events. The one path every lookup takes: the workers, the Reconcile RPC, and a waiting Begin.
+/// Looks `op` up with `registered` under the claim `lookup` and applies the verdict, in one
+/// transaction with its events. The one path every lookup takes: the workers, the Reconcile
+/// RPC, and a waiting Begin.
 pub async fn look_up<B: Backend>(
     ledger: &Ledger<B>,
     registered: &once_reconcile::Registered,
     op: &once_core::Operation,
+    lookup: &once_core::reconcile::Lookup,
+    max_result_bytes: usize,
 ) -> (
     once_reconcile::Verdict,
-    Result<(once_core::State, bool), once_store::StoreError>,
+    Result<(once_core::reconcile::Applied, bool), once_store::StoreError>,
 ) {
     let verdict = registered.lookup(&lookup_request(op)).await;
     let jitter = jitter(op.operation_id.as_str(), op.reconcile_lookups);
@@ -236,8 +276,9 @@ pub async fn look_up<B: Backend>(
         .apply_verdict(
             &op.tenant,
             &op.operation_id,
+            lookup,
             &verdict,
-            &registered.policy(),
+            &registered.policy(max_result_bytes),
             jitter,
         )
         .await;
@@ -256,6 +297,7 @@ fn lookup_request(op: &once_core::Operation) -> once_reconcile::LookupRequest {
             .and_then(|h| serde_json::from_str(h).ok())
             .unwrap_or(serde_json::Value::Null),
         attempt: op.attempt,
+        fencing_token: op.fencing_token,
         attempt_started_at_ms: op.lease_started_at,
     }
 }

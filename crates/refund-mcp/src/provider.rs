@@ -28,8 +28,8 @@ impl Provider {
         })
     }
 
-    /// `POST /v1/refunds` with the operation's provider key as `Idempotency-Key`, and the
-    /// operation id in the refund's metadata, where reconcilers look for it.
+    /// `POST /v1/refunds` with the operation's provider key as `Idempotency-Key` and in the
+    /// refund's metadata, where reconcilers look for it (with the operation id, for people).
     pub async fn refund(
         &self,
         payment_intent: &str,
@@ -43,6 +43,7 @@ impl Provider {
             ("payment_intent", payment_intent),
             ("amount", amount.as_str()),
             ("currency", currency),
+            ("metadata[once_provider_key]", idempotency_key),
             ("metadata[once_operation_id]", operation_id),
         ];
         let response = self

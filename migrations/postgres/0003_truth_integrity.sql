@@ -1,0 +1,55 @@
+-- Truth integrity.
+--
+-- Fencing tokens come from one counter for the whole store, so a token is never issued twice for
+-- an operation id, even after retention deletes a settled row and the id starts a new life; a
+-- life is identified by the token of its first attempt. Tokens start above every attempt number
+-- an earlier schema could have issued as a token.
+--
+-- The operation row also keeps what the next decision needs without another read: the latest
+-- attempt's transport context (a regrant needs the same) and executor (reports are recorded
+-- under it), a version that every write bumps (a lookup claimed before a change is stale), the
+-- moments that bound when the effect could have been written (for the reconciler's settle
+-- time), which attempt someone other than itself declared ABSENT, and the lookup claim.
+
+CREATE SEQUENCE fencing_tokens START WITH 1048576;
+
+ALTER TABLE operations ADD COLUMN fencing_token BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE operations ADD COLUMN life BIGINT NOT NULL DEFAULT 1;
+ALTER TABLE operations ADD COLUMN client_name TEXT;
+ALTER TABLE operations ADD COLUMN session_id TEXT;
+ALTER TABLE operations ADD COLUMN request_id TEXT;
+ALTER TABLE operations ADD COLUMN executor TEXT NOT NULL DEFAULT 'executor:default';
+ALTER TABLE operations ADD COLUMN version BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE operations ADD COLUMN unknown_since BIGINT;
+ALTER TABLE operations ADD COLUMN last_report_at BIGINT;
+ALTER TABLE operations ADD COLUMN declared_absent_token BIGINT;
+ALTER TABLE operations ADD COLUMN lookup_claimed_until BIGINT;
+ALTER TABLE attempts ADD COLUMN fencing_token BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE events ADD COLUMN life BIGINT NOT NULL DEFAULT 1;
+
+-- Rows written before: the token of attempt n was n, and the life began with token 1.
+UPDATE attempts SET fencing_token = number;
+UPDATE operations SET
+    fencing_token = attempt,
+    unknown_since = CASE WHEN state = 'UNKNOWN' THEN updated_at END,
+    client_name = (SELECT a.client_name FROM attempts a WHERE a.tenant = operations.tenant
+                   AND a.operation_id = operations.operation_id AND a.number = operations.attempt),
+    session_id = (SELECT a.session_id FROM attempts a WHERE a.tenant = operations.tenant
+                  AND a.operation_id = operations.operation_id AND a.number = operations.attempt),
+    request_id = (SELECT a.request_id FROM attempts a WHERE a.tenant = operations.tenant
+                  AND a.operation_id = operations.operation_id AND a.number = operations.attempt),
+    executor = COALESCE((SELECT a.actor FROM attempts a WHERE a.tenant = operations.tenant
+                         AND a.operation_id = operations.operation_id AND a.number = operations.attempt),
+                        'executor:default');
+
+-- A retried Resolve finds its RESOLVED event by dedupe key now, however the operation moved on.
+ALTER TABLE operations DROP COLUMN resolution_id;
+
+-- The fresh-id guard also stops a new id while the same intent is IN_FLIGHT.
+DROP INDEX operations_unknown_by_fingerprint;
+CREATE INDEX operations_open_by_fingerprint ON operations (tenant, tool, fingerprint)
+    WHERE state IN ('UNKNOWN', 'IN_FLIGHT');
+
+-- An operation's history is the events of its current life.
+DROP INDEX events_by_operation;
+CREATE INDEX events_by_operation ON events (tenant, operation_id, life, sequence);
