@@ -8,6 +8,7 @@ mod concurrency;
 mod decisions;
 mod durability;
 mod fakepay;
+mod integrity;
 mod invariants;
 mod leases;
 mod outage;

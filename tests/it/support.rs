@@ -14,6 +14,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+/// A gRPC client of the ledger.
+pub type Grpc = LedgerClient<Channel>;
+
 /// Which backend a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Store {
@@ -155,6 +158,16 @@ impl TestDb {
                     .rows_affected()
             }
         }
+    }
+
+    /// The database's clock, in milliseconds since the epoch: the clock leases and settle times
+    /// are measured on.
+    pub async fn clock(&self) -> i64 {
+        self.scalar(match self.store {
+            Store::Postgres => "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+            Store::Sqlite => "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        })
+        .await
     }
 
     /// Row counts of every table, to show a refused request changed nothing.
