@@ -211,6 +211,49 @@ async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
     ledger.stop().await;
 }
 
+/// The spec names no lease, so the ledger grants its own default (here 600 ms, not the 30 s a
+/// client might assume): the heartbeat follows the lease the grant carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_follow_the_lease_the_ledger_granted() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn_with(&db, &["--default-lease", "600ms"]).await;
+    let client = client_for(ledger.addr);
+    let mut grpc = ledger.client().await;
+
+    let outcome = client
+        .run(&refund("o-default-lease"), |attempt| {
+            let mut grpc = grpc.clone();
+            let db = &db;
+            async move {
+                let started = db
+                    .scalar("SELECT lease_started_at FROM operations WHERE operation_id LIKE 'refund:%'")
+                    .await;
+                // Run past three default leases, watching the lease move with the heartbeats.
+                eventually(Duration::from_secs(10), "three leases to pass", || async {
+                    (db.clock().await >= started + 1_800).then_some(())
+                })
+                .await;
+                assert_eq!(
+                    state_of(&mut grpc, &attempt.operation_id).await,
+                    once_api::pb::OperationState::InFlight
+                );
+                Ok(Effect::new(b"done".to_vec()))
+            }
+        })
+        .await
+        .unwrap();
+    let Outcome::Executed { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let history = get(&mut grpc, &operation_id).await;
+    assert!(
+        history.events.iter().all(|e| e.kind != "LEASE_EXPIRED"),
+        "{:?}",
+        history.events
+    );
+    ledger.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_ledger_fails_closed() {
     let unused = TcpListener::bind("127.0.0.1:0")

@@ -1,7 +1,10 @@
-//! A PostgreSQL outage: UNAVAILABLE (retryable), nothing half-written, recovery on its own.
+//! PostgreSQL outages — unreachable, refusing connections, read-only — answer UNAVAILABLE
+//! (retryable), write nothing half-way, say NOT_SERVING, and recover on their own; an executor's
+//! lease outlives a failover shorter than the lease.
 //!
 //! The ledger reaches PostgreSQL through a TCP proxy the test controls, so the outage is real
-//! (connections reset, new ones refused) without stopping the shared server.
+//! (connections reset, new ones refused) without stopping the shared server; refusals and
+//! read-only mode are set on the test's own database.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,9 +65,8 @@ impl Proxy {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_outage_is_unavailable_and_recovers() {
-    let db = TestDb::new(Store::Postgres).await;
+/// A proxy in front of `db`'s server, and `db`'s URL through it.
+async fn proxied(db: &TestDb) -> (Proxy, String) {
     let url: url_parts::Parts = url_parts::parse(&db.url);
     let upstream: SocketAddr = tokio::net::lookup_host(format!("{}:{}", url.host, url.port))
         .await
@@ -73,6 +75,13 @@ async fn postgres_outage_is_unavailable_and_recovers() {
         .unwrap();
     let proxy = Proxy::start(upstream).await;
     let proxied = format!("postgres://{}@{}/{}", url.user, proxy.addr, url.database);
+    (proxy, proxied)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_is_unavailable_and_recovers() {
+    let db = TestDb::new(Store::Postgres).await;
+    let (proxy, proxied) = proxied(&db).await;
     let ledger = TestLedger::spawn_url(&proxied, &["--health-check-interval", "100ms"]).await;
     let mut client = ledger.client().await;
 
@@ -120,6 +129,156 @@ async fn postgres_outage_is_unavailable_and_recovers() {
     confirm(&mut client, "before-outage", grant.fencing_token, b"ok")
         .await
         .unwrap();
+    ledger.stop().await;
+}
+
+/// Runs `sql` on the server as its administrator (for settings of the test's own database).
+async fn admin(sql: &str) {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_admin_url())
+        .await
+        .unwrap();
+    sqlx::query(sql).execute(&mut conn).await.expect(sql);
+}
+
+/// Ends every session on the test's database: the ledger's pool must connect anew.
+async fn end_sessions(db: &TestDb) {
+    admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid()",
+        db.pg_name()
+    ))
+    .await;
+}
+
+async fn health_is(addr: SocketAddr, status: ServingStatus) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("health to say {status:?}"),
+        || async move { (ledger_health(addr).await == status).then_some(()) },
+    )
+    .await;
+}
+
+/// Begins until the ledger answers (it may take a reconnection), and checks it refused as a
+/// retryable outage, never INTERNAL.
+async fn refused_as_unavailable(client: &mut Grpc, id: &str) {
+    for _ in 0..3 {
+        let refused = client.begin(begin(id, ARGS)).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+        assert_eq!(reason(&refused), "STORE_UNAVAILABLE");
+    }
+}
+
+/// The server refuses new connections (SQLSTATE 55000) after ending the ledger's sessions
+/// (57P01), as during a planned switchover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refusing_connections_answers_unavailable_and_not_serving() {
+    let db = TestDb::new(Store::Postgres).await;
+    let ledger = TestLedger::spawn_with(&db, &["--health-check-interval", "50ms"]).await;
+    let mut client = ledger.client().await;
+    claim(&mut client, begin("refused-0", ARGS)).await;
+
+    admin(&format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+        db.pg_name()
+    ))
+    .await;
+    end_sessions(&db).await;
+    refused_as_unavailable(&mut client, "refused-1").await;
+    health_is(ledger.addr, ServingStatus::NotServing).await;
+
+    admin(&format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+        db.pg_name()
+    ))
+    .await;
+    health_is(ledger.addr, ServingStatus::Serving).await;
+    claim(&mut client, begin("refused-1", ARGS)).await;
+    ledger.stop().await;
+}
+
+/// The database turns read-only (SQLSTATE 25006), as a demoted primary does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_postgres_answers_unavailable_and_not_serving() {
+    let db = TestDb::new(Store::Postgres).await;
+    let ledger = TestLedger::spawn_with(&db, &["--health-check-interval", "50ms"]).await;
+    let mut client = ledger.client().await;
+    claim(&mut client, begin("read-only-0", ARGS)).await;
+
+    admin(&format!(
+        "ALTER DATABASE {} SET default_transaction_read_only = on",
+        db.pg_name()
+    ))
+    .await;
+    end_sessions(&db).await;
+    refused_as_unavailable(&mut client, "read-only-1").await;
+    health_is(ledger.addr, ServingStatus::NotServing).await;
+    assert_eq!(db.snapshot().await[0], 1, "nothing was written");
+
+    admin(&format!(
+        "ALTER DATABASE {} RESET default_transaction_read_only",
+        db.pg_name()
+    ))
+    .await;
+    end_sessions(&db).await;
+    health_is(ledger.addr, ServingStatus::Serving).await;
+    claim(&mut client, begin("read-only-1", ARGS)).await;
+    ledger.stop().await;
+}
+
+/// Waits until the database clock reads at least `at`.
+async fn clock_at(db: &TestDb, at: i64) {
+    eventually(Duration::from_secs(30), "the database clock", || async {
+        (db.clock().await >= at).then_some(())
+    })
+    .await;
+}
+
+/// A long effect holds a 12 s lease, heartbeating every 4 s, with one try per call; the
+/// database is unreachable for 4 s. The heartbeat keeps trying until the lease would end, so
+/// the outage costs the attempt nothing: its lease is extended after the outage and it
+/// confirms with no lease expiry in its history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_outlasts_a_database_failover_shorter_than_its_lease() {
+    use once_client::{ClientConfig, Effect, LedgerClient, OperationSpec, Outcome};
+
+    let db = TestDb::new(Store::Postgres).await;
+    let (proxy, proxied) = proxied(&db).await;
+    let ledger = TestLedger::spawn_url(&proxied, &[]).await;
+    let mut config = ClientConfig::new(format!("http://{}", ledger.addr));
+    config.tries = 1;
+    let client = LedgerClient::connect(config).unwrap();
+    let spec = OperationSpec::new("long_job", serde_json::json!({"job": "failover"}))
+        .explicit("failover-1")
+        .lease_ttl(Duration::from_secs(12));
+    let column =
+        |name: &str| format!("SELECT {name} FROM operations WHERE operation_id = 'failover-1'");
+    let outcome = client
+        .run(&spec, |_| async {
+            let started = db.scalar(&column("lease_started_at")).await;
+            clock_at(&db, started + 1_000).await;
+            proxy.go_down();
+            clock_at(&db, started + 5_000).await;
+            proxy.come_back();
+            let back = db.clock().await;
+            // Without its heartbeat the lease would end at `started + 12 s`, no later than
+            // `back + 8 s`; a heartbeat sent after the outage extends it past `back + 10 s`.
+            eventually(
+                Duration::from_secs(20),
+                "a heartbeat after the outage",
+                || async {
+                    (db.scalar(&column("lease_deadline")).await >= back + 10_000).then_some(())
+                },
+            )
+            .await;
+            Ok(Effect::new(b"done".to_vec()))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
+    let mut grpc = ledger.client().await;
+    let history = get(&mut grpc, "failover-1").await;
+    let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["CLAIMED", "CONFIRMED"]);
     ledger.stop().await;
 }
 

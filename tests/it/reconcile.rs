@@ -648,8 +648,9 @@ async fn two_replicas_look_each_operation_up_once(store: Store) {
         }
     })
     .await;
-    // Give both workers many more rounds in which a second lookup could happen.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every verdict is in and every operation waits an hour: no further lookup can start, so
+    // the count is final.
+    waiting_an_hour(&db, operations).await;
     assert_eq!(
         counted.stats().lookups,
         operations,
@@ -748,4 +749,111 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
         ),
         "an earlier life's refund never confirms this life"
     );
+}
+
+/// Waits until `n` operations have had one lookup each and wait at least half an hour for the
+/// next, with no claim outstanding: from then on no lookup can start.
+async fn waiting_an_hour(db: &TestDb, n: usize) {
+    let clock = match db.store {
+        Store::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        Store::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    };
+    let sql = format!(
+        "SELECT count(*) FROM operations WHERE reconcile_lookups = 1 AND lookup_claimed_until IS NULL \
+         AND reconcile_next_at > {clock} + 1800000"
+    );
+    eventually(
+        Duration::from_secs(30),
+        "every lookup judged and the next an hour away",
+        || async { (db.scalar(&sql).await == n as i64).then_some(()) },
+    )
+    .await;
+}
+
+/// A provider whose lookups are slow and inconclusive, and a reconciliation that waits an hour
+/// after an inconclusive lookup, claims for 2 s and gives a lookup 1 s.
+async fn slow_provider(db: &TestDb, interval: &str, extra: &str) -> (fakepay::Provider, String) {
+    let payments = fakepay::Provider::default();
+    payments.set_faults(fakepay::Faults {
+        lookups_unavailable: true,
+        delay_ms: 300,
+        ..Default::default()
+    });
+    let provider = serve(fakepay::router(payments.clone())).await;
+    let config = config_file(
+        db,
+        format!(
+            "[reconciliation]\ninterval = \"{interval}\"\nfirst_backoff = \"1h\"\nmax_backoff = \"1h\"\nclaim = \"2s\"\n{extra}\n\
+             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\ntimeout = \"1s\"\n"
+        ),
+    );
+    (payments, config)
+}
+
+async fn unknown_with_provider(client: &mut Grpc, id: &str) {
+    let mut request = begin(id, ARGS);
+    request.provider = "stripe".into();
+    request.lookup_hints_json = r#"{"payment_intent":"pi_slow"}"#.into();
+    let grant = claim(client, request).await;
+    report_unknown(client, id, grant.fencing_token)
+        .await
+        .unwrap();
+}
+
+on_both_backends!(
+    a_round_claims_no_more_than_it_can_look_up_before_the_claims_lapse,
+    a_storm_of_waiting_begins_is_one_lookup,
+);
+
+/// Two replicas, 24 due operations, lookups of 300 ms and claims of 2 s. A replica that claimed
+/// them all and looked them up one by one would hold claims for 7 s: the other replica would
+/// take the lapsed ones and look them up a second time.
+async fn a_round_claims_no_more_than_it_can_look_up_before_the_claims_lapse(store: Store) {
+    let db = TestDb::new(store).await;
+    let (payments, config) = slow_provider(&db, "20ms", "").await;
+    let flags = ["--config", config.as_str()];
+    let replicas = [
+        TestLedger::spawn_with(&db, &flags).await,
+        TestLedger::spawn_with(&db, &flags).await,
+    ];
+    let mut client = replicas[0].client().await;
+    let operations = 24;
+    for i in 0..operations {
+        unknown_with_provider(&mut client, &format!("round-{i}")).await;
+    }
+    waiting_an_hour(&db, operations).await;
+    assert_eq!(payments.stats().lookups, operations, "one lookup each");
+    for replica in replicas {
+        replica.stop().await;
+    }
+}
+
+/// A model retrying an UNKNOWN call over and over, each Begin willing to wait: the first one
+/// due looks the operation up; the rest honour the backoff and the claim. Nothing escalates.
+async fn a_storm_of_waiting_begins_is_one_lookup(store: Store) {
+    let db = TestDb::new(store).await;
+    let (payments, config) = slow_provider(&db, "1h", "escalate_after_lookups = 2").await;
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
+    let mut client = ledger.client().await;
+    unknown_with_provider(&mut client, "storm-1").await;
+    let begins = (0..20).map(|_| {
+        let mut client = client.clone();
+        let mut request = begin("storm-1", ARGS);
+        request.provider = "stripe".into();
+        request.lookup_hints_json = r#"{"payment_intent":"pi_slow"}"#.into();
+        request.wait = Some(ms(3_000));
+        async move { client.begin(request).await.unwrap().into_inner() }
+    });
+    for response in futures::future::join_all(begins).await {
+        assert_eq!(decision_name(&response), "UNKNOWN", "{response:?}");
+    }
+    waiting_an_hour(&db, 1).await;
+    assert_eq!(payments.stats().lookups, 1);
+    let history = get(&mut client, "storm-1").await;
+    assert!(
+        history.events.iter().all(|e| e.kind != "ESCALATED"),
+        "{:?}",
+        history.events
+    );
+    ledger.stop().await;
 }

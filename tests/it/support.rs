@@ -98,6 +98,11 @@ impl TestDb {
         }
     }
 
+    /// The PostgreSQL database's name.
+    pub fn pg_name(&self) -> &str {
+        self.pg_name.as_deref().expect("a PostgreSQL test database")
+    }
+
     /// A directory that lives as long as the database, for logs.
     pub fn scratch_dir(&self) -> PathBuf {
         match &self.dir {

@@ -165,6 +165,23 @@ fn cases(token: u64) -> Vec<(&'static str, Call, &'static str)> {
             "arguments_json.idempotency_key",
         ),
         (
+            "an integer beyond 2^53 - 1 in the arguments",
+            with_begin(|r| r.effect = args(r#"{"channel_id":1234567890123456789}"#)),
+            "arguments_json.channel_id",
+        ),
+        (
+            "an integer beyond 64 bits, nested",
+            with_begin(|r| {
+                r.effect = args(r#"{"items":[{"sku":"a","id":123456789012345678901234567890}]}"#)
+            }),
+            "arguments_json.items[0].id",
+        ),
+        (
+            "an attempt id unique only within a session",
+            with_begin(|r| r.attempt_id = "1".into()),
+            "attempt_id",
+        ),
+        (
             "short fingerprint",
             with_begin(|r| r.effect = Some(Effect::Fingerprint("abc".into()))),
             "fingerprint",
@@ -348,6 +365,22 @@ fn cases(token: u64) -> Vec<(&'static str, Call, &'static str)> {
             "states[0]",
         ),
         (
+            "list naming more states than there are",
+            Call::List(pb::ListOperationsRequest {
+                states: vec![1, 2, 3, 4, 1],
+                ..Default::default()
+            }),
+            "states",
+        ),
+        (
+            "list naming a state twice",
+            Call::List(pb::ListOperationsRequest {
+                states: vec![4, 4],
+                ..Default::default()
+            }),
+            "states[1]",
+        ),
+        (
             "list page too large",
             Call::List(pb::ListOperationsRequest {
                 page_size: 5000,
@@ -371,6 +404,7 @@ fn cases(token: u64) -> Vec<(&'static str, Call, &'static str)> {
             }),
             "tool",
         ),
+        ("resolve naming no attempt", with_resolve(|_| {}), "attempt"),
         (
             "resolve with unspecified outcome",
             with_resolve(|r| r.outcome = 0),

@@ -200,6 +200,17 @@ mod tests {
     }
 
     #[test]
+    fn integers_beyond_the_safe_range_are_refused_before_anything_is_sent() {
+        let a = OperationSpec::new("notify", json!({"channel_id": 1234567890123456789_u64}));
+        let refused = a.resolve().unwrap_err();
+        assert_eq!(refused.field, "arguments.channel_id");
+        assert!(refused.message.contains("send it as a string"));
+        let as_text = OperationSpec::new("notify", json!({"channel_id": "1234567890123456789"}));
+        let other = OperationSpec::new("notify", json!({"channel_id": "1234567890123456788"}));
+        assert_ne!(as_text.resolve().unwrap(), other.resolve().unwrap());
+    }
+
+    #[test]
     fn arguments_must_be_an_object() {
         assert!(OperationSpec::new("refund", json!([1])).resolve().is_err());
     }
