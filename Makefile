@@ -1,5 +1,5 @@
 # Each target is one command a person could type.
-.PHONY: run test build fmt lint demo
+.PHONY: run test build fmt lint demo model-long
 
 VENV := .venv
 
@@ -16,6 +16,10 @@ test: $(VENV)/installed
 
 build:
 	cargo build --workspace --release
+
+# The model-based test of the core for a long run: a million random call sequences.
+model-long:
+	PROPTEST_CASES=1000000 cargo test --release -p once-core simulation
 
 # The README walkthrough's client: calls the refund tool through the Python MCP SDK.
 demo: $(VENV)/installed

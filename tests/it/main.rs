@@ -5,6 +5,7 @@ mod support;
 
 mod client;
 mod concurrency;
+mod conformance;
 mod decisions;
 mod durability;
 mod fakepay;

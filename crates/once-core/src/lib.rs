@@ -15,6 +15,9 @@ pub mod model;
 pub mod once_id;
 pub mod reconcile;
 
+#[cfg(test)]
+mod simulation_tests;
+
 pub use error::{Field, Invalid};
 pub use limits::Limits;
 pub use machine::{Plan, Rejection};

@@ -1,0 +1,731 @@
+//! A model-based randomized test of the core.
+//!
+//! Random sequences of Begins (fresh, retried, from another session, under a new intent, with
+//! other arguments), reports (fresh, late, stale, duplicated, from earlier lives), heartbeats,
+//! lease expiry, retention, reconciler lookups (claimed, then judged later, perhaps after the
+//! operation moved on) and operator resolutions (of the attempt examined, or a stale one, with
+//! retried resolution ids) run against a small in-memory store that orchestrates the core as
+//! `once-store`'s `Ledger` does. A reference model records what has been granted, confirmed
+//! and proven, and after every step checks that:
+//!
+//! - never two live grants: at most one operation of one intent holds a live lease, unless a
+//!   new intent was declared, and only the latest token of an operation can heartbeat;
+//! - a fencing token is never issued twice;
+//! - a CONFIRMED operation never changes, until retention deletes it;
+//! - once a report proving the effect (a confirm by an attempt of this life) was processed, the
+//!   operation is never executable again in this life;
+//! - every exit from UNKNOWN is one of the three doors, recorded with its actor;
+//! - every change of state is recorded by one event saying from what to what.
+//!
+//! `PROPTEST_CASES` sets how many sequences run (`make model-long` runs many).
+
+use std::collections::{BTreeMap, HashSet};
+
+use proptest::prelude::*;
+
+use crate::identity::Fingerprint;
+use crate::machine::{self, BeginStep, Guard, Plan, Write};
+use crate::model::*;
+use crate::reconcile::{self, Applied, Backoff, Capabilities, Escalation, Lookup, LookupPolicy};
+
+const TENANT: &str = "t";
+const TOOL: &str = "refund";
+const LEASE: i64 = 1_000;
+const RETENTION: i64 = 5_000;
+const CLAIM: i64 = 3_000;
+/// Operation ids; all share one intent (tool and fingerprint), so the fresh-id guard matters.
+const IDS: [&str; 2] = ["refund:x", "refund:y"];
+
+#[derive(Debug, Clone)]
+enum ReportKind {
+    Confirm {
+        result: u8,
+        provider_ref: Option<u8>,
+    },
+    Absent,
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+enum VerdictKind {
+    Confirmed(u8),
+    Absent,
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Begin {
+        op: usize,
+        new_intent: bool,
+        other_arguments: bool,
+    },
+    /// A transport retry of an earlier Begin: the same attempt id and context.
+    RetryBegin {
+        grant: usize,
+    },
+    /// The same attempt id from another session.
+    BeginElsewhere {
+        grant: usize,
+    },
+    Report {
+        grant: usize,
+        kind: ReportKind,
+    },
+    Heartbeat {
+        grant: usize,
+    },
+    Tick {
+        ms: i64,
+    },
+    SweepLeases,
+    Retention,
+    StartLookup {
+        op: usize,
+        before_due: bool,
+    },
+    FinishLookup {
+        lookup: usize,
+        verdict: VerdictKind,
+    },
+    Resolve {
+        op: usize,
+        stale: bool,
+        confirmed: bool,
+        resolution: u8,
+    },
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    let report = prop_oneof![
+        (any::<u8>(), proptest::option::of(0u8..3)).prop_map(|(result, provider_ref)| {
+            ReportKind::Confirm {
+                result,
+                provider_ref,
+            }
+        }),
+        Just(ReportKind::Absent),
+        Just(ReportKind::Unknown),
+    ];
+    let verdict = prop_oneof![
+        (0u8..3).prop_map(VerdictKind::Confirmed),
+        Just(VerdictKind::Absent),
+        Just(VerdictKind::Unknown),
+    ];
+    prop_oneof![
+        4 => (0..IDS.len(), prop::bool::weighted(0.1), prop::bool::weighted(0.05)).prop_map(
+            |(op, new_intent, other_arguments)| Action::Begin { op, new_intent, other_arguments }
+        ),
+        1 => any::<usize>().prop_map(|grant| Action::RetryBegin { grant }),
+        1 => any::<usize>().prop_map(|grant| Action::BeginElsewhere { grant }),
+        5 => (any::<usize>(), report).prop_map(|(grant, kind)| Action::Report { grant, kind }),
+        1 => any::<usize>().prop_map(|grant| Action::Heartbeat { grant }),
+        3 => (0..2 * LEASE).prop_map(|ms| Action::Tick { ms }),
+        1 => Just(Action::SweepLeases),
+        1 => Just(Action::Retention),
+        2 => (0..IDS.len(), any::<bool>()).prop_map(|(op, before_due)| Action::StartLookup { op, before_due }),
+        2 => (any::<usize>(), verdict).prop_map(|(lookup, verdict)| Action::FinishLookup { lookup, verdict }),
+        2 => (0..IDS.len(), prop::bool::weighted(0.2), any::<bool>(), 0u8..4).prop_map(
+            |(op, stale, confirmed, resolution)| Action::Resolve { op, stale, confirmed, resolution }
+        ),
+    ]
+}
+
+/// A grant as its executor holds it.
+#[derive(Debug, Clone)]
+struct Held {
+    op: usize,
+    token: u64,
+    life: u64,
+    attempt_id: String,
+    context: AttemptContext,
+    fingerprint: Fingerprint,
+    new_intent: bool,
+}
+
+/// The in-memory store, orchestrating the core as `Ledger` does over a database.
+#[derive(Debug, Default)]
+struct Store {
+    now: Millis,
+    rows: BTreeMap<usize, Operation>,
+    attempts: BTreeMap<usize, Vec<Attempt>>,
+    /// Every event ever written, with its operation; kept across deletions, as events are.
+    events: Vec<(usize, NewEvent)>,
+    last_token: u64,
+    lookups: Vec<(usize, Lookup)>,
+}
+
+impl Store {
+    fn apply(&mut self, op: usize, plan: &Plan) {
+        let before = self.rows.get(&op).map(|row| row.state);
+        match &plan.operation {
+            None => {}
+            Some(Write::Insert(row)) => {
+                assert!(
+                    self.rows.insert(op, row.clone()).is_none(),
+                    "an insert over a row"
+                );
+            }
+            Some(Write::Update(row)) => {
+                let stored = self.rows.get_mut(&op).expect("an update of a missing row");
+                let version = stored.version + 1;
+                *stored = row.clone();
+                stored.version = version;
+            }
+        }
+        if plan.new_life {
+            self.attempts.remove(&op);
+        }
+        if let Some(attempt) = &plan.attempt {
+            self.attempts.entry(op).or_default().push(attempt.clone());
+        }
+        for event in &plan.events {
+            let duplicate = event.dedupe_key.is_some()
+                && self
+                    .events
+                    .iter()
+                    .any(|(o, e)| *o == op && e.dedupe_key == event.dedupe_key);
+            if !duplicate {
+                self.events.push((op, event.clone()));
+            }
+        }
+        // Every change of state is recorded by one event saying from what to what.
+        if let Some(write) = &plan.operation {
+            let after = write.operation().state;
+            let from = if plan.new_life {
+                Some(State::Absent)
+            } else {
+                before
+            };
+            if from != Some(after) {
+                let recorded = plan
+                    .events
+                    .iter()
+                    .any(|e| e.from == from.or(Some(State::Absent)) && e.to == Some(after));
+                assert!(
+                    recorded,
+                    "{from:?} -> {after:?} without its event: {plan:?}"
+                );
+            }
+        }
+    }
+
+    fn guard(&mut self, op: usize, cmd: &BeginCommand) -> Guard {
+        if !cmd.new_intent {
+            let mut open: Vec<&Operation> = self
+                .rows
+                .iter()
+                .filter(|(other, row)| {
+                    **other != op
+                        && row.tool == cmd.tool
+                        && row.fingerprint == cmd.fingerprint
+                        && matches!(row.state, State::Unknown | State::InFlight)
+                })
+                .map(|(_, row)| row)
+                .collect();
+            open.sort_by_key(|row| row.state != State::Unknown);
+            if let Some(row) = open.first() {
+                return Guard::Blocked(Blocking {
+                    operation_id: row.operation_id.clone(),
+                    state: row.state,
+                    attempt: row.attempt,
+                    lease_deadline: row.lease_deadline,
+                    updated_at: row.updated_at,
+                });
+            }
+        }
+        self.last_token += 1 + self.last_token % 3;
+        Guard::Clear {
+            token: self.last_token,
+        }
+    }
+
+    fn begin(&mut self, op: usize, cmd: &BeginCommand) -> BeginDecision {
+        let current = self.rows.get(&op).cloned();
+        let (decision, plan) = match machine::begin(current.as_ref(), cmd, self.now) {
+            BeginStep::Decided(decision, plan) => (decision, plan),
+            BeginStep::Claim => {
+                let guard = self.guard(op, cmd);
+                machine::claim(current.as_ref(), cmd, guard, self.now)
+            }
+        };
+        self.apply(op, &plan);
+        decision
+    }
+
+    fn report(
+        &mut self,
+        op: usize,
+        cmd: &ReportCommand,
+    ) -> (Result<State, machine::Rejection>, Plan) {
+        let Some(row) = self.rows.get(&op).cloned() else {
+            return (Ok(State::Absent), Plan::default());
+        };
+        let earlier = machine::needs_attempt_record(&row, cmd.fencing_token)
+            .then(|| {
+                self.attempts
+                    .get(&op)
+                    .and_then(|log| log.iter().find(|a| a.fencing_token == cmd.fencing_token))
+                    .cloned()
+            })
+            .flatten();
+        let (answer, plan) = machine::report(&row, cmd, earlier.as_ref(), self.now);
+        self.apply(op, &plan);
+        (answer, plan)
+    }
+}
+
+/// What the reference model knows, independently of the store.
+#[derive(Debug, Default)]
+struct Reference {
+    held: Vec<Held>,
+    issued: HashSet<u64>,
+    /// Per operation: the life and result it was CONFIRMED with.
+    confirmed: BTreeMap<usize, (u64, Option<Vec<u8>>)>,
+    /// Per operation: the life in which an attempt of that life confirmed the effect.
+    proven: BTreeMap<usize, u64>,
+    /// Tokens whose attempt said by itself, while it held the execution right, that it did not
+    /// perform the effect.
+    did_not_run: HashSet<u64>,
+}
+
+fn command(
+    op: usize,
+    attempt_id: String,
+    context: AttemptContext,
+    fingerprint: Fingerprint,
+    new_intent: bool,
+) -> BeginCommand {
+    BeginCommand {
+        tenant: TENANT.into(),
+        operation_id: OperationId::parse("id", IDS[op]).unwrap(),
+        tool: TOOL.into(),
+        fingerprint,
+        attempt_id,
+        actor: format!(
+            "executor:{}",
+            context.client_name.clone().unwrap_or_default()
+        ),
+        context,
+        lease_ttl_ms: LEASE,
+        retention_ms: RETENTION,
+        new_intent,
+        provider: Some("stripe".into()),
+        lookup_hints: None,
+    }
+}
+
+fn policy() -> LookupPolicy {
+    LookupPolicy {
+        name: "stripe".into(),
+        capabilities: Capabilities {
+            miss_is_authoritative: true,
+            settle_time_ms: LEASE / 2,
+            dedupes_by_provider_key: true,
+        },
+        backoff: Backoff {
+            first_ms: 200,
+            max_ms: 2_000,
+        },
+        escalation: Escalation {
+            after_lookups: Some(3),
+            after_ms: None,
+        },
+        max_result_bytes: 64,
+    }
+}
+
+fn run(actions: Vec<Action>) {
+    let mut store = Store {
+        now: 1_000_000,
+        last_token: 1 << 20,
+        ..Store::default()
+    };
+    let mut model = Reference::default();
+    let intent = Fingerprint([1; 32]);
+    for (step, action) in actions.into_iter().enumerate() {
+        let pick = |n: usize, len: usize| (len > 0).then(|| n % len);
+        match action {
+            Action::Begin {
+                op,
+                new_intent,
+                other_arguments,
+            } => {
+                let fingerprint = if other_arguments {
+                    Fingerprint([2; 32])
+                } else {
+                    intent
+                };
+                let context = AttemptContext {
+                    client_name: Some(format!("mcp-{}", step % 3)),
+                    session_id: Some(format!("session-{step}")),
+                    request_id: Some("1".into()),
+                };
+                let cmd = command(
+                    op,
+                    format!("attempt-{step:012}"),
+                    context,
+                    fingerprint,
+                    new_intent,
+                );
+                let decision = store.begin(op, &cmd);
+                if let BeginDecision::Execute(grant) = decision {
+                    assert!(!grant.regranted);
+                    assert!(
+                        model.issued.insert(grant.fencing_token),
+                        "token {} issued twice",
+                        grant.fencing_token
+                    );
+                    assert!(
+                        !other_arguments || store.rows[&op].fingerprint == fingerprint,
+                        "EXECUTE with another fingerprint"
+                    );
+                    model.held.push(Held {
+                        op,
+                        token: grant.fencing_token,
+                        life: store.rows[&op].life,
+                        attempt_id: cmd.attempt_id,
+                        context: cmd.context,
+                        fingerprint,
+                        new_intent,
+                    });
+                }
+            }
+            Action::RetryBegin { grant } | Action::BeginElsewhere { grant } => {
+                let Some(i) = pick(grant, model.held.len()) else {
+                    continue;
+                };
+                let held = model.held[i].clone();
+                let elsewhere = matches!(action, Action::BeginElsewhere { .. });
+                let mut context = held.context.clone();
+                if elsewhere {
+                    context.session_id = Some("another-session".into());
+                }
+                let cmd = command(
+                    held.op,
+                    held.attempt_id.clone(),
+                    context,
+                    held.fingerprint,
+                    held.new_intent,
+                );
+                let decision = store.begin(held.op, &cmd);
+                if let BeginDecision::Execute(grant) = decision {
+                    if grant.regranted {
+                        // Only to the very attempt that holds the grant: same id, same context.
+                        let holder = model
+                            .held
+                            .iter()
+                            .find(|h| h.op == held.op && h.token == grant.fencing_token)
+                            .expect("a regrant of a token never granted");
+                        assert_eq!(
+                            (&holder.attempt_id, &holder.context),
+                            (&cmd.attempt_id, &cmd.context),
+                            "a regrant to another attempt"
+                        );
+                    } else {
+                        assert!(
+                            model.issued.insert(grant.fencing_token),
+                            "token issued twice"
+                        );
+                        model.held.push(Held {
+                            token: grant.fencing_token,
+                            life: store.rows[&held.op].life,
+                            context: cmd.context,
+                            ..held
+                        });
+                    }
+                }
+            }
+            Action::Report { grant, kind } => {
+                let Some(i) = pick(grant, model.held.len()) else {
+                    continue;
+                };
+                let held = model.held[i].clone();
+                let report = match kind {
+                    ReportKind::Confirm {
+                        result,
+                        provider_ref,
+                    } => Report::Confirm {
+                        result: vec![result],
+                        provider_ref: provider_ref.map(|r| format!("re_{r}")),
+                    },
+                    ReportKind::Absent => Report::Absent {
+                        reason: "declined".into(),
+                    },
+                    ReportKind::Unknown => Report::Unknown {
+                        reason: "timeout".into(),
+                    },
+                };
+                let proves = matches!(report, Report::Confirm { .. });
+                let says_absent = matches!(report, Report::Absent { .. });
+                let before = store.rows.get(&held.op).cloned();
+                let latest = before
+                    .as_ref()
+                    .is_some_and(|row| row.fencing_token == held.token);
+                let (answer, plan) = store.report(
+                    held.op,
+                    &ReportCommand {
+                        fencing_token: held.token,
+                        report,
+                    },
+                );
+                let current_life = before.as_ref().map(|row| row.life);
+                if current_life == Some(held.life) {
+                    if proves {
+                        model.proven.insert(held.op, held.life);
+                    }
+                    if says_absent && latest && answer.is_ok() {
+                        model.did_not_run.insert(held.token);
+                    }
+                    // A superseded attempt's confirm settles CONFIRMED only when every later
+                    // attempt of the life said by itself that it did nothing; otherwise the
+                    // effect may have happened twice, and that is for an operator.
+                    if proves && !latest && answer == Ok(State::Confirmed) {
+                        for later in model.held.iter().filter(|h| {
+                            h.op == held.op && h.life == held.life && h.token > held.token
+                        }) {
+                            assert!(
+                                model.did_not_run.contains(&later.token),
+                                "CONFIRMED by token {} although token {} may also have run",
+                                held.token,
+                                later.token
+                            );
+                        }
+                    }
+                } else {
+                    assert!(
+                        plan.is_empty(),
+                        "a report from another life changed something"
+                    );
+                }
+            }
+            Action::Heartbeat { grant } => {
+                let Some(i) = pick(grant, model.held.len()) else {
+                    continue;
+                };
+                let held = model.held[i].clone();
+                let Some(row) = store.rows.get(&held.op).cloned() else {
+                    continue;
+                };
+                if let Ok((_, plan)) = machine::heartbeat(&row, held.token, LEASE, store.now) {
+                    assert_eq!(
+                        held.token, row.fencing_token,
+                        "only the latest token heartbeats"
+                    );
+                    store.apply(held.op, &plan);
+                }
+            }
+            Action::Tick { ms } => store.now += ms,
+            Action::SweepLeases => {
+                for op in 0..IDS.len() {
+                    let expired = store
+                        .rows
+                        .get(&op)
+                        .and_then(|row| machine::expire_lease(row, store.now));
+                    if let Some(plan) = expired {
+                        store.apply(op, &plan);
+                    }
+                }
+            }
+            Action::Retention => {
+                let now = store.now;
+                let gone: Vec<usize> = store
+                    .rows
+                    .iter()
+                    .filter(|(_, row)| row.is_expired(now))
+                    .map(|(op, _)| *op)
+                    .collect();
+                for op in gone {
+                    assert!(
+                        store.rows[&op].state.is_settled(),
+                        "retention of an open operation"
+                    );
+                    store.rows.remove(&op);
+                    store.attempts.remove(&op);
+                }
+            }
+            Action::StartLookup { op, before_due } => {
+                let now = store.now;
+                let Some(row) = store.rows.get_mut(&op) else {
+                    continue;
+                };
+                let claimable = row.state == State::Unknown
+                    && !row.held_for_operator()
+                    && row.lookup_claimed_until.is_none_or(|until| until <= now)
+                    && (before_due || reconcile::is_due(row, now));
+                if claimable {
+                    row.lookup_claimed_until = Some(now + CLAIM);
+                    row.version += 1;
+                    store.lookups.push((
+                        op,
+                        Lookup {
+                            version: row.version,
+                            issued_at: now,
+                        },
+                    ));
+                }
+            }
+            Action::FinishLookup { lookup, verdict } => {
+                let Some(i) = pick(lookup, store.lookups.len()) else {
+                    continue;
+                };
+                let (op, lookup) = store.lookups.remove(i);
+                let Some(row) = store.rows.get(&op).cloned() else {
+                    continue;
+                };
+                let verdict = match verdict {
+                    VerdictKind::Confirmed(r) => reconcile::Verdict::Confirmed {
+                        provider_ref: format!("re_{r}"),
+                        result: vec![r; 1 + r as usize * 40],
+                        evidence: "{}".into(),
+                    },
+                    VerdictKind::Absent => reconcile::Verdict::Absent {
+                        evidence: "{}".into(),
+                    },
+                    VerdictKind::Unknown => reconcile::Verdict::Unknown { why: "503".into() },
+                };
+                let (applied, plan) =
+                    reconcile::apply_verdict(&row, &lookup, &verdict, &policy(), 0.0, store.now);
+                if applied == Applied::Stale {
+                    assert!(plan.is_empty());
+                }
+                if let (reconcile::Verdict::Absent { .. }, Applied::Judged(State::Absent)) =
+                    (&verdict, applied)
+                {
+                    assert!(
+                        lookup.issued_at
+                            >= row.effect_horizon() + policy().capabilities.settle_time_ms,
+                        "a miss counted before the settle time"
+                    );
+                }
+                store.apply(op, &plan);
+            }
+            Action::Resolve {
+                op,
+                stale,
+                confirmed,
+                resolution,
+            } => {
+                let cmd = |attempt| ResolveCommand {
+                    resolution: if confirmed {
+                        Resolution::Confirmed {
+                            result: b"resolved".to_vec(),
+                            provider_ref: Some("re_op".into()),
+                        }
+                    } else {
+                        Resolution::Absent
+                    },
+                    reason: "checked".into(),
+                    actor: "operator:alice".into(),
+                    resolution_id: format!("r-{resolution}"),
+                    attempt,
+                    fencing_token: None,
+                };
+                let key = machine::resolution_key(&format!("r-{resolution}"));
+                let prior = store
+                    .events
+                    .iter()
+                    .find(|(o, e)| *o == op && e.dedupe_key.as_deref() == Some(key.as_str()))
+                    .and_then(|(_, e)| e.to);
+                let Some(row) = store.rows.get(&op).cloned() else {
+                    continue;
+                };
+                let examined = if stale {
+                    row.attempt.saturating_sub(1).max(1)
+                } else {
+                    row.attempt
+                };
+                if let Ok((_, plan)) = machine::resolve(&row, &cmd(examined), prior, store.now) {
+                    if !plan.is_empty() {
+                        assert_eq!(
+                            examined, row.attempt,
+                            "a resolution of an attempt not examined"
+                        );
+                    }
+                    store.apply(op, &plan);
+                }
+            }
+        }
+        check(&store, &mut model);
+    }
+}
+
+/// The properties that hold after every step.
+fn check(store: &Store, model: &mut Reference) {
+    let now = store.now;
+    // Never two live grants of one intent, unless a new intent was declared.
+    let live_without_new_intent = store
+        .rows
+        .iter()
+        .filter(|(op, row)| {
+            row.lease_live(now)
+                && row.fingerprint == Fingerprint([1; 32])
+                && model
+                    .held
+                    .iter()
+                    .any(|h| h.op == **op && h.token == row.fencing_token && !h.new_intent)
+        })
+        .count();
+    assert!(
+        live_without_new_intent <= 1,
+        "two live grants of one intent"
+    );
+
+    for op in 0..IDS.len() {
+        let row = store.rows.get(&op);
+        // CONFIRMED never changes until retention deletes it (or a new life begins).
+        match (model.confirmed.get(&op), row) {
+            (Some((life, result)), Some(row)) if row.life == *life => {
+                assert_eq!(row.state, State::Confirmed, "CONFIRMED changed: {row:?}");
+                assert_eq!(&row.result, result, "a confirmed result changed");
+            }
+            _ => {
+                model.confirmed.remove(&op);
+            }
+        }
+        if let Some(row) = row.filter(|row| row.state == State::Confirmed) {
+            model
+                .confirmed
+                .entry(op)
+                .or_insert((row.life, row.result.clone()));
+        }
+        // A proven effect leaves the operation never executable again in that life.
+        if let (Some(life), Some(row)) = (model.proven.get(&op), row) {
+            if row.life == *life {
+                assert!(
+                    matches!(row.state, State::Confirmed | State::Unknown),
+                    "an effect was proven, yet the operation is {}: {row:?}",
+                    row.state
+                );
+            }
+        }
+    }
+    // Every exit from UNKNOWN is a door, recorded with its actor.
+    for (_, event) in &store.events {
+        if event.from == Some(State::Unknown) && event.to != Some(State::Unknown) {
+            let door = match event.kind {
+                EventKind::Confirmed | EventKind::ReportedAbsent => "executor:",
+                EventKind::Reconciled => "reconciler:",
+                EventKind::Resolved => "operator:",
+                other => panic!("UNKNOWN left by {other:?}: {event:?}"),
+            };
+            assert!(event.actor.starts_with(door), "{event:?}");
+        }
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_sequence_of_calls_breaks_an_invariant(actions in prop::collection::vec(action(), 1..60)) {
+        run(actions);
+    }
+}

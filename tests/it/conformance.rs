@@ -1,0 +1,651 @@
+//! The store conformance suite: what every [`Backend`] must do, tested at the trait, one suite
+//! instantiated for SQLite and for PostgreSQL. A backend is done when all of it passes.
+
+use once_core::machine::{self, Guard, Plan, Write};
+use once_core::reconcile::Lookup;
+use once_core::*;
+use once_store::{Backend, StoreError};
+
+/// Defines `name::sqlite` and `name::postgres` from `async fn name<B: Backend>(backend: B)`.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                use crate::support::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    let db = TestDb::new(Store::Sqlite).await;
+                    let backend = once_store::SqliteBackend::connect(&db.url).await.unwrap();
+                    super::$name(backend).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    let db = TestDb::new(Store::Postgres).await;
+                    let settings = once_store::postgres::PgSettings::default();
+                    let backend = once_store::PgBackend::connect(&db.url, &settings).await.unwrap();
+                    super::$name(backend).await;
+                }
+            }
+        )*
+    };
+}
+
+conformance!(
+    a_first_insert_wins_and_a_second_is_a_duplicate,
+    fencing_tokens_grow_and_are_never_issued_twice,
+    every_update_bumps_the_version_and_needs_the_row,
+    the_guard_finds_only_open_operations_of_the_same_intent,
+    attempts_are_found_by_token_for_their_own_operation_only,
+    resolutions_are_found_by_id_in_any_life,
+    history_is_the_current_life_oldest_first,
+    a_new_life_clears_the_attempt_log_and_keeps_the_events,
+    anomalies_are_recorded_once_per_dedupe_key,
+    a_lookup_claim_is_exclusive_until_it_lapses_and_bumps_the_version,
+    lookups_are_due_only_when_unknown_due_and_unclaimed,
+    sweeps_see_only_expired_leases_and_settled_rows_past_retention,
+    lists_page_in_creation_order_without_results,
+    the_store_answers_pings,
+);
+
+const TENANT: &str = "t1";
+
+fn id(text: &str) -> OperationId {
+    OperationId::parse("id", text).unwrap()
+}
+
+fn command(operation_id: &str, tool: &str, fingerprint: u8) -> BeginCommand {
+    BeginCommand {
+        tenant: TENANT.into(),
+        operation_id: id(operation_id),
+        tool: tool.into(),
+        fingerprint: Fingerprint([fingerprint; 32]),
+        attempt_id: "attempt-0123456789".into(),
+        context: AttemptContext {
+            client_name: Some("conformance".into()),
+            session_id: Some("s-1".into()),
+            request_id: Some("1".into()),
+        },
+        lease_ttl_ms: 60_000,
+        retention_ms: 60_000,
+        new_intent: false,
+        provider: Some("stripe".into()),
+        lookup_hints: None,
+        actor: "executor:conformance".into(),
+    }
+}
+
+/// Reads the store's clock (and `id`, unlocked).
+async fn now<B: Backend>(backend: &B) -> Millis {
+    backend.read(TENANT, &id("clock")).await.unwrap().1
+}
+
+async fn commit<B: Backend>(backend: &B, operation_id: &str, plan: &Plan, at: Millis) {
+    let mut tx = backend.begin_write().await.unwrap();
+    backend
+        .apply(&mut tx, TENANT, &id(operation_id), plan, at)
+        .await
+        .unwrap();
+    backend.commit(tx).await.unwrap();
+}
+
+/// A first claim of `operation_id` with `token`, committed; returns the stored operation.
+async fn claimed<B: Backend>(
+    backend: &B,
+    operation_id: &str,
+    tool: &str,
+    fingerprint: u8,
+) -> Operation {
+    let at = now(backend).await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let token = backend.next_token(&mut tx).await.unwrap();
+    let cmd = command(operation_id, tool, fingerprint);
+    let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token }, at);
+    backend
+        .apply(&mut tx, TENANT, &cmd.operation_id, &plan, at)
+        .await
+        .unwrap();
+    backend.commit(tx).await.unwrap();
+    stored(backend, operation_id).await
+}
+
+async fn stored<B: Backend>(backend: &B, operation_id: &str) -> Operation {
+    backend
+        .read(TENANT, &id(operation_id))
+        .await
+        .unwrap()
+        .0
+        .expect("stored")
+}
+
+/// Writes `op` over its row, as a plan would, with no event.
+async fn overwrite<B: Backend>(backend: &B, op: &Operation) {
+    let plan = Plan {
+        operation: Some(Write::Update(op.clone())),
+        ..Plan::default()
+    };
+    commit(backend, op.operation_id.as_str(), &plan, op.updated_at).await;
+}
+
+/// `operation_id` claimed and then put in `state` (settled ones expiring `expires_in` from now).
+async fn in_state<B: Backend>(
+    backend: &B,
+    operation_id: &str,
+    fingerprint: u8,
+    state: State,
+    expires_in: i64,
+) -> Operation {
+    let mut op = claimed(backend, operation_id, "refund", fingerprint).await;
+    let at = now(backend).await;
+    op.state = state;
+    op.expires_at = state.is_settled().then_some(at + expires_in);
+    op.unknown_since = (state == State::Unknown).then_some(at);
+    op.reconcile_next_at = (state == State::Unknown).then_some(at - 1);
+    overwrite(backend, &op).await;
+    stored(backend, operation_id).await
+}
+
+fn event(life: u64, kind: EventKind, dedupe_key: Option<&str>) -> NewEvent {
+    NewEvent {
+        life,
+        kind,
+        from: None,
+        to: None,
+        attempt: Some(1),
+        actor: "ledger".into(),
+        reason: None,
+        details: None,
+        dedupe_key: dedupe_key.map(str::to_owned),
+    }
+}
+
+fn events_only(events: Vec<NewEvent>) -> Plan {
+    Plan {
+        events,
+        ..Plan::default()
+    }
+}
+
+async fn a_first_insert_wins_and_a_second_is_a_duplicate<B: Backend>(backend: B) {
+    let first = claimed(&backend, "dup-1", "refund", 1).await;
+    let (current, at) = {
+        let mut tx = backend.begin_write().await.unwrap();
+        let locked = backend.lock(&mut tx, TENANT, &id("dup-1")).await.unwrap();
+        backend.commit(tx).await.unwrap();
+        locked
+    };
+    assert_eq!(
+        current.as_ref(),
+        Some(&first),
+        "lock reads what was committed"
+    );
+    assert!((at - first.created_at).abs() < 60_000, "one clock");
+    let mut tx = backend.begin_write().await.unwrap();
+    let cmd = command("dup-1", "refund", 1);
+    let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token: 7 }, at);
+    let second = backend
+        .apply(&mut tx, TENANT, &id("dup-1"), &plan, at)
+        .await;
+    assert!(matches!(second, Err(StoreError::Duplicate)), "{second:?}");
+    drop(tx);
+    assert_eq!(
+        stored(&backend, "dup-1").await,
+        first,
+        "the loser changed nothing"
+    );
+}
+
+async fn fencing_tokens_grow_and_are_never_issued_twice<B: Backend>(backend: B) {
+    let mut issued = Vec::new();
+    for round in 0..6 {
+        let mut tx = backend.begin_write().await.unwrap();
+        issued.push(backend.next_token(&mut tx).await.unwrap());
+        if round % 2 == 0 {
+            backend.commit(tx).await.unwrap();
+        }
+        // Odd rounds roll back: their tokens reached nobody.
+    }
+    let committed: Vec<u64> = issued.iter().step_by(2).copied().collect();
+    assert!(committed.windows(2).all(|w| w[0] < w[1]), "{issued:?}");
+    assert!(
+        issued[0] >= 1 << 20,
+        "above every token an earlier schema issued"
+    );
+    // An operation claimed later gets a larger token still, and its life is named by it.
+    let op = claimed(&backend, "token-1", "refund", 1).await;
+    assert!(op.fencing_token > *committed.last().unwrap());
+    assert_eq!(op.life, op.fencing_token);
+}
+
+async fn every_update_bumps_the_version_and_needs_the_row<B: Backend>(backend: B) {
+    let op = claimed(&backend, "version-1", "refund", 1).await;
+    let mut next = op.clone();
+    next.reason = Some("changed".into());
+    overwrite(&backend, &next).await;
+    let after = stored(&backend, "version-1").await;
+    assert_eq!(after.version, op.version + 1);
+    assert_eq!(after.reason.as_deref(), Some("changed"));
+
+    let mut missing = op.clone();
+    missing.operation_id = id("version-missing");
+    let plan = Plan {
+        operation: Some(Write::Update(missing)),
+        ..Plan::default()
+    };
+    let mut tx = backend.begin_write().await.unwrap();
+    let updated = backend
+        .apply(
+            &mut tx,
+            TENANT,
+            &id("version-missing"),
+            &plan,
+            op.updated_at,
+        )
+        .await;
+    assert!(matches!(updated, Err(StoreError::NotFound)), "{updated:?}");
+}
+
+async fn the_guard_finds_only_open_operations_of_the_same_intent<B: Backend>(backend: B) {
+    in_state(&backend, "guard-done", 1, State::Confirmed, 60_000).await;
+    in_state(&backend, "guard-gone", 1, State::Absent, 60_000).await;
+    in_state(&backend, "guard-other-fp", 2, State::Unknown, 0).await;
+    claimed(&backend, "guard-other-tool", "send_email", 1).await;
+    let find = |except: &'static str| {
+        let backend = backend.clone();
+        async move {
+            let mut tx = backend.begin_write().await.unwrap();
+            backend.lock_intent(&mut tx, 42).await.unwrap();
+            let found = backend
+                .find_blocking(&mut tx, TENANT, "refund", &[1; 32], &id(except))
+                .await
+                .unwrap();
+            backend.commit(tx).await.unwrap();
+            found
+        }
+    };
+    assert_eq!(
+        find("guard-new").await,
+        None,
+        "settled operations block nothing"
+    );
+
+    let running = claimed(&backend, "guard-running", "refund", 1).await;
+    let found = find("guard-new").await.unwrap();
+    assert_eq!(
+        (
+            found.operation_id.as_str(),
+            found.state,
+            found.lease_deadline
+        ),
+        ("guard-running", State::InFlight, running.lease_deadline)
+    );
+    assert_eq!(
+        find("guard-running").await,
+        None,
+        "an operation never blocks itself"
+    );
+
+    in_state(&backend, "guard-unknown", 1, State::Unknown, 0).await;
+    let found = find("guard-new").await.unwrap();
+    assert_eq!(
+        (found.operation_id.as_str(), found.state),
+        ("guard-unknown", State::Unknown),
+        "UNKNOWN first"
+    );
+}
+
+async fn attempts_are_found_by_token_for_their_own_operation_only<B: Backend>(backend: B) {
+    let a = claimed(&backend, "attempt-a", "refund", 1).await;
+    let b = claimed(&backend, "attempt-b", "refund", 2).await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let found = backend
+        .attempt(&mut tx, TENANT, &id("attempt-a"), a.fencing_token)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (found.number, found.fencing_token, found.actor.as_str()),
+        (1, a.fencing_token, "executor:conformance")
+    );
+    assert_eq!(found.context.session_id.as_deref(), Some("s-1"));
+    assert_eq!(
+        backend
+            .attempt(&mut tx, TENANT, &id("attempt-a"), b.fencing_token)
+            .await
+            .unwrap(),
+        None,
+        "another operation's token"
+    );
+}
+
+async fn resolutions_are_found_by_id_in_any_life<B: Backend>(backend: B) {
+    let op = claimed(&backend, "resolved-1", "refund", 1).await;
+    let mut resolved = event(op.life, EventKind::Resolved, Some("RESOLVED:r-1"));
+    resolved.from = Some(State::Unknown);
+    resolved.to = Some(State::Absent);
+    commit(
+        &backend,
+        "resolved-1",
+        &events_only(vec![resolved]),
+        op.updated_at,
+    )
+    .await;
+    let mut tx = backend.begin_write().await.unwrap();
+    assert_eq!(
+        backend
+            .find_resolution(&mut tx, TENANT, &id("resolved-1"), "r-1")
+            .await
+            .unwrap(),
+        Some(State::Absent)
+    );
+    assert_eq!(
+        backend
+            .find_resolution(&mut tx, TENANT, &id("resolved-1"), "r-2")
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+async fn history_is_the_current_life_oldest_first<B: Backend>(backend: B) {
+    let op = claimed(&backend, "history-1", "refund", 1).await;
+    let earlier_life = op.life - 1;
+    commit(
+        &backend,
+        "history-1",
+        &events_only(vec![
+            event(earlier_life, EventKind::DoubleExecution, None),
+            event(op.life, EventKind::LeaseExpired, None),
+            event(op.life, EventKind::Resolved, None),
+        ]),
+        op.updated_at,
+    )
+    .await;
+    let (attempts, events) = backend
+        .history(TENANT, &id("history-1"), op.life)
+        .await
+        .unwrap();
+    assert_eq!(attempts.len(), 1);
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["CLAIMED", "LEASE_EXPIRED", "RESOLVED"]);
+    assert!(events.windows(2).all(|w| w[0].sequence < w[1].sequence));
+}
+
+async fn a_new_life_clears_the_attempt_log_and_keeps_the_events<B: Backend>(backend: B) {
+    let op = in_state(&backend, "reborn-1", 1, State::Confirmed, -1).await;
+    let at = now(&backend).await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let token = backend.next_token(&mut tx).await.unwrap();
+    let cmd = command("reborn-1", "refund", 1);
+    let (_, plan) = machine::claim(Some(&op), &cmd, Guard::Clear { token }, at);
+    assert!(plan.new_life);
+    backend
+        .apply(&mut tx, TENANT, &id("reborn-1"), &plan, at)
+        .await
+        .unwrap();
+    backend.commit(tx).await.unwrap();
+    let reborn = stored(&backend, "reborn-1").await;
+    assert_eq!((reborn.attempt, reborn.life), (1, token));
+    let (attempts, events) = backend
+        .history(TENANT, &id("reborn-1"), reborn.life)
+        .await
+        .unwrap();
+    assert_eq!(attempts.len(), 1, "only this life's attempt");
+    assert_eq!(attempts[0].fencing_token, token);
+    assert_eq!(events.len(), 1, "only this life's events");
+    let (_, old) = backend
+        .history(TENANT, &id("reborn-1"), op.life)
+        .await
+        .unwrap();
+    assert_eq!(old.len(), 1, "the previous life's events are kept");
+}
+
+async fn anomalies_are_recorded_once_per_dedupe_key<B: Backend>(backend: B) {
+    let op = claimed(&backend, "anomaly-1", "refund", 1).await;
+    for _ in 0..3 {
+        commit(
+            &backend,
+            "anomaly-1",
+            &events_only(vec![event(
+                op.life,
+                EventKind::DoubleExecution,
+                Some("DOUBLE_EXECUTION:5"),
+            )]),
+            op.updated_at,
+        )
+        .await;
+    }
+    commit(
+        &backend,
+        "anomaly-1",
+        &events_only(vec![event(
+            op.life,
+            EventKind::DoubleExecution,
+            Some("DOUBLE_EXECUTION:6"),
+        )]),
+        op.updated_at,
+    )
+    .await;
+    let (_, events) = backend
+        .history(TENANT, &id("anomaly-1"), op.life)
+        .await
+        .unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.kind == "DOUBLE_EXECUTION")
+            .count(),
+        2
+    );
+}
+
+async fn a_lookup_claim_is_exclusive_until_it_lapses_and_bumps_the_version<B: Backend>(backend: B) {
+    let op = in_state(&backend, "claim-1", 1, State::Unknown, 0).await;
+    let (claimed_op, lookup): (Operation, Lookup) = backend
+        .claim_lookup(TENANT, &id("claim-1"), 60_000, false)
+        .await
+        .unwrap()
+        .expect("due and unclaimed");
+    assert_eq!(lookup.version, op.version + 1);
+    assert_eq!(claimed_op.version, lookup.version);
+    assert!(claimed_op.lookup_claimed_until.unwrap() >= lookup.issued_at + 60_000);
+    assert!(
+        (lookup.issued_at - now(&backend).await).abs() < 60_000,
+        "issued on the store clock"
+    );
+    for before_due in [false, true] {
+        assert!(
+            backend
+                .claim_lookup(TENANT, &id("claim-1"), 60_000, before_due)
+                .await
+                .unwrap()
+                .is_none(),
+            "held by the first claim"
+        );
+    }
+
+    // A claim of no length lapses at once: the next claim takes it, and the first is stale.
+    let op = in_state(&backend, "claim-2", 1, State::Unknown, 0).await;
+    let (_, first) = backend
+        .claim_lookup(TENANT, &id("claim-2"), 0, false)
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, second) = backend
+        .claim_lookup(TENANT, &id("claim-2"), 60_000, false)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.version > first.version && first.version > op.version);
+
+    // Not due yet: only an operator's claim (before_due) takes it.
+    let mut later = in_state(&backend, "claim-3", 1, State::Unknown, 0).await;
+    later.reconcile_next_at = Some(now(&backend).await + 3_600_000);
+    overwrite(&backend, &later).await;
+    assert!(backend
+        .claim_lookup(TENANT, &id("claim-3"), 60_000, false)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(backend
+        .claim_lookup(TENANT, &id("claim-3"), 60_000, true)
+        .await
+        .unwrap()
+        .is_some());
+
+    // Held for an operator, settled, or in flight: never.
+    let mut held = in_state(&backend, "claim-4", 1, State::Unknown, 0).await;
+    held.source = Source::Anomaly;
+    overwrite(&backend, &held).await;
+    in_state(&backend, "claim-5", 1, State::Confirmed, 60_000).await;
+    claimed(&backend, "claim-6", "refund", 1).await;
+    for unclaimable in ["claim-4", "claim-5", "claim-6", "claim-none"] {
+        assert!(
+            backend
+                .claim_lookup(TENANT, &id(unclaimable), 60_000, true)
+                .await
+                .unwrap()
+                .is_none(),
+            "{unclaimable}"
+        );
+    }
+}
+
+async fn lookups_are_due_only_when_unknown_due_and_unclaimed<B: Backend>(backend: B) {
+    in_state(&backend, "due-1", 1, State::Unknown, 0).await;
+    in_state(&backend, "due-2", 2, State::Unknown, 0).await;
+    let mut later = in_state(&backend, "due-later", 3, State::Unknown, 0).await;
+    later.reconcile_next_at = Some(now(&backend).await + 3_600_000);
+    overwrite(&backend, &later).await;
+    in_state(&backend, "due-done", 4, State::Confirmed, 60_000).await;
+    backend
+        .claim_lookup(TENANT, &id("due-2"), 60_000, false)
+        .await
+        .unwrap()
+        .unwrap();
+    let due: Vec<String> = backend
+        .due_lookups(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, id)| id.to_string())
+        .collect();
+    assert_eq!(due, ["due-1"]);
+}
+
+async fn sweeps_see_only_expired_leases_and_settled_rows_past_retention<B: Backend>(backend: B) {
+    let mut lapsed = claimed(&backend, "sweep-lapsed", "refund", 1).await;
+    lapsed.lease_deadline = now(&backend).await - 1;
+    overwrite(&backend, &lapsed).await;
+    claimed(&backend, "sweep-live", "refund", 2).await;
+    let expired: Vec<String> = backend
+        .expired_leases(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, id)| id.to_string())
+        .collect();
+    assert_eq!(expired, ["sweep-lapsed"]);
+
+    in_state(&backend, "sweep-old-confirmed", 3, State::Confirmed, -1).await;
+    in_state(&backend, "sweep-old-absent", 4, State::Absent, -1).await;
+    in_state(&backend, "sweep-young", 5, State::Confirmed, 3_600_000).await;
+    // Open operations are never deleted, whatever their expiry says.
+    let mut unknown = in_state(&backend, "sweep-unknown", 6, State::Unknown, 0).await;
+    unknown.expires_at = Some(0);
+    overwrite(&backend, &unknown).await;
+    assert_eq!(backend.delete_expired(1).await.unwrap(), 1, "in batches");
+    assert_eq!(backend.delete_expired(10).await.unwrap(), 1);
+    assert_eq!(backend.delete_expired(10).await.unwrap(), 0);
+    for (kept, present) in [
+        ("sweep-old-confirmed", false),
+        ("sweep-old-absent", false),
+        ("sweep-young", true),
+        ("sweep-unknown", true),
+        ("sweep-lapsed", true),
+    ] {
+        let found = backend.read(TENANT, &id(kept)).await.unwrap().0;
+        assert_eq!(found.is_some(), present, "{kept}");
+    }
+    // Events outlive their operation until their own retention.
+    let (_, events) = backend
+        .history(TENANT, &id("sweep-old-confirmed"), 0)
+        .await
+        .unwrap();
+    assert!(events.is_empty(), "life 0 has no events");
+    assert_eq!(
+        backend
+            .delete_events_older_than(3_600_000, 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        backend.delete_events_older_than(-60_000, 4).await.unwrap(),
+        4,
+        "in batches"
+    );
+    assert_eq!(
+        backend
+            .delete_events_older_than(-60_000, 100)
+            .await
+            .unwrap(),
+        2
+    );
+}
+
+async fn lists_page_in_creation_order_without_results<B: Backend>(backend: B) {
+    for i in 0..3 {
+        let mut op = in_state(&backend, &format!("list-{i}"), i, State::Confirmed, 60_000).await;
+        op.result = Some(vec![b'r'; 1024]);
+        overwrite(&backend, &op).await;
+    }
+    let page = backend
+        .list(
+            TENANT,
+            &ListQuery {
+                states: vec![State::Confirmed],
+                page_size: 2,
+                ..ListQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    let ids: Vec<&str> = page.iter().map(|op| op.operation_id.as_str()).collect();
+    assert_eq!(ids, ["list-0", "list-1"]);
+    assert!(
+        page.iter().all(|op| op.result.is_none()),
+        "no results in a page"
+    );
+    let last = page.last().unwrap();
+    let rest = backend
+        .list(
+            TENANT,
+            &ListQuery {
+                page_size: 10,
+                after: Some((last.created_at, last.operation_id.to_string())),
+                ..ListQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 1);
+    assert!(backend
+        .list(
+            "another-tenant",
+            &ListQuery {
+                page_size: 10,
+                ..ListQuery::default()
+            }
+        )
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+async fn the_store_answers_pings<B: Backend>(backend: B) {
+    backend.ping().await.unwrap();
+    backend.close().await;
+    assert!(backend.ping().await.unwrap_err().is_retryable());
+}
