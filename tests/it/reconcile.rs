@@ -546,6 +546,11 @@ async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
                     axum::http::StatusCode::OK,
                     axum::Json(json!({"ticket": {"id": "T-17", "state": "open"}})),
                 ),
+                // A record over the 64 KiB result limit.
+                Some("c-huge") => (
+                    axum::http::StatusCode::OK,
+                    axum::Json(json!({"ticket": {"id": "T-18", "log": "x".repeat(100 * 1024)}})),
+                ),
                 _ => (
                     axum::http::StatusCode::NOT_FOUND,
                     axum::Json(json!({"error": "no such ticket"})),
@@ -567,7 +572,11 @@ async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
     );
     let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
     let mut grpc = ledger.client().await;
-    for (id, customer) in [("ticket-found", "c-known"), ("ticket-missing", "c-other")] {
+    for (id, customer) in [
+        ("ticket-found", "c-known"),
+        ("ticket-missing", "c-other"),
+        ("ticket-huge", "c-huge"),
+    ] {
         let mut request = begin(id, ARGS);
         request.lease_ttl = Some(ms(200));
         request.tool = "open_ticket".into();
@@ -586,6 +595,13 @@ async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
         serde_json::from_slice::<serde_json::Value>(&found.result).unwrap(),
         json!({"id": "T-17", "state": "open"})
     );
+    // Over the result limit: CONFIRMED all the same, with a reference instead of the record.
+    wait_for_state(&grpc, "ticket-huge", pb::OperationState::Confirmed).await;
+    let huge = get(&mut grpc, "ticket-huge").await.operation.unwrap();
+    assert_eq!(huge.provider_ref, "T-18");
+    let stored: serde_json::Value = serde_json::from_slice(&huge.result).unwrap();
+    assert_eq!(stored["provider_ref"], "T-18");
+    assert!(stored["result_omitted"].is_string(), "{stored}");
     ledger.stop().await;
 }
 
