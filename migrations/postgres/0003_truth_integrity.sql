@@ -23,6 +23,7 @@ ALTER TABLE operations ADD COLUMN version BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE operations ADD COLUMN unknown_since BIGINT;
 ALTER TABLE operations ADD COLUMN last_report_at BIGINT;
 ALTER TABLE operations ADD COLUMN declared_absent_token BIGINT;
+ALTER TABLE operations ADD COLUMN confirmed_by BIGINT;
 ALTER TABLE operations ADD COLUMN lookup_claimed_until BIGINT;
 ALTER TABLE attempts ADD COLUMN fencing_token BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE events ADD COLUMN life BIGINT NOT NULL DEFAULT 1;
@@ -42,7 +43,17 @@ UPDATE operations SET
                          AND a.operation_id = operations.operation_id AND a.number = operations.attempt),
                         'executor:default');
 
+UPDATE operations SET confirmed_by = attempt WHERE state = 'CONFIRMED' AND source = 'attempt';
+
 -- A retried Resolve finds its RESOLVED event by dedupe key now, however the operation moved on.
+-- Earlier resolutions get theirs (the latest, where one id resolved twice).
+UPDATE events SET dedupe_key = 'RESOLVED:' || (details::json ->> 'resolution_id')
+WHERE kind = 'RESOLVED' AND dedupe_key IS NULL AND (details::json ->> 'resolution_id') IS NOT NULL
+  AND NOT EXISTS (
+    SELECT 1 FROM events later
+    WHERE later.tenant = events.tenant AND later.operation_id = events.operation_id
+      AND later.kind = 'RESOLVED' AND later.sequence > events.sequence
+      AND (later.details::json ->> 'resolution_id') = (events.details::json ->> 'resolution_id'));
 ALTER TABLE operations DROP COLUMN resolution_id;
 
 -- The fresh-id guard also stops a new id while the same intent is IN_FLIGHT.

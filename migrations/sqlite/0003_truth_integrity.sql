@@ -27,6 +27,7 @@ ALTER TABLE operations ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE operations ADD COLUMN unknown_since INTEGER;
 ALTER TABLE operations ADD COLUMN last_report_at INTEGER;
 ALTER TABLE operations ADD COLUMN declared_absent_token INTEGER;
+ALTER TABLE operations ADD COLUMN confirmed_by INTEGER;
 ALTER TABLE operations ADD COLUMN lookup_claimed_until INTEGER;
 ALTER TABLE attempts ADD COLUMN fencing_token INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE events ADD COLUMN life INTEGER NOT NULL DEFAULT 1;
@@ -46,7 +47,17 @@ UPDATE operations SET
                          AND a.operation_id = operations.operation_id AND a.number = operations.attempt),
                         'executor:default');
 
+UPDATE operations SET confirmed_by = attempt WHERE state = 'CONFIRMED' AND source = 'attempt';
+
 -- A retried Resolve finds its RESOLVED event by dedupe key now, however the operation moved on.
+-- Earlier resolutions get theirs (the latest, where one id resolved twice).
+UPDATE events SET dedupe_key = 'RESOLVED:' || json_extract(details, '$.resolution_id')
+WHERE kind = 'RESOLVED' AND dedupe_key IS NULL AND json_extract(details, '$.resolution_id') IS NOT NULL
+  AND NOT EXISTS (
+    SELECT 1 FROM events later
+    WHERE later.tenant = events.tenant AND later.operation_id = events.operation_id
+      AND later.kind = 'RESOLVED' AND later.sequence > events.sequence
+      AND json_extract(later.details, '$.resolution_id') = json_extract(events.details, '$.resolution_id'));
 ALTER TABLE operations DROP COLUMN resolution_id;
 
 -- The fresh-id guard also stops a new id while the same intent is IN_FLIGHT.

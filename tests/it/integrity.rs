@@ -21,6 +21,7 @@ on_both_backends!(
     a_regrant_needs_the_same_attempt_id_and_context,
     a_miss_counts_only_when_issued_a_settle_time_after_the_effect_could_last_be_written,
     a_verdict_about_an_earlier_attempt_is_never_applied_to_a_later_one,
+    this_lifes_effect_found_after_the_operation_moved_on_still_settles_it,
     a_resolution_names_the_attempt_it_examined,
     a_new_life_is_never_confirmed_by_an_earlier_lifes_refund,
     a_retried_resolution_gets_its_first_answer_after_the_operation_moved_on,
@@ -263,12 +264,16 @@ async fn a_late_confirm_after_an_absent_resolution_and_an_absent_retry_settles_c
         .await
         .unwrap();
     // Attempt 1's effect did happen; no later attempt performed one.
-    let state = confirm(&mut client, "late-1", first.fencing_token, b"it did happen")
-        .await
-        .unwrap();
-    assert_eq!(state, pb::OperationState::Confirmed as i32);
+    for _ in 0..2 {
+        // The second time is the transport's retry: the same answer, nothing recorded again.
+        let state = confirm(&mut client, "late-1", first.fencing_token, b"it did happen")
+            .await
+            .unwrap();
+        assert_eq!(state, pb::OperationState::Confirmed as i32);
+    }
     let history = get(&mut client, "late-1").await;
     assert_eq!(count(&history, "RESOLUTION_CONTRADICTED"), 1);
+    assert_eq!(count(&history, "DOUBLE_EXECUTION"), 0);
     let replay = client
         .begin(begin("late-1", ARGS))
         .await
@@ -503,10 +508,44 @@ async fn a_verdict_about_an_earlier_attempt_is_never_applied_to_a_later_one(stor
     ledger.stop().await;
 }
 
+async fn this_lifes_effect_found_after_the_operation_moved_on_still_settles_it(store: Store) {
+    let (_db, ledger, provider) = held_setup(store).await;
+    let mut client = ledger.client().await;
+    let grant = claim(&mut client, refund_request("found-1")).await;
+    report_unknown(&mut client, "found-1", grant.fencing_token)
+        .await
+        .unwrap();
+    let slow = reconcile_later(&client, "found-1");
+    provider.wait_for_lookups(1).await;
+    // The attempt says, late, that it did nothing: ABSENT, and executable again...
+    report_absent(&mut client, "found-1", grant.fencing_token)
+        .await
+        .unwrap();
+    // ...but the provider holds this life's refund.
+    provider.refunds.lock().unwrap().push(json!({
+        "id": "re_found",
+        "metadata": {"once_provider_key": grant.provider_key, "once_operation_id": "found-1"},
+    }));
+    provider.release();
+    let answer = slow.await.unwrap().unwrap();
+    assert_eq!(answer.state, pb::OperationState::Confirmed as i32);
+    let history = get(&mut client, "found-1").await;
+    assert_eq!(history.operation.as_ref().unwrap().provider_ref, "re_found");
+    assert_eq!(count(&history, "RESOLUTION_CONTRADICTED"), 1);
+    let replay = client
+        .begin(refund_request("found-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision_name(&replay), "REPLAY", "never executed again");
+    ledger.stop().await;
+}
+
 async fn a_resolution_names_the_attempt_it_examined(store: Store) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
+    let absent = pb::OperationState::Absent;
 
     let first = claim(&mut client, begin("examined-1", ARGS)).await;
     report_absent(&mut client, "examined-1", first.fencing_token)
@@ -517,12 +556,12 @@ async fn a_resolution_names_the_attempt_it_examined(store: Store) {
         .await
         .unwrap();
     // The operator looked at attempt 1; attempt 2 is the one that is UNKNOWN.
-    let refused = resolve_attempt(
+    let refused = resolve_examined(
         &mut client,
         "examined-1",
-        pb::OperationState::Absent,
-        "r-stale",
-        1,
+        absent,
+        "r-1",
+        first.fencing_token,
     )
     .await
     .unwrap_err();
@@ -532,33 +571,60 @@ async fn a_resolution_names_the_attempt_it_examined(store: Store) {
         refused.message().contains("latest attempt is 2"),
         "{refused:?}"
     );
-    let missing = client
-        .resolve(pb::ResolveRequest {
-            operation_id: "examined-1".into(),
-            outcome: pb::OperationState::Absent as i32,
-            reason: "checked".into(),
-            operator: "alice".into(),
-            resolution_id: "r-none".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(field(&missing), "attempt");
-    // The right attempt, but the token of another life.
-    let mut other_life = pb::ResolveRequest {
+    let resolution = |fencing_token, attempt| pb::ResolveRequest {
         operation_id: "examined-1".into(),
-        outcome: pb::OperationState::Absent as i32,
+        outcome: absent as i32,
         reason: "checked".into(),
         operator: "alice".into(),
-        resolution_id: "r-other".into(),
-        attempt: 2,
-        fencing_token: first.fencing_token,
+        resolution_id: format!("r-{fencing_token}-{attempt}"),
+        attempt,
+        fencing_token,
         ..Default::default()
     };
-    let refused = client.resolve(other_life.clone()).await.unwrap_err();
+    let missing = client.resolve(resolution(0, 2)).await.unwrap_err();
+    assert_eq!(field(&missing), "fencing_token");
+    let wrong_number = client
+        .resolve(resolution(second.fencing_token, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&wrong_number), "ATTEMPT_MISMATCH");
+    client
+        .resolve(resolution(second.fencing_token, 2))
+        .await
+        .unwrap();
+
+    // Across lives: the operator examined attempt 1 of the first life; meanwhile that life was
+    // settled and deleted, and attempt 1 of a new life is UNKNOWN.
+    let old = claim(&mut client, begin("examined-2", ARGS)).await;
+    report_unknown(&mut client, "examined-2", old.fencing_token)
+        .await
+        .unwrap();
+    resolve(&mut client, "examined-2", absent, "r-someone-else")
+        .await
+        .unwrap();
+    delete_as_retention_does(&db, "examined-2").await;
+    let new = claim(&mut client, begin("examined-2", ARGS)).await;
+    assert_eq!(
+        new.attempt, old.attempt,
+        "the same attempt number in each life"
+    );
+    report_unknown(&mut client, "examined-2", new.fencing_token)
+        .await
+        .unwrap();
+    let refused = resolve_examined(
+        &mut client,
+        "examined-2",
+        absent,
+        "r-late",
+        old.fencing_token,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(reason(&refused), "ATTEMPT_MISMATCH");
-    other_life.fencing_token = second.fencing_token;
-    client.resolve(other_life).await.unwrap();
+    assert_eq!(
+        state_of(&mut client, "examined-2").await,
+        pb::OperationState::Unknown
+    );
     ledger.stop().await;
 }
 
@@ -638,9 +704,10 @@ async fn a_retried_resolution_gets_its_first_answer_after_the_operation_moved_on
         .await
         .unwrap();
     let absent = pb::OperationState::Absent as i32;
+    let token = first.fencing_token;
     let resolve_first = |client: &mut Grpc, outcome| {
         let mut client = client.clone();
-        async move { resolve_attempt(&mut client, "retried-1", outcome, "r-once", 1).await }
+        async move { resolve_examined(&mut client, "retried-1", outcome, "r-once", token).await }
     };
     assert_eq!(
         resolve_first(&mut client, pb::OperationState::Absent)

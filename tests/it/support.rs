@@ -552,18 +552,18 @@ pub async fn resolve(
             operation_id: id.into(),
         })
         .await
-        .map(|r| r.into_inner().operation.unwrap_or_default().attempt)
+        .map(|r| r.into_inner().operation.unwrap_or_default().fencing_token)
         .unwrap_or(1);
-    resolve_attempt(client, id, outcome, resolution_id, examined).await
+    resolve_examined(client, id, outcome, resolution_id, examined).await
 }
 
-/// Resolves `id` as an operator who examined attempt `examined`.
-pub async fn resolve_attempt(
+/// Resolves `id` as an operator who examined the attempt holding `fencing_token`.
+pub async fn resolve_examined(
     client: &mut LedgerClient<Channel>,
     id: &str,
     outcome: pb::OperationState,
     resolution_id: &str,
-    examined: u32,
+    fencing_token: u64,
 ) -> Result<i32, tonic::Status> {
     let confirmed = outcome == pb::OperationState::Confirmed;
     client
@@ -583,8 +583,8 @@ pub async fn resolve_attempt(
             reason: "checked the provider dashboard".into(),
             operator: "alice".into(),
             resolution_id: resolution_id.into(),
-            attempt: examined,
-            fencing_token: 0,
+            fencing_token,
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner().state)

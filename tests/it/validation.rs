@@ -404,7 +404,11 @@ fn cases(token: u64) -> Vec<(&'static str, Call, &'static str)> {
             }),
             "tool",
         ),
-        ("resolve naming no attempt", with_resolve(|_| {}), "attempt"),
+        (
+            "resolve naming no attempt examined",
+            with_resolve(|_| {}),
+            "fencing_token",
+        ),
         (
             "resolve with unspecified outcome",
             with_resolve(|r| r.outcome = 0),

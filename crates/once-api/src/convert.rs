@@ -323,10 +323,11 @@ pub fn resolve(
     check_text("reason", &req.reason, limits.max_reason_bytes)?;
     check_name("operator", &req.operator, MAX_NAME_BYTES)?;
     check_name("resolution_id", &req.resolution_id, MAX_NAME_BYTES)?;
-    if req.attempt == 0 {
+    if req.fencing_token == 0 {
         return Err(Invalid::new(
-            "attempt",
-            "is mandatory: name the attempt you examined (GetOperation shows the latest)",
+            "fencing_token",
+            "is mandatory: the fencing token of the attempt you examined (GetOperation shows the \
+             latest); it names the attempt and the life of the operation",
         ));
     }
     Ok((
@@ -336,8 +337,8 @@ pub fn resolve(
             reason: req.reason,
             actor: format!("operator:{}", req.operator),
             resolution_id: req.resolution_id,
-            attempt: req.attempt,
-            fencing_token: (req.fencing_token != 0).then_some(req.fencing_token),
+            fencing_token: req.fencing_token,
+            attempt: (req.attempt != 0).then_some(req.attempt),
         },
     ))
 }

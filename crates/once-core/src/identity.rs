@@ -143,20 +143,6 @@ impl CanonicalArguments {
         let Value::Object(map) = value else {
             return Err(Invalid::new(field, "must be a JSON object"));
         };
-        // Integers too large even for a 64-bit parser arrive as doubles: only the text shows
-        // they were integers. Those in fields left out of the fingerprint do not matter.
-        let fingerprinted = |path: &[jcs::Step]| match path.first() {
-            Some(jcs::Step::Key(key)) => {
-                key != IDEMPOTENCY_KEY_FIELD && !volatile_fields.contains(key)
-            }
-            _ => true,
-        };
-        if let Some((path, literal)) = jcs::unsafe_integer_literals(json)
-            .into_iter()
-            .find(|(path, _)| fingerprinted(path))
-        {
-            return Err(unsafe_integer(field, &path, &literal));
-        }
         Self::from_object(field, map, volatile_fields)
     }
 
@@ -186,8 +172,8 @@ impl CanonicalArguments {
             map.remove(name);
         }
         let arguments = Value::Object(map);
-        if let Some((path, literal)) = jcs::first_unsafe_integer(&arguments) {
-            return Err(unsafe_integer(field, &path, &literal));
+        if let Some((path, literal)) = jcs::first_unsafe_number(&arguments) {
+            return Err(unsafe_number(field, &path, &literal));
         }
         Ok(Self {
             idempotency_key,
@@ -210,8 +196,8 @@ impl CanonicalArguments {
     }
 }
 
-/// Refuses an integer that canonical JSON cannot keep exact, naming where it is.
-fn unsafe_integer(field: &str, path: &[jcs::Step], literal: &str) -> Invalid {
+/// Refuses a number that canonical JSON cannot keep exact, naming where it is.
+fn unsafe_number(field: &str, path: &[jcs::Step], literal: &str) -> Invalid {
     let at = jcs::path_string(path);
     let field = if at.is_empty() {
         field.to_owned()
@@ -221,8 +207,8 @@ fn unsafe_integer(field: &str, path: &[jcs::Step], literal: &str) -> Invalid {
     Invalid::new(
         field,
         format!(
-            "{literal} is an integer beyond ±(2^53−1); canonical JSON holds numbers as doubles, so it \
-             would be fingerprinted like its neighbours: send it as a string"
+            "{literal} is beyond ±(2^53−1); canonical JSON holds numbers as doubles, which beyond \
+             that cannot tell it from its neighbours: send it as a string"
         ),
     )
 }
@@ -312,10 +298,11 @@ mod tests {
     }
 
     #[test]
-    fn integers_beyond_the_safe_range_are_refused_naming_their_path() {
+    fn numbers_beyond_the_safe_range_are_refused_naming_their_path() {
         for json in [
             r#"{"channel_id": 1234567890123456789}"#,
             r#"{"channel_id": 123456789012345678901234567890}"#,
+            r#"{"channel_id": 9007199254740993.0}"#,
         ] {
             let refused = CanonicalArguments::parse("arguments_json", json, &[]).unwrap_err();
             assert_eq!(refused.field, "arguments_json.channel_id", "{json}");
@@ -326,7 +313,7 @@ mod tests {
         // Within range, as doubles, as strings, or left out of the fingerprint: accepted.
         for json in [
             r#"{"n": 9007199254740991, "m": -9007199254740991}"#,
-            r#"{"n": 1.5e300, "s": "1234567890123456789"}"#,
+            r#"{"n": 1.5e15, "s": "1234567890123456789"}"#,
             r#"{"nonce": 1234567890123456789, "idempotency_key": "k"}"#,
         ] {
             let volatile = vec!["nonce".to_owned()];

@@ -7,6 +7,8 @@
 
 use serde_json::Value;
 
+use crate::once_id::MAX_SAFE_INTEGER;
+
 /// Parses `text` and returns its canonical form, or the parser's complaint.
 pub fn canonicalize_str(text: &str) -> Result<String, String> {
     let value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
@@ -83,9 +85,6 @@ pub fn format_number(x: f64) -> String {
     ryu_js::Buffer::new().format_finite(x).to_owned()
 }
 
-/// The largest integer every JSON reader holds exactly, as an IEEE-754 double: 2^53 − 1.
-pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
-
 /// One step of a path into a JSON document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -109,109 +108,33 @@ pub fn path_string(path: &[Step]) -> String {
     out
 }
 
-/// The first integer in `value` beyond ±(2^53 − 1), with its path. Canonical JSON prints every
-/// number as a double, so two such integers may canonicalise (and fingerprint) alike.
-pub fn first_unsafe_integer(value: &Value) -> Option<(Vec<Step>, String)> {
+/// The first number in `value` beyond ±(2^53 − 1), with its path. Canonical JSON prints every
+/// number as a double, and beyond that magnitude doubles are spaced two or more apart: two
+/// different numbers there may canonicalise (and fingerprint) alike, however they were written
+/// (`1234567890123456789`, `9007199254740993.0`, `1e20`).
+pub fn first_unsafe_number(value: &Value) -> Option<(Vec<Step>, String)> {
     match value {
         Value::Number(n) => {
-            let unsafe_int = n.as_u64().is_some_and(|v| v > MAX_SAFE_INTEGER)
-                || n.as_i64()
-                    .is_some_and(|v| v.unsigned_abs() > MAX_SAFE_INTEGER);
-            unsafe_int.then(|| (Vec::new(), n.to_string()))
+            let max = MAX_SAFE_INTEGER.unsigned_abs();
+            let beyond = n.as_u64().is_some_and(|v| v > max)
+                || n.as_i64().is_some_and(|v| v.unsigned_abs() > max)
+                || n.as_f64().is_some_and(|v| v.abs() > max as f64);
+            beyond.then(|| (Vec::new(), n.to_string()))
         }
         Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
-            first_unsafe_integer(item).map(|(mut path, n)| {
+            first_unsafe_number(item).map(|(mut path, n)| {
                 path.insert(0, Step::Index(i));
                 (path, n)
             })
         }),
         Value::Object(map) => map.iter().find_map(|(key, item)| {
-            first_unsafe_integer(item).map(|(mut path, n)| {
+            first_unsafe_number(item).map(|(mut path, n)| {
                 path.insert(0, Step::Key(key.clone()));
                 (path, n)
             })
         }),
         _ => None,
     }
-}
-
-/// The integer literals in the JSON text `text` beyond ±(2^53 − 1), with their paths. A parser
-/// turns the largest of them into doubles on the way in, so only the text can tell an integer
-/// that lost digits from a number written as a double. `text` must be valid JSON.
-pub fn unsafe_integer_literals(text: &str) -> Vec<(Vec<Step>, String)> {
-    enum Frame {
-        Object { key: Option<String> },
-        Array { index: usize },
-    }
-    let bytes = text.as_bytes();
-    let mut stack: Vec<Frame> = Vec::new();
-    let mut expect_key = false;
-    let mut found = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'{' => {
-                stack.push(Frame::Object { key: None });
-                expect_key = true;
-                i += 1;
-            }
-            b'[' => {
-                stack.push(Frame::Array { index: 0 });
-                i += 1;
-            }
-            b'}' | b']' => {
-                stack.pop();
-                i += 1;
-            }
-            b',' => {
-                match stack.last_mut() {
-                    Some(Frame::Array { index }) => *index += 1,
-                    Some(Frame::Object { .. }) => expect_key = true,
-                    None => {}
-                }
-                i += 1;
-            }
-            b'"' => {
-                let mut end = i + 1;
-                while end < bytes.len() && bytes[end] != b'"' {
-                    end += if bytes[end] == b'\\' { 2 } else { 1 };
-                }
-                end = (end + 1).min(bytes.len());
-                if expect_key {
-                    if let Some(Frame::Object { key }) = stack.last_mut() {
-                        *key = serde_json::from_str(&text[i..end]).ok();
-                    }
-                    expect_key = false;
-                }
-                i = end;
-            }
-            b'-' | b'0'..=b'9' => {
-                let start = i;
-                while i < bytes.len()
-                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
-                {
-                    i += 1;
-                }
-                let literal = &text[start..i];
-                let digits = literal.trim_start_matches('-');
-                let integer = !literal.contains(['.', 'e', 'E']);
-                let beyond = digits.len() > 16
-                    || digits.parse::<u64>().map_or(true, |n| n > MAX_SAFE_INTEGER);
-                if integer && beyond {
-                    let path = stack
-                        .iter()
-                        .filter_map(|frame| match frame {
-                            Frame::Object { key } => key.clone().map(Step::Key),
-                            Frame::Array { index } => Some(Step::Index(*index)),
-                        })
-                        .collect();
-                    found.push((path, literal.to_owned()));
-                }
-            }
-            _ => i += 1,
-        }
-    }
-    found
 }
 
 #[cfg(test)]
@@ -343,33 +266,20 @@ mod tests {
     }
 
     #[test]
-    fn integers_beyond_the_safe_range_are_found_with_their_paths() {
-        let text = r#"{"channel_id": 1234567890123456789, "ok": 9007199254740991, "list": [1, -9007199254740992, {"k\u0031": 123456789012345678901234567890}], "float": 1e300, "s": "99999999999999999999", "neg": -1.5e20}"#;
-        let found: Vec<(String, String)> = unsafe_integer_literals(text)
-            .into_iter()
-            .map(|(path, n)| (path_string(&path), n))
-            .collect();
-        assert_eq!(
-            found,
-            [
-                ("channel_id".to_owned(), "1234567890123456789".to_owned()),
-                ("list[1]".to_owned(), "-9007199254740992".to_owned()),
-                (
-                    "list[2].k1".to_owned(),
-                    "123456789012345678901234567890".to_owned()
-                ),
-            ]
-        );
-        let value: Value = serde_json::from_str(text).unwrap();
-        let (path, n) = first_unsafe_integer(&value).unwrap();
-        assert_eq!(path_string(&path), "channel_id");
-        assert_eq!(n, "1234567890123456789");
-        assert_eq!(
-            first_unsafe_integer(
-                &serde_json::json!({"a": [9007199254740991_u64, -9007199254740991_i64, 1.5]})
-            ),
-            None
-        );
+    fn numbers_beyond_the_safe_range_are_found_with_their_paths() {
+        for (text, path) in [
+            (r#"{"channel_id": 1234567890123456789}"#, "channel_id"),
+            (r#"{"list": [1, {"id": -9007199254740992}]}"#, "list[1].id"),
+            (r#"{"big": 123456789012345678901234567890}"#, "big"),
+            (r#"{"x": 9007199254740993.0}"#, "x"),
+            (r#"{"x": 1e20}"#, "x"),
+        ] {
+            let value: Value = serde_json::from_str(text).unwrap();
+            let (found, _) = first_unsafe_number(&value).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(path_string(&found), path, "{text}");
+        }
+        let safe = serde_json::json!({"a": [9007199254740991_u64, -9007199254740991_i64, 1.5, 1e15], "s": "1234567890123456789"});
+        assert_eq!(first_unsafe_number(&safe), None);
     }
 
     #[test]

@@ -67,10 +67,10 @@ pub enum Rejection {
     /// Only UNKNOWN operations can be resolved.
     #[error("only UNKNOWN operations can be resolved; this one is {state}")]
     NotUnknown { state: State },
-    /// The operator examined an attempt that is no longer the latest.
-    #[error("the resolution names attempt {examined}, but the latest attempt is {current} (fencing token {current_token}): look at the operation again")]
+    /// The operator examined an attempt that is not the latest (perhaps of an earlier life).
+    #[error("the resolution names the attempt with fencing token {examined}, but the latest attempt is {current} (fencing token {current_token}): look at the operation again")]
     AttemptMismatch {
-        examined: u32,
+        examined: u64,
         current: u32,
         current_token: u64,
     },
@@ -266,6 +266,7 @@ fn claim_new_life(
         unknown_since: None,
         last_report_at: None,
         declared_absent_token: None,
+        confirmed_by: None,
         reconcile_lookups: 0,
         reconcile_next_at: None,
         lookup_claimed_until: None,
@@ -416,6 +417,7 @@ pub(crate) fn moved(op: &Operation, to: State, source: Source, now: Millis) -> O
     if to != State::Unknown || source == Source::Anomaly {
         next.lookup_claimed_until = None;
     }
+    next.confirmed_by = None;
     next
 }
 
@@ -498,7 +500,14 @@ fn latest_attempt_report(
                 provider_ref,
             },
         ) => {
-            if op.result.as_ref() == Some(result) && op.provider_ref == *provider_ref {
+            let same_report =
+                op.result.as_ref() == Some(result) && op.provider_ref == *provider_ref;
+            // The effect on record is another's (an earlier attempt's, a reconciler's), and this
+            // attempt names the same provider object: one effect.
+            let same_effect = provider_ref.is_some()
+                && op.provider_ref == *provider_ref
+                && op.confirmed_by != Some(op.fencing_token);
+            if same_report || same_effect {
                 (Ok(State::Confirmed), Plan::default())
             } else {
                 settled(op.state)
@@ -527,6 +536,10 @@ fn latest_attempt_report(
                 &said,
             ));
             (Ok(State::Confirmed), plan)
+        }
+        // This attempt did nothing, and the effect on record is not its own: no contradiction.
+        (State::Confirmed, Report::Absent { .. }) if op.confirmed_by != Some(op.fencing_token) => {
+            (Ok(State::Confirmed), Plan::default())
         }
         (State::Confirmed, Report::Absent { .. }) => settled(op.state),
     }
@@ -559,6 +572,7 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
         } => {
             next.result = Some(result.clone());
             next.provider_ref = provider_ref.clone();
+            next.confirmed_by = Some(op.fencing_token);
             next.reason = None;
             (EventKind::Confirmed, None)
         }
@@ -601,6 +615,21 @@ fn superseded_confirm(
     lost: Result<State, Rejection>,
 ) -> (Result<State, Rejection>, Plan) {
     let token = earlier.fencing_token;
+    // This very confirm is already on record: a retry gets the answer it got.
+    if op.confirmed_by == Some(token) {
+        let same =
+            op.result.as_deref() == Some(result) && op.provider_ref.as_deref() == provider_ref;
+        return match op.state {
+            State::Confirmed if same => (Ok(State::Confirmed), Plan::default()),
+            State::Confirmed => (
+                Err(Rejection::AlreadySettled {
+                    state: State::Confirmed,
+                }),
+                Plan::default(),
+            ),
+            _ => (lost, Plan::default()),
+        };
+    }
     // The effect is already on record (CONFIRMED, or held with an earlier confirm): the same
     // provider object again is no second effect; another one may be.
     if op.state == State::Confirmed || op.held_for_operator() {
@@ -619,6 +648,7 @@ fn superseded_confirm(
         let mut next = moved(op, State::Confirmed, Source::Attempt, now);
         next.result = Some(result.to_vec());
         next.provider_ref = provider_ref.map(str::to_owned);
+        next.confirmed_by = Some(token);
         next.reason = None;
         let said = match op.declared_absent_token {
             Some(_) => "a reconciler or an operator",
@@ -657,6 +687,7 @@ fn superseded_confirm(
     let mut next = moved(op, State::Unknown, Source::Anomaly, now);
     next.result = Some(result.to_vec());
     next.provider_ref = provider_ref.map(str::to_owned);
+    next.confirmed_by = Some(token);
     next.reason = Some(format!(
         "attempt {} confirmed its effect after attempt {} was granted the execution right; held for an operator",
         earlier.number, op.attempt
@@ -697,15 +728,17 @@ fn double_execution(
     }
 }
 
-/// The latest attempt reports while the operation is held for an operator after a superseded
-/// attempt proved an effect (whose result the operation holds).
+/// The latest attempt reports while the operation is held for an operator because an effect
+/// was proven (by a superseded attempt's confirm, or a reconciler that found it) while this
+/// attempt may also have performed it. The operation holds the proven effect's result.
 fn held_report(
     op: &Operation,
     cmd: &ReportCommand,
     now: Millis,
 ) -> (Result<State, Rejection>, Plan) {
     let confirmed = |kind: EventKind, reason: String| {
-        let next = moved(op, State::Confirmed, Source::Attempt, now);
+        let mut next = moved(op, State::Confirmed, Source::Attempt, now);
+        next.confirmed_by = op.confirmed_by;
         let event = NewEvent {
             life: op.life,
             kind,
@@ -720,10 +753,10 @@ fn held_report(
         (Ok(State::Confirmed), single(next, event))
     };
     match &cmd.report {
-        // This attempt did nothing: the earlier attempt's effect is the only one.
+        // This attempt did nothing: the effect already proven is the only one.
         Report::Absent { reason } => confirmed(
             EventKind::ReportedAbsent,
-            format!("attempt {} did not perform the effect ({reason}); the earlier attempt's effect is the only one", op.attempt),
+            format!("attempt {} did not perform the effect ({reason}); the effect already proven is the only one", op.attempt),
         ),
         // The provider returned the same object to both attempts: one effect.
         Report::Confirm {
@@ -814,9 +847,9 @@ pub fn resolve(
     if op.state != State::Unknown {
         return Err(Rejection::NotUnknown { state: op.state });
     }
-    if cmd.attempt != op.attempt || cmd.fencing_token.is_some_and(|t| t != op.fencing_token) {
+    if cmd.fencing_token != op.fencing_token || cmd.attempt.is_some_and(|a| a != op.attempt) {
         return Err(Rejection::AttemptMismatch {
-            examined: cmd.attempt,
+            examined: cmd.fencing_token,
             current: op.attempt,
             current_token: op.fencing_token,
         });

@@ -117,14 +117,15 @@ fn unknown() -> Report {
     }
 }
 
-fn resolution(resolution: Resolution, attempt: u32, id: &str) -> ResolveCommand {
+/// A resolution by an operator who examined the attempt holding `fencing_token`.
+fn resolution(resolution: Resolution, fencing_token: u64, id: &str) -> ResolveCommand {
     ResolveCommand {
         resolution,
         reason: "checked the provider".into(),
         actor: "operator:alice".into(),
         resolution_id: id.into(),
-        attempt,
-        fencing_token: None,
+        fencing_token,
+        attempt: None,
     }
 }
 
@@ -134,7 +135,7 @@ fn second_attempt_after_absent_resolution() -> Operation {
     let unsure = with_state(&claimed(), unknown(), T0 + 10);
     let (_, plan) = resolve(
         &unsure,
-        &resolution(Resolution::Absent, 1, "r-1"),
+        &resolution(Resolution::Absent, TOKEN, "r-1"),
         None,
         T0 + 20,
     )
@@ -545,7 +546,7 @@ fn a_late_confirm_after_a_later_attempt_ran_is_held_for_an_operator() {
     assert_eq!(
         resolve(
             &held,
-            &resolution(Resolution::Absent, 2, "r-2"),
+            &resolution(Resolution::Absent, TOKEN + 1, "r-2"),
             None,
             T0 + 42
         )
@@ -583,7 +584,7 @@ fn a_late_confirm_after_a_later_attempt_ran_is_held_for_an_operator() {
                 result: b"both".to_vec(),
                 provider_ref: Some("re_1".into()),
             },
-            2,
+            TOKEN + 1,
             "r-3",
         ),
         None,
@@ -600,7 +601,7 @@ fn a_late_confirm_after_a_doubtful_absent_or_a_confirmation_records_the_double_e
     let unsure = with_state(&second, unknown(), T0 + 40);
     let (_, plan) = resolve(
         &unsure,
-        &resolution(Resolution::Absent, 2, "r-2"),
+        &resolution(Resolution::Absent, TOKEN + 1, "r-2"),
         None,
         T0 + 41,
     )
@@ -685,7 +686,7 @@ fn heartbeats_extend_only_a_live_lease_and_never_shorten_it() {
 fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_idempotent() {
     let in_flight = claimed();
     let unsure = with_state(&in_flight, unknown(), T0 + 10);
-    let resolve_absent = resolution(Resolution::Absent, 1, "r1");
+    let resolve_absent = resolution(Resolution::Absent, TOKEN, "r1");
     let (state, plan) = resolve(&unsure, &resolve_absent, None, T0 + 20).unwrap();
     assert_eq!(state, State::Absent);
     let resolved = written(&plan);
@@ -711,7 +712,7 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
             result: vec![],
             provider_ref: None,
         },
-        1,
+        TOKEN,
         "r1",
     );
     assert!(matches!(
@@ -721,7 +722,7 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
     assert_eq!(
         resolve(
             &resolved,
-            &resolution(Resolution::Absent, 1, "r2"),
+            &resolution(Resolution::Absent, TOKEN, "r2"),
             None,
             T0 + 30
         )
@@ -731,25 +732,26 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
         }
     );
 
-    // The examined attempt must be the latest (and, when given, its token).
+    // The examined attempt must be the latest: by token (which names its life too) and, when
+    // given, by number.
     assert_eq!(
         resolve(
             &unsure,
-            &resolution(Resolution::Absent, 2, "r3"),
+            &resolution(Resolution::Absent, TOKEN + 99, "r3"),
             None,
             T0 + 30
         )
         .unwrap_err(),
         Rejection::AttemptMismatch {
-            examined: 2,
+            examined: TOKEN + 99,
             current: 1,
             current_token: TOKEN
         }
     );
-    let mut other_life = resolution(Resolution::Absent, 1, "r4");
-    other_life.fencing_token = Some(TOKEN + 99);
+    let mut wrong_number = resolution(Resolution::Absent, TOKEN, "r4");
+    wrong_number.attempt = Some(2);
     assert!(matches!(
-        resolve(&unsure, &other_life, None, T0 + 30),
+        resolve(&unsure, &wrong_number, None, T0 + 30),
         Err(Rejection::AttemptMismatch { .. })
     ));
 }

@@ -155,6 +155,10 @@ pub struct Operation {
     /// The latest attempt of this life that a reconciler or an operator declared ABSENT (rather
     /// than the attempt itself): it may have performed the effect after all.
     pub declared_absent_token: Option<u64>,
+    /// The fencing token of the attempt whose confirm the stored result is (while the operation
+    /// is held for an operator, the superseded attempt's proof); `None` when a reconciler or an
+    /// operator supplied the result. A retried confirm is known by it.
+    pub confirmed_by: Option<u64>,
     /// How many reconciler lookups this UNKNOWN operation has had.
     pub reconcile_lookups: u32,
     /// When an UNKNOWN operation with a provider is next due for a lookup.
@@ -437,11 +441,11 @@ pub struct ResolveCommand {
     pub actor: String,
     /// Makes a retried Resolve recognisable, even after the operation moved on.
     pub resolution_id: String,
-    /// The attempt the operator examined; the resolution applies only while it is the latest.
-    pub attempt: u32,
-    /// The examined attempt's fencing token, when the operator's tool knows it: pins the life
-    /// of the operation too.
-    pub fencing_token: Option<u64>,
+    /// The fencing token of the attempt the operator examined: it names the attempt and the
+    /// life of the operation. The resolution applies only while that attempt is the latest.
+    pub fencing_token: u64,
+    /// The examined attempt's number, when the operator gives it: checked too.
+    pub attempt: Option<u32>,
 }
 
 /// What the fresh-id guard found: an open operation with the same tenant, tool and fingerprint

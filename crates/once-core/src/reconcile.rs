@@ -97,12 +97,27 @@ impl Escalation {
     }
 }
 
-/// The claim a lookup ran under: the operation's version when it was claimed, and when the
-/// lookup was issued, both read from the store in the claiming statement.
+/// The claim a lookup ran under, read from the store in the claiming statement: which life and
+/// attempt of the operation it looks up, the operation's version when claimed, and when the
+/// lookup was issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lookup {
+    pub life: u64,
+    pub fencing_token: u64,
     pub version: i64,
     pub issued_at: Millis,
+}
+
+impl Lookup {
+    /// The claim of a lookup of `op` as it is now, issued at `issued_at`.
+    pub fn of(op: &Operation, issued_at: Millis) -> Self {
+        Self {
+            life: op.life,
+            fencing_token: op.fencing_token,
+            version: op.version,
+            issued_at,
+        }
+    }
 }
 
 /// What applying a verdict did.
@@ -113,6 +128,80 @@ pub enum Applied {
     /// The operation changed after the lookup was claimed (a report, a resolution, another
     /// lookup, a new attempt): the verdict is about something that no longer is, and is dropped.
     Stale,
+}
+
+/// A lookup found this life's effect at the provider, but the operation changed while it looked.
+/// ABSENT becomes CONFIRMED, recording the contradiction; an attempt running now may perform
+/// the effect again, so an IN_FLIGHT operation is held for an operator, with the found effect
+/// as its proof. An UNKNOWN or settled operation is left as it is (the next lookup judges an
+/// UNKNOWN one again).
+fn proven_after_all(
+    op: &Operation,
+    actor: &str,
+    provider_ref: &str,
+    result: &[u8],
+    evidence: &str,
+    now: Millis,
+) -> (Applied, Plan) {
+    let event = |kind, to: State, reason: String| NewEvent {
+        life: op.life,
+        kind,
+        from: Some(op.state),
+        to: Some(to),
+        attempt: Some(op.attempt),
+        actor: actor.to_owned(),
+        reason: Some(reason),
+        details: Some(json!({ "evidence": evidence, "provider_ref": provider_ref }).to_string()),
+        dedupe_key: None,
+    };
+    let (to, source, events) = match op.state {
+        State::Absent => {
+            let mut contradicted = event(
+                EventKind::ResolutionContradicted,
+                State::Confirmed,
+                format!(
+                    "the provider holds the effect as {provider_ref} although a {} said ABSENT",
+                    op.source.as_str()
+                ),
+            );
+            contradicted.from = None;
+            contradicted.to = None;
+            contradicted.dedupe_key = Some(format!("RESOLUTION_CONTRADICTED:{provider_ref}"));
+            let settled = event(
+                EventKind::Reconciled,
+                State::Confirmed,
+                format!("the provider holds the effect as {provider_ref}"),
+            );
+            (
+                State::Confirmed,
+                Source::Reconciler,
+                vec![settled, contradicted],
+            )
+        }
+        State::InFlight => (
+            State::Unknown,
+            Source::Anomaly,
+            vec![event(
+                EventKind::DoubleExecution,
+                State::Unknown,
+                format!(
+                    "the provider holds the effect as {provider_ref} while attempt {} runs; held for an operator",
+                    op.attempt
+                ),
+            )],
+        ),
+        State::Unknown | State::Confirmed => return (Applied::Stale, Plan::default()),
+    };
+    let mut next = moved(op, to, source, now);
+    next.result = Some(result.to_vec());
+    next.provider_ref = Some(provider_ref.to_owned());
+    next.reason = events[0].reason.clone();
+    let plan = Plan {
+        operation: Some(Write::Update(next)),
+        events,
+        ..Plan::default()
+    };
+    (Applied::Judged(to), plan)
 }
 
 /// Whether the operation is due for a lookup now, and no lookup holds it.
@@ -152,10 +241,33 @@ pub fn apply_verdict(
     now: Millis,
 ) -> (Applied, Plan) {
     let (capabilities, backoff) = (&policy.capabilities, &policy.backoff);
-    if op.version != lookup.version || op.state != State::Unknown || op.held_for_operator() {
-        return (Applied::Stale, Plan::default());
-    }
     let actor = format!("reconciler:{}", policy.name);
+    let same_life = op.life == lookup.life;
+    let unchanged = same_life
+        && op.fencing_token == lookup.fencing_token
+        && op.version == lookup.version
+        && op.state == State::Unknown
+        && !op.held_for_operator();
+    if !unchanged {
+        // A verdict about an earlier life, or one that found nothing, says nothing about the
+        // operation as it is now. But the effect of this life, found after all, is proof: it
+        // must not leave the operation executable.
+        return match verdict {
+            Verdict::Confirmed {
+                provider_ref,
+                result,
+                evidence,
+            } if same_life => proven_after_all(
+                op,
+                &actor,
+                provider_ref,
+                &bounded_result(result, provider_ref, policy.max_result_bytes),
+                evidence,
+                now,
+            ),
+            _ => (Applied::Stale, Plan::default()),
+        };
+    }
     let lookups = op.reconcile_lookups + 1;
     let settled = |to: State, evidence: &str, reason: String, found: Option<(&str, &[u8])>| {
         let mut next = moved(op, to, Source::Reconciler, now);
@@ -333,9 +445,14 @@ mod tests {
 
     /// A lookup claimed on `op` as it is now, issued at `at`.
     fn claimed(op: &Operation, at: Millis) -> Lookup {
-        Lookup {
-            version: op.version,
-            issued_at: at,
+        Lookup::of(op, at)
+    }
+
+    fn found(provider_ref: &str) -> Verdict {
+        Verdict::Confirmed {
+            provider_ref: provider_ref.into(),
+            result: b"{}".to_vec(),
+            evidence: "{}".into(),
         }
     }
 
@@ -539,6 +656,85 @@ mod tests {
         );
         assert_eq!(applied, Applied::Stale);
         assert!(plan.is_empty());
+    }
+
+    #[test]
+    fn a_verdict_about_another_life_or_attempt_is_dropped_even_when_it_found_the_effect() {
+        let op = unknown();
+        let lookup = claimed(&op, EXPIRED + SETTLE);
+        let mut other_life = op.clone();
+        other_life.life += 10;
+        other_life.fencing_token += 10;
+        let mut other_attempt = op.clone();
+        other_attempt.fencing_token += 1;
+        for (changed, verdict) in [
+            (&other_life, found("re_1")),
+            (&other_life, absent()),
+            (&other_attempt, absent()),
+        ] {
+            let (applied, plan) = apply_verdict(
+                changed,
+                &lookup,
+                &verdict,
+                &policy(STRIPE),
+                0.0,
+                EXPIRED + SETTLE,
+            );
+            assert_eq!(applied, Applied::Stale, "{verdict:?}");
+            assert!(plan.is_empty());
+        }
+    }
+
+    #[test]
+    fn this_lifes_effect_found_after_the_operation_moved_on_is_proof() {
+        let op = unknown();
+        let lookup = claimed(&op, EXPIRED + SETTLE);
+        // Meanwhile an operator said ABSENT: the effect found contradicts it.
+        let mut absent_now = op.clone();
+        absent_now.state = State::Absent;
+        absent_now.source = Source::Operator;
+        absent_now.version += 1;
+        let (applied, plan) = apply_verdict(
+            &absent_now,
+            &lookup,
+            &found("re_1"),
+            &policy(STRIPE),
+            0.0,
+            EXPIRED + SETTLE,
+        );
+        assert_eq!(applied, Applied::Judged(State::Confirmed));
+        let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [EventKind::Reconciled, EventKind::ResolutionContradicted]
+        );
+        // Meanwhile a new attempt runs: it may perform the effect again.
+        let mut running = absent_now.clone();
+        running.state = State::InFlight;
+        running.fencing_token += 1;
+        let (applied, plan) = apply_verdict(
+            &running,
+            &lookup,
+            &found("re_1"),
+            &policy(STRIPE),
+            0.0,
+            EXPIRED + SETTLE,
+        );
+        assert_eq!(applied, Applied::Judged(State::Unknown));
+        let held = plan.operation.unwrap().operation().clone();
+        assert!(held.held_for_operator());
+        assert_eq!(held.provider_ref.as_deref(), Some("re_1"));
+        assert_eq!(plan.events[0].kind, EventKind::DoubleExecution);
+        // A miss, though, says nothing about what changed.
+        let (applied, _) = apply_verdict(
+            &absent_now,
+            &lookup,
+            &absent(),
+            &policy(STRIPE),
+            0.0,
+            EXPIRED + SETTLE,
+        );
+        assert_eq!(applied, Applied::Stale);
     }
 
     #[test]

@@ -68,9 +68,11 @@ enum Action {
     BeginElsewhere {
         grant: usize,
     },
+    /// A report, sent `twice` when its transport retries it.
     Report {
         grant: usize,
         kind: ReportKind,
+        twice: bool,
     },
     Heartbeat {
         grant: usize,
@@ -118,7 +120,8 @@ fn action() -> impl Strategy<Value = Action> {
         ),
         1 => any::<usize>().prop_map(|grant| Action::RetryBegin { grant }),
         1 => any::<usize>().prop_map(|grant| Action::BeginElsewhere { grant }),
-        5 => (any::<usize>(), report).prop_map(|(grant, kind)| Action::Report { grant, kind }),
+        5 => (any::<usize>(), report, prop::bool::weighted(0.3))
+            .prop_map(|(grant, kind, twice)| Action::Report { grant, kind, twice }),
         1 => any::<usize>().prop_map(|grant| Action::Heartbeat { grant }),
         3 => (0..2 * LEASE).prop_map(|ms| Action::Tick { ms }),
         1 => Just(Action::SweepLeases),
@@ -436,7 +439,7 @@ fn run(actions: Vec<Action>) {
                     }
                 }
             }
-            Action::Report { grant, kind } => {
+            Action::Report { grant, kind, twice } => {
                 let Some(i) = pick(grant, model.held.len()) else {
                     continue;
                 };
@@ -462,13 +465,23 @@ fn run(actions: Vec<Action>) {
                 let latest = before
                     .as_ref()
                     .is_some_and(|row| row.fencing_token == held.token);
-                let (answer, plan) = store.report(
-                    held.op,
-                    &ReportCommand {
-                        fencing_token: held.token,
-                        report,
-                    },
-                );
+                let cmd = ReportCommand {
+                    fencing_token: held.token,
+                    report,
+                };
+                let (answer, plan) = store.report(held.op, &cmd);
+                if twice {
+                    // Reports are idempotent: the same answer, and nothing recorded twice.
+                    let state = |store: &Store| store.rows.get(&held.op).map(|row| row.state);
+                    let (recorded, before) = (store.events.len(), state(&store));
+                    let (again, _) = store.report(held.op, &cmd);
+                    assert_eq!(again, answer, "a retried report got another answer");
+                    assert_eq!(
+                        (store.events.len(), state(&store)),
+                        (recorded, before),
+                        "a retried report changed something"
+                    );
+                }
                 let current_life = before.as_ref().map(|row| row.life);
                 if current_life == Some(held.life) {
                     if proves {
@@ -480,7 +493,10 @@ fn run(actions: Vec<Action>) {
                     // A superseded attempt's confirm settles CONFIRMED only when every later
                     // attempt of the life said by itself that it did nothing; otherwise the
                     // effect may have happened twice, and that is for an operator.
-                    if proves && !latest && answer == Ok(State::Confirmed) {
+                    let was_confirmed = before
+                        .as_ref()
+                        .is_some_and(|row| row.state == State::Confirmed);
+                    if proves && !latest && !was_confirmed && answer == Ok(State::Confirmed) {
                         for later in model.held.iter().filter(|h| {
                             h.op == held.op && h.life == held.life && h.token > held.token
                         }) {
@@ -556,13 +572,7 @@ fn run(actions: Vec<Action>) {
                 if claimable {
                     row.lookup_claimed_until = Some(now + CLAIM);
                     row.version += 1;
-                    store.lookups.push((
-                        op,
-                        Lookup {
-                            version: row.version,
-                            issued_at: now,
-                        },
-                    ));
+                    store.lookups.push((op, Lookup::of(row, now)));
                 }
             }
             Action::FinishLookup { lookup, verdict } => {
@@ -606,7 +616,7 @@ fn run(actions: Vec<Action>) {
                 confirmed,
                 resolution,
             } => {
-                let cmd = |attempt| ResolveCommand {
+                let cmd = |fencing_token| ResolveCommand {
                     resolution: if confirmed {
                         Resolution::Confirmed {
                             result: b"resolved".to_vec(),
@@ -618,8 +628,8 @@ fn run(actions: Vec<Action>) {
                     reason: "checked".into(),
                     actor: "operator:alice".into(),
                     resolution_id: format!("r-{resolution}"),
-                    attempt,
-                    fencing_token: None,
+                    fencing_token,
+                    attempt: None,
                 };
                 let key = machine::resolution_key(&format!("r-{resolution}"));
                 let prior = store
@@ -630,15 +640,23 @@ fn run(actions: Vec<Action>) {
                 let Some(row) = store.rows.get(&op).cloned() else {
                     continue;
                 };
+                // A stale resolution names a token the operator saw earlier: of an earlier
+                // attempt, perhaps of an earlier life.
                 let examined = if stale {
-                    row.attempt.saturating_sub(1).max(1)
+                    model
+                        .held
+                        .iter()
+                        .filter(|h| h.op == op)
+                        .map(|h| h.token)
+                        .nth(resolution as usize)
+                        .unwrap_or(row.fencing_token)
                 } else {
-                    row.attempt
+                    row.fencing_token
                 };
                 if let Ok((_, plan)) = machine::resolve(&row, &cmd(examined), prior, store.now) {
                     if !plan.is_empty() {
                         assert_eq!(
-                            examined, row.attempt,
+                            examined, row.fencing_token,
                             "a resolution of an attempt not examined"
                         );
                     }

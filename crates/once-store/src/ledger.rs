@@ -228,6 +228,15 @@ impl<B: Backend> Ledger<B> {
         self.backend.commit(tx).await
     }
 
+    /// One operation as stored, and the store's clock; no lock is taken.
+    pub async fn read(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Option<Operation>, Millis), StoreError> {
+        self.backend.read(tenant, id).await
+    }
+
     /// One operation with its attempt log and event history.
     pub async fn get(
         &self,

@@ -10,27 +10,28 @@ use crate::StoreError;
 pub(crate) const OPERATION_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, fencing_token, life, \
      attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, result, provider_ref, \
      provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, unknown_since, \
-     last_report_at, declared_absent_token, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
+     last_report_at, declared_absent_token, confirmed_by, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
 
 /// The same, without the stored result: list pages never carry results.
 pub(crate) const LISTED_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, fencing_token, life, \
      attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, NULL AS result, provider_ref, \
      provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, unknown_since, \
-     last_report_at, declared_absent_token, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
+     last_report_at, declared_absent_token, confirmed_by, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
 
 pub(crate) const INSERT_OPERATION: &str = "INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, source, attempt, \
      fencing_token, life, attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, \
      result, provider_ref, provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, \
-     unknown_since, last_report_at, declared_absent_token, reconcile_lookups, reconcile_next_at, lookup_claimed_until) \
+     unknown_since, last_report_at, declared_absent_token, confirmed_by, reconcile_lookups, reconcile_next_at, \
+     lookup_claimed_until) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, \
-     $24, $25, $26, $27, $28, $29, $30, $31, $32)";
+     $24, $25, $26, $27, $28, $29, $30, $31, $32, $33)";
 
 pub(crate) const UPDATE_OPERATION: &str = "UPDATE operations SET tool = $3, fingerprint = $4, state = $5, source = $6, \
      attempt = $7, fencing_token = $8, life = $9, attempt_id = $10, client_name = $11, session_id = $12, request_id = $13, \
      executor = $14, lease_started_at = $15, lease_deadline = $16, result = $17, provider_ref = $18, provider_key = $19, \
      provider = $20, lookup_hints = $21, retention_ms = $22, created_at = $23, updated_at = $24, expires_at = $25, \
-     reason = $26, unknown_since = $27, last_report_at = $28, declared_absent_token = $29, reconcile_lookups = $30, \
-     reconcile_next_at = $31, lookup_claimed_until = $32, version = version + 1 \
+     reason = $26, unknown_since = $27, last_report_at = $28, declared_absent_token = $29, confirmed_by = $30, \
+     reconcile_lookups = $31, reconcile_next_at = $32, lookup_claimed_until = $33, version = version + 1 \
      WHERE tenant = $1 AND operation_id = $2";
 
 pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (tenant, operation_id, number, fencing_token, attempt_id, started_at, \
@@ -132,6 +133,7 @@ macro_rules! bind_operation {
             .bind(op.unknown_since)
             .bind(op.last_report_at)
             .bind(op.declared_absent_token.map($crate::shared::token_column))
+            .bind(op.confirmed_by.map($crate::shared::token_column))
             .bind(i64::from(op.reconcile_lookups))
             .bind(op.reconcile_next_at)
             .bind(op.lookup_claimed_until)
@@ -181,6 +183,10 @@ macro_rules! decode_operation {
                 last_report_at: row.try_get("last_report_at")?,
                 declared_absent_token: row
                     .try_get::<Option<i64>, _>("declared_absent_token")?
+                    .map($crate::shared::token)
+                    .transpose()?,
+                confirmed_by: row
+                    .try_get::<Option<i64>, _>("confirmed_by")?
                     .map($crate::shared::token)
                     .transpose()?,
                 reconcile_lookups: $crate::shared::attempt_number(
@@ -511,10 +517,7 @@ macro_rules! shared_backend_methods {
             let Some(row) = row else { return Ok(None) };
             let issued_at: once_core::Millis = row.try_get("issued_at")?;
             Ok(decode_operation!(&row).map(|op| {
-                let lookup = once_core::reconcile::Lookup {
-                    version: op.version,
-                    issued_at,
-                };
+                let lookup = once_core::reconcile::Lookup::of(&op, issued_at);
                 (op, lookup)
             }))
         }

@@ -277,6 +277,25 @@ impl<B: Backend> LedgerService<B> {
         id: &once_core::OperationId,
         deadline: tokio::time::Instant,
     ) -> bool {
+        // Only a lookup this replica can run, of an operation that is due: otherwise a claim
+        // would hold it from the replicas that can.
+        let due = match self.ledger.read(tenant, id).await {
+            Ok((Some(op), now)) => {
+                once_core::reconcile::is_due(&op, now)
+                    && op
+                        .provider
+                        .as_deref()
+                        .is_some_and(|p| self.reconcilers.get(p).is_some())
+            }
+            Ok((None, _)) => false,
+            Err(error) => {
+                tracing::warn!(%error, "could not read an operation to look up during Begin");
+                false
+            }
+        };
+        if !due {
+            return false;
+        }
         let claimed = self
             .ledger
             .claim_lookup(tenant, id, self.claim_ms, false)
@@ -323,29 +342,37 @@ impl<B: Backend> LedgerService<B> {
         tenant: &str,
         id: &once_core::OperationId,
     ) -> Result<pb::ReconcileResponse, Status> {
+        let refused = |op: &once_core::Operation| {
+            if op.state != once_core::State::Unknown {
+                status::store(once_store::StoreError::Rejected(
+                    once_core::Rejection::NotUnknown { state: op.state },
+                ))
+            } else if op.held_for_operator() {
+                status::held_for_operator()
+            } else {
+                status::lookup_in_progress()
+            }
+        };
+        let (op, _) = self.ledger.read(tenant, id).await.map_err(status::store)?;
+        let op = op.ok_or_else(|| status::store(once_store::StoreError::NotFound))?;
+        if op.state != once_core::State::Unknown || op.held_for_operator() {
+            return Err(refused(&op));
+        }
+        // Claim only what this replica can look up.
+        let provider = op.provider.clone().unwrap_or_default();
+        let Some(registered) = self.reconcilers.get(&provider) else {
+            return Err(status::no_reconciler(&provider));
+        };
         let claimed = self
             .ledger
             .claim_lookup(tenant, id, self.claim_ms, true)
             .await
             .map_err(status::store)?;
         let Some((op, lookup)) = claimed else {
-            // Why not: say which.
-            let (op, _, _) = self.ledger.get(tenant, id).await.map_err(status::store)?;
-            return Err(if op.state != once_core::State::Unknown {
-                status::store(once_store::StoreError::Rejected(
-                    once_core::Rejection::NotUnknown { state: op.state },
-                ))
-            } else if op.held_for_operator() {
-                status::held_for_operator()
-            } else if op.provider.is_none() {
-                status::no_reconciler("")
-            } else {
-                status::lookup_in_progress()
-            });
-        };
-        let provider = op.provider.clone().unwrap_or_default();
-        let Some(registered) = self.reconcilers.get(&provider) else {
-            return Err(status::no_reconciler(&provider));
+            // It changed since it was read, is held, or another lookup holds it: say which.
+            let (op, _) = self.ledger.read(tenant, id).await.map_err(status::store)?;
+            let op = op.ok_or_else(|| status::store(once_store::StoreError::NotFound))?;
+            return Err(refused(&op));
         };
         let (verdict, applied) = crate::sweeper::look_up(
             &self.ledger,

@@ -47,7 +47,7 @@ pub fn store(error: StoreError) -> Status {
             status(
                 Code::Unavailable,
                 "STORE_UNAVAILABLE",
-                "the ledger's database is unavailable; nothing was changed and the call is safe to retry".into(),
+                "the ledger's database is unavailable; the call is safe to retry as it was sent (the same attempt id, fencing token or resolution id)".into(),
                 vec![],
             )
         }
@@ -56,7 +56,7 @@ pub fn store(error: StoreError) -> Status {
             status(
                 Code::Unavailable,
                 "STORE_UNAVAILABLE",
-                "the ledger's database does not accept writes (a standby or a demoted primary); nothing was changed and the call is safe to retry".into(),
+                "the ledger's database does not accept writes (a standby or a demoted primary); nothing was changed and the call is safe to retry as it was sent".into(),
                 vec![],
             )
         }
@@ -150,7 +150,7 @@ fn rejected(rejection: Rejection) -> Status {
             "ATTEMPT_MISMATCH",
             message,
             vec![
-                ("examined_attempt".into(), examined.to_string()),
+                ("examined_fencing_token".into(), examined.to_string()),
                 ("current_attempt".into(), current.to_string()),
                 ("current_fencing_token".into(), current_token.to_string()),
             ],
