@@ -403,30 +403,20 @@ async fn a_new_life_clears_the_attempt_log_and_keeps_the_events<B: Backend>(back
 
 async fn anomalies_are_recorded_once_per_dedupe_key<B: Backend>(backend: B) {
     let op = claimed(&backend, "anomaly-1", "refund", 1).await;
-    for _ in 0..3 {
+    for key in [
+        "DOUBLE_EXECUTION:5",
+        "DOUBLE_EXECUTION:5",
+        "DOUBLE_EXECUTION:6",
+    ] {
+        let anomaly = event(op.life, EventKind::DoubleExecution, Some(key));
         commit(
             &backend,
             "anomaly-1",
-            &events_only(vec![event(
-                op.life,
-                EventKind::DoubleExecution,
-                Some("DOUBLE_EXECUTION:5"),
-            )]),
+            &events_only(vec![anomaly]),
             op.updated_at,
         )
         .await;
     }
-    commit(
-        &backend,
-        "anomaly-1",
-        &events_only(vec![event(
-            op.life,
-            EventKind::DoubleExecution,
-            Some("DOUBLE_EXECUTION:6"),
-        )]),
-        op.updated_at,
-    )
-    .await;
     let (_, events) = backend
         .history(TENANT, &id("anomaly-1"), op.life)
         .await

@@ -45,33 +45,14 @@ fn count(history: &pb::GetOperationResponse, kind: &str) -> usize {
 
 async fn a_fencing_token_is_never_issued_twice_across_lives(store: Store) {
     let db = TestDb::new(store).await;
-    let ledger = TestLedger::spawn_with(
-        &db,
-        &[
-            "--retention-explicit",
-            "1ms",
-            "--retention-sweep-interval",
-            "50ms",
-        ],
-    )
-    .await;
+    let ledger = TestLedger::spawn_with_short_retention(&db, "50ms").await;
     let mut client = ledger.client().await;
 
     let first = claim(&mut client, begin("lives-1", ARGS)).await;
     confirm(&mut client, "lives-1", first.fencing_token, b"life one")
         .await
         .unwrap();
-    eventually(
-        Duration::from_secs(10),
-        "retention to delete the settled operation",
-        || async {
-            (db.scalar("SELECT count(*) FROM operations WHERE operation_id = 'lives-1'")
-                .await
-                == 0)
-                .then_some(())
-        },
-    )
-    .await;
+    wait_deleted(&db, "lives-1").await;
 
     let second = claim(&mut client, begin("lives-1", ARGS)).await;
     assert_eq!(second.attempt, 1, "a new life counts attempts from 1");

@@ -1,7 +1,5 @@
 //! One test per invariant of SPEC §5, named after it.
 
-use std::time::Duration;
-
 use once_api::pb;
 
 use crate::support::*;
@@ -209,17 +207,7 @@ async fn invariant_4_retention_never_deletes_unknown_or_in_flight(store: Store) 
         .await;
 
     // The sweeper has run once the settled operation is gone.
-    eventually(
-        Duration::from_secs(10),
-        "retention to delete the confirmed operation",
-        || async {
-            (db.scalar("SELECT count(*) FROM operations WHERE operation_id = 'inv4-confirmed'")
-                .await
-                == 0)
-                .then_some(())
-        },
-    )
-    .await;
+    wait_deleted(&db, "inv4-confirmed").await;
     assert_eq!(
         state_of(&mut client, "inv4-in-flight").await,
         pb::OperationState::InFlight

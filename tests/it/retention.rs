@@ -15,16 +15,7 @@ on_both_backends!(
 async fn confirmed_past_retention_executes_again(store: Store) {
     let db = TestDb::new(store).await;
     // The sweeper is kept out of the way: Begin alone must see that retention has passed.
-    let ledger = TestLedger::spawn_with(
-        &db,
-        &[
-            "--retention-explicit",
-            "1ms",
-            "--retention-sweep-interval",
-            "1h",
-        ],
-    )
-    .await;
+    let ledger = TestLedger::spawn_with_short_retention(&db, "1h").await;
     let mut client = ledger.client().await;
 
     let first = claim(&mut client, begin("ret-1", ARGS)).await;
@@ -139,16 +130,7 @@ async fn sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest(store:
 
 async fn caller_may_ask_for_longer_retention(store: Store) {
     let db = TestDb::new(store).await;
-    let ledger = TestLedger::spawn_with(
-        &db,
-        &[
-            "--retention-explicit",
-            "1ms",
-            "--retention-sweep-interval",
-            "50ms",
-        ],
-    )
-    .await;
+    let ledger = TestLedger::spawn_with_short_retention(&db, "50ms").await;
     let mut client = ledger.client().await;
 
     let mut kept = begin("ret-kept", ARGS);
@@ -161,13 +143,7 @@ async fn caller_may_ask_for_longer_retention(store: Store) {
     confirm(&mut client, "ret-short", grant.fencing_token, b"short")
         .await
         .unwrap();
-    eventually(Duration::from_secs(10), "the short one swept", || async {
-        (db.scalar("SELECT count(*) FROM operations WHERE operation_id = 'ret-short'")
-            .await
-            == 0)
-            .then_some(())
-    })
-    .await;
+    wait_deleted(&db, "ret-short").await;
     let replay = client
         .begin(begin("ret-kept", ARGS))
         .await

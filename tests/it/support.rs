@@ -252,6 +252,18 @@ impl TestLedger {
         Self::spawn_url(&db.url, extra).await
     }
 
+    /// Starts a ledger on which explicit ids are kept 1 ms once settled, with the retention
+    /// sweeper running every `sweep_interval`.
+    pub async fn spawn_with_short_retention(db: &TestDb, sweep_interval: &str) -> Self {
+        let flags = [
+            "--retention-explicit",
+            "1ms",
+            "--retention-sweep-interval",
+            sweep_interval,
+        ];
+        Self::spawn_with(db, &flags).await
+    }
+
     pub async fn spawn_url(url: &str, extra: &[&str]) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().unwrap();
@@ -603,6 +615,31 @@ pub async fn get(client: &mut LedgerClient<Channel>, id: &str) -> pb::GetOperati
 pub async fn state_of(client: &mut LedgerClient<Channel>, id: &str) -> pb::OperationState {
     let op = get(client, id).await.operation.expect("operation");
     pb::OperationState::try_from(op.state).expect("valid state")
+}
+
+/// Waits until retention has deleted `id` (the sweeper runs on its own schedule).
+pub async fn wait_deleted(db: &TestDb, id: &str) {
+    let sql = format!("SELECT count(*) FROM operations WHERE operation_id = '{id}'");
+    eventually(
+        Duration::from_secs(10),
+        &format!("retention to delete {id}"),
+        || async { (db.scalar(&sql).await == 0).then_some(()) },
+    )
+    .await;
+}
+
+/// Checks that `id` was CONFIRMED with no lease expiry on the way: its heartbeats held.
+pub async fn confirmed_without_lease_expiry(client: &mut LedgerClient<Channel>, id: &str) {
+    let history = get(client, id).await;
+    assert!(
+        history.events.iter().all(|e| e.kind != "LEASE_EXPIRED"),
+        "{:?}",
+        history.events
+    );
+    assert_eq!(
+        history.operation.unwrap().state,
+        pb::OperationState::Confirmed as i32
+    );
 }
 
 /// Waits until the operation is in `state` (moved there by the sweeper or another party).

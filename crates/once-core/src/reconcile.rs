@@ -456,6 +456,11 @@ mod tests {
         }
     }
 
+    /// Applies `verdict` from `lookup` to `op` at `now`, under the stripe-like policy.
+    fn judge(op: &Operation, lookup: &Lookup, verdict: &Verdict, now: Millis) -> (Applied, Plan) {
+        apply_verdict(op, lookup, verdict, &policy(STRIPE), 0.0, now)
+    }
+
     fn absent() -> Verdict {
         Verdict::Absent {
             evidence: r#"{"pages":1}"#.into(),
@@ -502,14 +507,9 @@ mod tests {
 
     #[test]
     fn a_confirmed_match_settles_and_stores_the_result() {
-        let verdict = Verdict::Confirmed {
-            provider_ref: "re_1".into(),
-            result: b"{}".to_vec(),
-            evidence: "{}".into(),
-        };
         let op = check(
             STRIPE,
-            verdict,
+            found("re_1"),
             EXPIRED + 10,
             State::Confirmed,
             EventKind::Reconciled,
@@ -610,12 +610,10 @@ mod tests {
     fn the_settle_time_runs_from_the_effect_horizon_and_is_judged_when_the_lookup_was_issued() {
         // A lookup issued before the settle time, however late it is applied, proves nothing.
         let op = unknown();
-        let (applied, _) = apply_verdict(
+        let (applied, _) = judge(
             &op,
             &claimed(&op, EXPIRED + SETTLE - 1),
             &absent(),
-            &policy(STRIPE),
-            0.0,
             EXPIRED + 100 * SETTLE,
         );
         assert_eq!(applied, Applied::Judged(State::Unknown));
@@ -625,12 +623,10 @@ mod tests {
         let mut reported_late = unknown();
         reported_late.last_report_at = Some(EXPIRED + 3_000);
         assert_eq!(reported_late.effect_horizon(), EXPIRED + 3_000);
-        let (applied, _) = apply_verdict(
+        let (applied, _) = judge(
             &reported_late,
             &claimed(&reported_late, EXPIRED + SETTLE),
             &absent(),
-            &policy(STRIPE),
-            0.0,
             EXPIRED + SETTLE,
         );
         assert_eq!(applied, Applied::Judged(State::Unknown));
@@ -646,14 +642,7 @@ mod tests {
         let lookup = claimed(&op, EXPIRED + SETTLE);
         let mut changed = op.clone();
         changed.version += 1;
-        let (applied, plan) = apply_verdict(
-            &changed,
-            &lookup,
-            &absent(),
-            &policy(STRIPE),
-            0.0,
-            EXPIRED + SETTLE,
-        );
+        let (applied, plan) = judge(&changed, &lookup, &absent(), EXPIRED + SETTLE);
         assert_eq!(applied, Applied::Stale);
         assert!(plan.is_empty());
     }
@@ -694,14 +683,7 @@ mod tests {
         absent_now.state = State::Absent;
         absent_now.source = Source::Operator;
         absent_now.version += 1;
-        let (applied, plan) = apply_verdict(
-            &absent_now,
-            &lookup,
-            &found("re_1"),
-            &policy(STRIPE),
-            0.0,
-            EXPIRED + SETTLE,
-        );
+        let (applied, plan) = judge(&absent_now, &lookup, &found("re_1"), EXPIRED + SETTLE);
         assert_eq!(applied, Applied::Judged(State::Confirmed));
         let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
         assert_eq!(
@@ -712,28 +694,14 @@ mod tests {
         let mut running = absent_now.clone();
         running.state = State::InFlight;
         running.fencing_token += 1;
-        let (applied, plan) = apply_verdict(
-            &running,
-            &lookup,
-            &found("re_1"),
-            &policy(STRIPE),
-            0.0,
-            EXPIRED + SETTLE,
-        );
+        let (applied, plan) = judge(&running, &lookup, &found("re_1"), EXPIRED + SETTLE);
         assert_eq!(applied, Applied::Judged(State::Unknown));
         let held = plan.operation.unwrap().operation().clone();
         assert!(held.held_for_operator());
         assert_eq!(held.provider_ref.as_deref(), Some("re_1"));
         assert_eq!(plan.events[0].kind, EventKind::DoubleExecution);
         // A miss, though, says nothing about what changed.
-        let (applied, _) = apply_verdict(
-            &absent_now,
-            &lookup,
-            &absent(),
-            &policy(STRIPE),
-            0.0,
-            EXPIRED + SETTLE,
-        );
+        let (applied, _) = judge(&absent_now, &lookup, &absent(), EXPIRED + SETTLE);
         assert_eq!(applied, Applied::Stale);
     }
 
@@ -741,25 +709,16 @@ mod tests {
     fn settled_and_held_operations_ignore_verdicts() {
         let mut op = unknown();
         op.state = State::Confirmed;
-        let (applied, plan) = apply_verdict(
-            &op,
-            &claimed(&op, T0 + SETTLE),
-            &absent(),
-            &policy(STRIPE),
-            0.0,
-            T0 + SETTLE,
-        );
+        let (applied, plan) = judge(&op, &claimed(&op, T0 + SETTLE), &absent(), T0 + SETTLE);
         assert_eq!(applied, Applied::Stale);
         assert!(plan.is_empty());
         let mut held = unknown();
         held.source = Source::Anomaly;
         assert!(!is_due(&held, EXPIRED + 1));
-        let (applied, _) = apply_verdict(
+        let (applied, _) = judge(
             &held,
             &claimed(&held, EXPIRED + SETTLE),
             &absent(),
-            &policy(STRIPE),
-            0.0,
             EXPIRED + SETTLE,
         );
         assert_eq!(applied, Applied::Stale);
@@ -774,12 +733,10 @@ mod tests {
         assert_eq!(BACKOFF.after(2, 1.0), 1_000);
         let mut op = unknown();
         for lookups in 1..=4 {
-            let (_, plan) = apply_verdict(
+            let (_, plan) = judge(
                 &op,
                 &claimed(&op, T0),
                 &Verdict::Unknown { why: "503".into() },
-                &policy(STRIPE),
-                0.0,
                 T0,
             );
             op = plan.operation.unwrap().operation().clone();
