@@ -169,27 +169,32 @@ async fn a_dropped_or_cancelled_attempt_becomes_unknown_never_absent() {
     ledger.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
-    let db = TestDb::new(Store::Sqlite).await;
-    let ledger = TestLedger::spawn(&db).await;
+/// Runs `spec` with an effect that lasts until the database clock is `lasting_ms` past its
+/// lease's start (several leases: the sweeper runs every 50 ms meanwhile), and checks that the
+/// heartbeats kept the lease: CONFIRMED, with no lease expiry in the history.
+async fn outlive_the_lease(ledger: &TestLedger, db: &TestDb, spec: OperationSpec, lasting_ms: i64) {
     let client = client_for(ledger.addr);
     let mut grpc = ledger.client().await;
-
-    let spec = refund("o-7").lease_ttl(Duration::from_millis(300));
     let outcome = client
         .run(&spec, |attempt| {
             let mut grpc = grpc.clone();
             async move {
-                // The effect outlives three leases; the sweeper runs every 50 ms meanwhile.
-                let deadline = tokio::time::Instant::now() + Duration::from_millis(1000);
-                while tokio::time::Instant::now() < deadline {
-                    assert_eq!(
-                        state_of(&mut grpc, &attempt.operation_id).await,
-                        once_api::pb::OperationState::InFlight
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                let started = db
+                    .scalar(&format!(
+                        "SELECT lease_started_at FROM operations WHERE operation_id = '{}'",
+                        attempt.operation_id
+                    ))
+                    .await;
+                eventually(
+                    Duration::from_secs(10),
+                    "the effect's time to pass",
+                    || async { (db.clock().await >= started + lasting_ms).then_some(()) },
+                )
+                .await;
+                assert_eq!(
+                    state_of(&mut grpc, &attempt.operation_id).await,
+                    once_api::pb::OperationState::InFlight
+                );
                 Ok(Effect::new(b"slow but done".to_vec()))
             }
         })
@@ -199,6 +204,14 @@ async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
         panic!("{outcome:?}")
     };
     confirmed_without_lease_expiry(&mut grpc, &operation_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let spec = refund("o-7").lease_ttl(Duration::from_millis(300));
+    outlive_the_lease(&ledger, &db, spec, 1_000).await;
     ledger.stop().await;
 }
 
@@ -208,35 +221,7 @@ async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
 async fn heartbeats_follow_the_lease_the_ledger_granted() {
     let db = TestDb::new(Store::Sqlite).await;
     let ledger = TestLedger::spawn_with(&db, &["--default-lease", "600ms"]).await;
-    let client = client_for(ledger.addr);
-    let mut grpc = ledger.client().await;
-
-    let outcome = client
-        .run(&refund("o-default-lease"), |attempt| {
-            let mut grpc = grpc.clone();
-            let db = &db;
-            async move {
-                let started = db
-                    .scalar("SELECT lease_started_at FROM operations WHERE operation_id LIKE 'refund:%'")
-                    .await;
-                // Run past three default leases, watching the lease move with the heartbeats.
-                eventually(Duration::from_secs(10), "three leases to pass", || async {
-                    (db.clock().await >= started + 1_800).then_some(())
-                })
-                .await;
-                assert_eq!(
-                    state_of(&mut grpc, &attempt.operation_id).await,
-                    once_api::pb::OperationState::InFlight
-                );
-                Ok(Effect::new(b"done".to_vec()))
-            }
-        })
-        .await
-        .unwrap();
-    let Outcome::Executed { operation_id, .. } = outcome else {
-        panic!("{outcome:?}")
-    };
-    confirmed_without_lease_expiry(&mut grpc, &operation_id).await;
+    outlive_the_lease(&ledger, &db, refund("o-default-lease"), 1_800).await;
     ledger.stop().await;
 }
 

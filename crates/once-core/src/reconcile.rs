@@ -87,11 +87,13 @@ pub struct Escalation {
 
 impl Escalation {
     /// Whether the lookup that took `op` to `lookups` lookups at `now` crosses a threshold.
+    /// By age, the lookup that crosses the threshold escalates — or the first lookup, when the
+    /// operation became UNKNOWN only after it.
     fn crossed(&self, op: &Operation, lookups: u32, now: Millis) -> bool {
         let by_count = self.after_lookups.is_some_and(|n| lookups == n);
         let by_age = self.after_ms.is_some_and(|age| {
             let due = op.lease_started_at + age;
-            op.updated_at < due && due <= now
+            due <= now && (op.updated_at < due || lookups == 1)
         });
         by_count || by_age
     }
@@ -772,5 +774,9 @@ mod tests {
             !escalation.crossed(&op, 5, 12_000),
             "only the lookup that crosses the age escalates"
         );
+        // UNKNOWN only after the age passed (a long lease): its first lookup escalates.
+        op.updated_at = 12_000;
+        assert!(escalation.crossed(&op, 1, 12_500));
+        assert!(!escalation.crossed(&op, 2, 13_000));
     }
 }
