@@ -324,6 +324,10 @@ async fn resolutions_are_found_by_id_in_any_life<B: Backend>(backend: B) {
     let mut resolved = event(op.life, EventKind::Resolved, Some("RESOLVED:r-1"));
     resolved.from = Some(State::Unknown);
     resolved.to = Some(State::Absent);
+    resolved.details = Some(format!(
+        r#"{{"resolution_id":"r-1","fencing_token":{}}}"#,
+        op.fencing_token
+    ));
     commit(
         &backend,
         "resolved-1",
@@ -337,7 +341,10 @@ async fn resolutions_are_found_by_id_in_any_life<B: Backend>(backend: B) {
             .find_resolution(&mut tx, TENANT, &id("resolved-1"), "r-1")
             .await
             .unwrap(),
-        Some(State::Absent)
+        Some(PriorResolution {
+            state: State::Absent,
+            fencing_token: Some(op.fencing_token),
+        })
     );
     assert_eq!(
         backend

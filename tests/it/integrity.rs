@@ -246,11 +246,16 @@ async fn a_late_confirm_after_an_absent_resolution_and_an_absent_retry_settles_c
         .unwrap();
     // Attempt 1's effect did happen; no later attempt performed one.
     for _ in 0..2 {
-        // The second time is the transport's retry: the same answer, nothing recorded again.
-        let state = confirm(&mut client, "late-1", first.fencing_token, b"it did happen")
+        // The second time is the transport's retry: the same answer, nothing recorded again. A
+        // superseded attempt is told its right is lost; its proof is recorded all the same.
+        let refused = confirm(&mut client, "late-1", first.fencing_token, b"it did happen")
             .await
-            .unwrap();
-        assert_eq!(state, pb::OperationState::Confirmed as i32);
+            .unwrap_err();
+        assert_eq!(reason(&refused), "EXECUTION_RIGHT_LOST");
+        assert_eq!(
+            state_of(&mut client, "late-1").await,
+            pb::OperationState::Confirmed
+        );
     }
     let history = get(&mut client, "late-1").await;
     assert_eq!(count(&history, "RESOLUTION_CONTRADICTED"), 1);
@@ -743,7 +748,7 @@ async fn reports_are_recorded_under_their_attempts_executor(store: Store) {
         .unwrap();
     confirm(&mut client, "executor-1", first.fencing_token, b"late")
         .await
-        .unwrap();
+        .unwrap_err();
     let history = get(&mut client, "executor-1").await;
     let actors: Vec<(&str, &str)> = history
         .events

@@ -509,6 +509,33 @@ fn latest_attempt_report(
                 && op.confirmed_by != Some(op.fencing_token);
             if same_report || same_effect {
                 (Ok(State::Confirmed), Plan::default())
+            } else if provider_ref.is_some()
+                && op.provider_ref.is_some()
+                && op.confirmed_by != Some(op.fencing_token)
+            {
+                // Another provider object than the one on record, which this attempt did not
+                // report: the effect may have happened twice.
+                let plan = Plan {
+                    events: vec![NewEvent {
+                        life: op.life,
+                        kind: EventKind::DoubleExecution,
+                        from: None,
+                        to: None,
+                        attempt: Some(op.attempt),
+                        actor: op.executor.clone(),
+                        reason: Some(format!(
+                            "attempt {} confirmed an effect beside the one on record",
+                            op.attempt
+                        )),
+                        details: Some(
+                            json!({ "provider_ref": provider_ref, "on_record": op.provider_ref })
+                                .to_string(),
+                        ),
+                        dedupe_key: Some(format!("DOUBLE_EXECUTION:{}", op.fencing_token)),
+                    }],
+                    ..Plan::default()
+                };
+                (Err(Rejection::AlreadySettled { state: op.state }), plan)
             } else {
                 settled(op.state)
             }
@@ -537,8 +564,12 @@ fn latest_attempt_report(
             ));
             (Ok(State::Confirmed), plan)
         }
-        // This attempt did nothing, and the effect on record is not its own: no contradiction.
-        (State::Confirmed, Report::Absent { .. }) if op.confirmed_by != Some(op.fencing_token) => {
+        // This attempt did nothing, and the effect on record is another attempt's (its report
+        // settled a hold with it): no contradiction. Against an operator's or a reconciler's
+        // CONFIRMED, or its own confirm, an ABSENT is refused.
+        (State::Confirmed, Report::Absent { .. })
+            if op.source == Source::Attempt && op.confirmed_by != Some(op.fencing_token) =>
+        {
             (Ok(State::Confirmed), Plan::default())
         }
         (State::Confirmed, Report::Absent { .. }) => settled(op.state),
@@ -615,20 +646,11 @@ fn superseded_confirm(
     lost: Result<State, Rejection>,
 ) -> (Result<State, Rejection>, Plan) {
     let token = earlier.fencing_token;
-    // This very confirm is already on record: a retry gets the answer it got.
+    // This very confirm is already on record: a retry changes nothing. A superseded attempt is
+    // always answered that its right is lost, whatever its proof did, so a retry gets the same
+    // answer however the operation moved on.
     if op.confirmed_by == Some(token) {
-        let same =
-            op.result.as_deref() == Some(result) && op.provider_ref.as_deref() == provider_ref;
-        return match op.state {
-            State::Confirmed if same => (Ok(State::Confirmed), Plan::default()),
-            State::Confirmed => (
-                Err(Rejection::AlreadySettled {
-                    state: State::Confirmed,
-                }),
-                Plan::default(),
-            ),
-            _ => (lost, Plan::default()),
-        };
+        return (lost, Plan::default());
     }
     // The effect is already on record (CONFIRMED, or held with an earlier confirm): the same
     // provider object again is no second effect; another one may be.
@@ -680,7 +702,7 @@ fn superseded_confirm(
             &earlier.actor,
             said,
         ));
-        return (Ok(State::Confirmed), plan);
+        return (lost, plan);
     }
     // A later attempt runs, may have run, or was declared ABSENT by someone other than itself:
     // the effect may have happened twice. Nothing automatic settles that.
@@ -831,18 +853,17 @@ pub fn heartbeat(
     Ok((deadline, plan))
 }
 
-/// Applies an operator's resolution. `prior` is the state an earlier resolution with the same
-/// resolution id settled the operation in, if any: a retry gets that answer again, whatever
-/// the operation did since.
+/// Applies an operator's resolution. `prior` is an earlier resolution with the same resolution
+/// id, if any: a retry gets that answer again, whatever the operation did since.
 pub fn resolve(
     op: &Operation,
     cmd: &ResolveCommand,
-    prior: Option<State>,
+    prior: Option<PriorResolution>,
     now: Millis,
 ) -> Result<(State, Plan), Rejection> {
     let target = cmd.resolution.target();
-    if let Some(state) = prior {
-        return retried_resolution(cmd, state).map(|state| (state, Plan::default()));
+    if let Some(prior) = prior {
+        return retried_resolution(cmd, prior).map(|state| (state, Plan::default()));
     }
     if op.state != State::Unknown {
         return Err(Rejection::NotUnknown { state: op.state });
@@ -892,13 +913,21 @@ pub fn resolve(
 
 /// A Resolve whose resolution id already settled the operation: the same answer for the same
 /// resolution, a refusal for a different one.
-pub fn retried_resolution(cmd: &ResolveCommand, prior: State) -> Result<State, Rejection> {
-    if prior == cmd.resolution.target() {
-        Ok(prior)
+/// The same resolution is the same outcome of the same attempt; an id reused for another
+/// outcome, or for another attempt (a later one, or one of a later life), is refused.
+pub fn retried_resolution(
+    cmd: &ResolveCommand,
+    prior: PriorResolution,
+) -> Result<State, Rejection> {
+    let same_attempt = prior
+        .fencing_token
+        .is_none_or(|token| token == cmd.fencing_token);
+    if prior.state == cmd.resolution.target() && same_attempt {
+        Ok(prior.state)
     } else {
         Err(Rejection::ResolutionIdReused {
             resolution_id: cmd.resolution_id.clone(),
-            state: prior,
+            state: prior.state,
         })
     }
 }

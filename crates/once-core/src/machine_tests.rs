@@ -497,7 +497,10 @@ fn a_late_confirm_when_no_later_attempt_ran_settles_confirmed_and_contradicts_th
         confirm_report(b"one", Some("re_1")),
         T0 + 50,
     );
-    assert_eq!(outcome, Ok(State::Confirmed));
+    assert!(
+        matches!(outcome, Err(Rejection::ExecutionRightLost { .. })),
+        "a superseded attempt is told its right is lost, though its proof is recorded"
+    );
     let op = written(&plan);
     assert_eq!(
         (op.state, op.result.as_deref(), op.provider_ref.as_deref()),
@@ -689,6 +692,7 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
     let resolve_absent = resolution(Resolution::Absent, TOKEN, "r1");
     let (state, plan) = resolve(&unsure, &resolve_absent, None, T0 + 20).unwrap();
     assert_eq!(state, State::Absent);
+    let plan_details = plan.events[0].details.clone();
     let resolved = written(&plan);
     assert_eq!(
         (
@@ -704,7 +708,8 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
     // A retry finds its earlier resolution, whatever the operation did since.
     let (_, plan) = begin_with(Some(&resolved), &cmd("a2"), TOKEN + 1, T0 + 25);
     let moved_on = written(&plan);
-    let (again, plan) = resolve(&moved_on, &resolve_absent, Some(State::Absent), T0 + 30).unwrap();
+    let prior = PriorResolution::from_event(State::Absent, plan_details.as_deref());
+    let (again, plan) = resolve(&moved_on, &resolve_absent, Some(prior), T0 + 30).unwrap();
     assert_eq!(again, State::Absent);
     assert!(plan.is_empty());
     let confirmed_instead = resolution(
@@ -716,7 +721,13 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
         "r1",
     );
     assert!(matches!(
-        resolve(&moved_on, &confirmed_instead, Some(State::Absent), T0 + 30),
+        resolve(&moved_on, &confirmed_instead, Some(prior), T0 + 30),
+        Err(Rejection::ResolutionIdReused { .. })
+    ));
+    // The same id for another attempt (here the next one) is another resolution: refused.
+    let next_attempt = resolution(Resolution::Absent, TOKEN + 1, "r1");
+    assert!(matches!(
+        resolve(&moved_on, &next_attempt, Some(prior), T0 + 30),
         Err(Rejection::ResolutionIdReused { .. })
     ));
     assert_eq!(

@@ -448,6 +448,29 @@ pub struct ResolveCommand {
     pub attempt: Option<u32>,
 }
 
+/// An earlier resolution with the same resolution id, as its RESOLVED event recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorResolution {
+    /// The state it settled the operation in.
+    pub state: State,
+    /// The fencing token of the attempt it resolved (events written before tokens were
+    /// recorded have none).
+    pub fencing_token: Option<u64>,
+}
+
+impl PriorResolution {
+    /// Reads one from its event's `to_state` and `details`.
+    pub fn from_event(state: State, details: Option<&str>) -> Self {
+        let fencing_token = details
+            .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .and_then(|d| d["fencing_token"].as_u64());
+        Self {
+            state,
+            fencing_token,
+        }
+    }
+}
+
 /// What the fresh-id guard found: an open operation with the same tenant, tool and fingerprint
 /// under another id.
 #[derive(Debug, Clone, PartialEq, Eq)]

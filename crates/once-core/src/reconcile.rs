@@ -133,12 +133,14 @@ pub enum Applied {
 }
 
 /// A lookup found this life's effect at the provider, but the operation changed while it looked.
-/// ABSENT becomes CONFIRMED, recording the contradiction; an attempt running now may perform
-/// the effect again, so an IN_FLIGHT operation is held for an operator, with the found effect
-/// as its proof. An UNKNOWN or settled operation is left as it is (the next lookup judges an
-/// UNKNOWN one again).
+/// ABSENT becomes CONFIRMED, recording the contradiction; the attempt it looked up, still
+/// UNKNOWN (it only reported again), becomes CONFIRMED; an attempt running now may perform the
+/// effect again, so an IN_FLIGHT operation is held for an operator, with the found effect as
+/// its proof. A later attempt's UNKNOWN, or a settled operation, is left as it is (the next
+/// lookup judges an UNKNOWN one again).
 fn proven_after_all(
     op: &Operation,
+    lookup: &Lookup,
     actor: &str,
     provider_ref: &str,
     result: &[u8],
@@ -168,7 +170,7 @@ fn proven_after_all(
             );
             contradicted.from = None;
             contradicted.to = None;
-            contradicted.dedupe_key = Some(format!("RESOLUTION_CONTRADICTED:{provider_ref}"));
+            contradicted.dedupe_key = Some(format!("RESOLUTION_CONTRADICTED:ref:{provider_ref}"));
             let settled = event(
                 EventKind::Reconciled,
                 State::Confirmed,
@@ -190,6 +192,15 @@ fn proven_after_all(
                     "the provider holds the effect as {provider_ref} while attempt {} runs; held for an operator",
                     op.attempt
                 ),
+            )],
+        ),
+        State::Unknown if !op.held_for_operator() && op.fencing_token == lookup.fencing_token => (
+            State::Confirmed,
+            Source::Reconciler,
+            vec![event(
+                EventKind::Reconciled,
+                State::Confirmed,
+                format!("the provider holds the effect as {provider_ref}"),
             )],
         ),
         State::Unknown | State::Confirmed => return (Applied::Stale, Plan::default()),
@@ -261,6 +272,7 @@ pub fn apply_verdict(
                 evidence,
             } if same_life => proven_after_all(
                 op,
+                lookup,
                 &actor,
                 provider_ref,
                 &bounded_result(result, provider_ref, policy.max_result_bytes),
@@ -702,6 +714,18 @@ mod tests {
         assert!(held.held_for_operator());
         assert_eq!(held.provider_ref.as_deref(), Some("re_1"));
         assert_eq!(plan.events[0].kind, EventKind::DoubleExecution);
+        // The same attempt, only reported UNKNOWN again meanwhile: found is found.
+        let mut reported_again = op.clone();
+        reported_again.version += 1;
+        reported_again.last_report_at = Some(EXPIRED + 10);
+        let (applied, _) = judge(&reported_again, &lookup, &found("re_1"), EXPIRED + SETTLE);
+        assert_eq!(applied, Applied::Judged(State::Confirmed));
+        let (applied, _) = judge(&reported_again, &lookup, &absent(), EXPIRED + SETTLE);
+        assert_eq!(
+            applied,
+            Applied::Stale,
+            "a miss from before the report proves nothing"
+        );
         // A miss, though, says nothing about what changed.
         let (applied, _) = judge(&absent_now, &lookup, &absent(), EXPIRED + SETTLE);
         assert_eq!(applied, Applied::Stale);

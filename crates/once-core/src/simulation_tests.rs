@@ -496,7 +496,11 @@ fn run(actions: Vec<Action>) {
                     let was_confirmed = before
                         .as_ref()
                         .is_some_and(|row| row.state == State::Confirmed);
-                    if proves && !latest && !was_confirmed && answer == Ok(State::Confirmed) {
+                    let now_confirmed = store
+                        .rows
+                        .get(&held.op)
+                        .is_some_and(|row| row.state == State::Confirmed);
+                    if proves && !latest && !was_confirmed && now_confirmed {
                         for later in model.held.iter().filter(|h| {
                             h.op == held.op && h.life == held.life && h.token > held.token
                         }) {
@@ -636,7 +640,9 @@ fn run(actions: Vec<Action>) {
                     .events
                     .iter()
                     .find(|(o, e)| *o == op && e.dedupe_key.as_deref() == Some(key.as_str()))
-                    .and_then(|(_, e)| e.to);
+                    .and_then(|(_, e)| {
+                        e.to.map(|state| PriorResolution::from_event(state, e.details.as_deref()))
+                    });
                 let Some(row) = store.rows.get(&op).cloned() else {
                     continue;
                 };

@@ -3,7 +3,9 @@
 use std::future::Future;
 
 use once_core::reconcile::Lookup;
-use once_core::{Attempt, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan, State};
+use once_core::{
+    Attempt, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan, PriorResolution,
+};
 
 use crate::StoreError;
 
@@ -70,15 +72,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
         fencing_token: u64,
     ) -> impl Future<Output = Result<Option<Attempt>, StoreError>> + Send;
 
-    /// The state a resolution with `resolution_id` settled the operation in, if one did (in any
-    /// life whose events are still kept).
+    /// The resolution with `resolution_id` of this operation, if there was one (in any life
+    /// whose events are still kept).
     fn find_resolution(
         &self,
         tx: &mut Self::Tx,
         tenant: &str,
         id: &OperationId,
         resolution_id: &str,
-    ) -> impl Future<Output = Result<Option<State>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<PriorResolution>, StoreError>> + Send;
 
     /// Writes a plan. An insert that meets an existing row fails with [`StoreError::Duplicate`].
     /// Every update of the operation row bumps its version.

@@ -279,19 +279,18 @@ macro_rules! shared_backend_methods {
             tenant: &str,
             id: &once_core::OperationId,
             resolution_id: &str,
-        ) -> Result<Option<once_core::State>, $crate::StoreError> {
-            let found: Option<Option<String>> = sqlx::query_scalar(
-                "SELECT to_state FROM events WHERE tenant = $1 AND operation_id = $2 AND dedupe_key = $3",
+        ) -> Result<Option<once_core::PriorResolution>, $crate::StoreError> {
+            let found: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+                "SELECT to_state, details FROM events WHERE tenant = $1 AND operation_id = $2 AND dedupe_key = $3",
             )
             .bind(tenant)
             .bind(id.as_str())
             .bind(once_core::machine::resolution_key(resolution_id))
             .fetch_optional(&mut **tx)
             .await?;
-            found
-                .flatten()
-                .map(|s| $crate::shared::state(&s))
-                .transpose()
+            let Some((Some(to), details)) = found else { return Ok(None) };
+            let state = $crate::shared::state(&to)?;
+            Ok(Some(once_core::PriorResolution::from_event(state, details.as_deref())))
         }
 
         async fn apply(

@@ -360,9 +360,9 @@ impl<B: Backend> LedgerService<B> {
         }
         // Claim only what this replica can look up.
         let provider = op.provider.clone().unwrap_or_default();
-        let Some(registered) = self.reconcilers.get(&provider) else {
+        if self.reconcilers.get(&provider).is_none() {
             return Err(status::no_reconciler(&provider));
-        };
+        }
         let claimed = self
             .ledger
             .claim_lookup(tenant, id, self.claim_ms, true)
@@ -373,6 +373,12 @@ impl<B: Backend> LedgerService<B> {
             let (op, _) = self.ledger.read(tenant, id).await.map_err(status::store)?;
             let op = op.ok_or_else(|| status::store(once_store::StoreError::NotFound))?;
             return Err(refused(&op));
+        };
+        // The reconciler the operation names as claimed (a new attempt may have named another
+        // since it was read).
+        let provider = op.provider.clone().unwrap_or_default();
+        let Some(registered) = self.reconcilers.get(&provider) else {
+            return Err(status::no_reconciler(&provider));
         };
         let (verdict, applied) = crate::sweeper::look_up(
             &self.ledger,
