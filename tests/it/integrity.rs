@@ -717,6 +717,17 @@ async fn a_retried_resolution_gets_its_first_answer_after_the_operation_moved_on
         .await
         .unwrap_err();
     assert_eq!(reason(&reused), "RESOLUTION_ID_REUSED");
+    // The same id for another attempt is another resolution.
+    let other_attempt = resolve_examined(
+        &mut client,
+        "retried-1",
+        pb::OperationState::Absent,
+        "r-once",
+        second.fencing_token,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(reason(&other_attempt), "RESOLUTION_ID_REUSED");
     // And after retention deleted it.
     delete_as_retention_does(&db, "retried-1").await;
     assert_eq!(
