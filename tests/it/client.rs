@@ -206,9 +206,13 @@ async fn outlive_the_lease(ledger: &TestLedger, db: &TestDb, spec: OperationSpec
     confirmed_without_lease_expiry(&mut grpc, &operation_id).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
-    let db = TestDb::new(Store::Sqlite).await;
+on_both_backends!(
+    heartbeats_keep_a_long_effect_alive_past_its_lease,
+    heartbeats_follow_the_lease_the_ledger_granted,
+);
+
+async fn heartbeats_keep_a_long_effect_alive_past_its_lease(store: Store) {
+    let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let spec = refund("o-7").lease_ttl(Duration::from_millis(300));
     outlive_the_lease(&ledger, &db, spec, 1_000).await;
@@ -217,9 +221,8 @@ async fn heartbeats_keep_a_long_effect_alive_past_its_lease() {
 
 /// The spec names no lease, so the ledger grants its own default (here 600 ms, not the 30 s a
 /// client might assume): the heartbeat follows the lease the grant carries.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeats_follow_the_lease_the_ledger_granted() {
-    let db = TestDb::new(Store::Sqlite).await;
+async fn heartbeats_follow_the_lease_the_ledger_granted(store: Store) {
+    let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn_with(&db, &["--default-lease", "600ms"]).await;
     outlive_the_lease(&ledger, &db, refund("o-default-lease"), 1_800).await;
     ledger.stop().await;
