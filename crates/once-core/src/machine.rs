@@ -421,6 +421,23 @@ pub(crate) fn moved(op: &Operation, to: State, source: Source, now: Millis) -> O
     next
 }
 
+/// The operation moved to `to` by `source` with a proven effect on record: its result and
+/// provider reference, and the attempt whose confirm proved it (`None` for a reconciler's or an
+/// operator's).
+pub(crate) fn proven(
+    op: &Operation,
+    to: State,
+    source: Source,
+    effect: (Vec<u8>, Option<String>),
+    proven_by: Option<u64>,
+    now: Millis,
+) -> Operation {
+    let mut next = moved(op, to, source, now);
+    (next.result, next.provider_ref) = (Some(effect.0), effect.1);
+    next.confirmed_by = proven_by;
+    next
+}
+
 fn single(next: Operation, event: NewEvent) -> Plan {
     Plan {
         operation: Some(Write::Update(next)),
@@ -515,26 +532,7 @@ fn latest_attempt_report(
             {
                 // Another provider object than the one on record, which this attempt did not
                 // report: the effect may have happened twice.
-                let plan = Plan {
-                    events: vec![NewEvent {
-                        life: op.life,
-                        kind: EventKind::DoubleExecution,
-                        from: None,
-                        to: None,
-                        attempt: Some(op.attempt),
-                        actor: op.executor.clone(),
-                        reason: Some(format!(
-                            "attempt {} confirmed an effect beside the one on record",
-                            op.attempt
-                        )),
-                        details: Some(
-                            json!({ "provider_ref": provider_ref, "on_record": op.provider_ref })
-                                .to_string(),
-                        ),
-                        dedupe_key: Some(format!("DOUBLE_EXECUTION:{}", op.fencing_token)),
-                    }],
-                    ..Plan::default()
-                };
+                let plan = beside_the_record(op, provider_ref.as_deref());
                 (Err(Rejection::AlreadySettled { state: op.state }), plan)
             } else {
                 settled(op.state)
@@ -667,10 +665,15 @@ fn superseded_confirm(
     // Every later attempt said by itself that it did nothing: the effect happened once.
     let no_later_attempt_ran = op.declared_absent_token.is_none_or(|d| d <= token);
     if op.state == State::Absent && no_later_attempt_ran {
-        let mut next = moved(op, State::Confirmed, Source::Attempt, now);
-        next.result = Some(result.to_vec());
-        next.provider_ref = provider_ref.map(str::to_owned);
-        next.confirmed_by = Some(token);
+        let effect = (result.to_vec(), provider_ref.map(str::to_owned));
+        let mut next = proven(
+            op,
+            State::Confirmed,
+            Source::Attempt,
+            effect,
+            Some(token),
+            now,
+        );
         next.reason = None;
         let said = match op.declared_absent_token {
             Some(_) => "a reconciler or an operator",
@@ -706,10 +709,15 @@ fn superseded_confirm(
     }
     // A later attempt runs, may have run, or was declared ABSENT by someone other than itself:
     // the effect may have happened twice. Nothing automatic settles that.
-    let mut next = moved(op, State::Unknown, Source::Anomaly, now);
-    next.result = Some(result.to_vec());
-    next.provider_ref = provider_ref.map(str::to_owned);
-    next.confirmed_by = Some(token);
+    let effect = (result.to_vec(), provider_ref.map(str::to_owned));
+    let mut next = proven(
+        op,
+        State::Unknown,
+        Source::Anomaly,
+        effect,
+        Some(token),
+        now,
+    );
     next.reason = Some(format!(
         "attempt {} confirmed its effect after attempt {} was granted the execution right; held for an operator",
         earlier.number, op.attempt
@@ -791,31 +799,38 @@ fn held_report(
                 op.attempt
             ),
         ),
-        Report::Confirm { provider_ref, .. } => {
-            let event = NewEvent {
-                life: op.life,
-                kind: EventKind::DoubleExecution,
-                from: None,
-                to: None,
-                attempt: Some(op.attempt),
-                actor: op.executor.clone(),
-                reason: Some(format!(
-                    "attempt {} confirmed an effect beside the earlier attempt's; held for an operator",
-                    op.attempt
-                )),
-                details: Some(
-                    json!({ "provider_ref": provider_ref, "held_provider_ref": op.provider_ref })
-                        .to_string(),
-                ),
-                dedupe_key: Some(format!("DOUBLE_EXECUTION:{}", op.fencing_token)),
-            };
-            let plan = Plan {
-                events: vec![event],
-                ..Plan::default()
-            };
-            (Ok(State::Unknown), plan)
-        }
+        // Another: the effect may have happened twice; it stays held.
+        Report::Confirm { provider_ref, .. } => (
+            Ok(State::Unknown),
+            beside_the_record(op, provider_ref.as_deref()),
+        ),
         Report::Unknown { .. } => (Ok(State::Unknown), Plan::default()),
+    }
+}
+
+/// The latest attempt confirmed `provider_ref`, another provider object than the effect on record
+/// (an earlier attempt's, or one a reconciler found): the effect may have happened twice. Recorded
+/// once per attempt.
+fn beside_the_record(op: &Operation, provider_ref: Option<&str>) -> Plan {
+    let event = NewEvent {
+        life: op.life,
+        kind: EventKind::DoubleExecution,
+        from: None,
+        to: None,
+        attempt: Some(op.attempt),
+        actor: op.executor.clone(),
+        reason: Some(format!(
+            "attempt {} confirmed an effect beside the one on record",
+            op.attempt
+        )),
+        details: Some(
+            json!({ "provider_ref": provider_ref, "on_record": op.provider_ref }).to_string(),
+        ),
+        dedupe_key: Some(format!("DOUBLE_EXECUTION:{}", op.fencing_token)),
+    };
+    Plan {
+        events: vec![event],
+        ..Plan::default()
     }
 }
 
@@ -911,8 +926,6 @@ pub fn resolve(
     Ok((target, single(next, event)))
 }
 
-/// A Resolve whose resolution id already settled the operation: the same answer for the same
-/// resolution, a refusal for a different one.
 /// The same resolution is the same outcome of the same attempt; an id reused for another
 /// outcome, or for another attempt (a later one, or one of a later life), is refused.
 pub fn retried_resolution(

@@ -14,7 +14,7 @@
 
 use serde_json::json;
 
-use crate::machine::{moved, Plan, Write};
+use crate::machine::{moved, proven, Plan, Write};
 use crate::model::*;
 
 /// What a provider can promise, declared by its reconciler.
@@ -132,21 +132,19 @@ pub enum Applied {
     Stale,
 }
 
-/// A lookup found this life's effect at the provider, but the operation changed while it looked.
-/// ABSENT becomes CONFIRMED, recording the contradiction; the attempt it looked up, still
-/// UNKNOWN (it only reported again), becomes CONFIRMED; an attempt running now may perform the
-/// effect again, so an IN_FLIGHT operation is held for an operator, with the found effect as
-/// its proof. A later attempt's UNKNOWN, or a settled operation, is left as it is (the next
-/// lookup judges an UNKNOWN one again).
+/// A lookup found this life's effect at the provider, but the operation moved on while it
+/// looked. ABSENT becomes CONFIRMED, recording the contradiction; an attempt running now may
+/// perform the effect again, so an IN_FLIGHT operation is held for an operator, with the found
+/// effect as its proof. Another attempt's UNKNOWN, or a settled operation, is left as it is (the
+/// next lookup judges an UNKNOWN one again).
 fn proven_after_all(
     op: &Operation,
-    lookup: &Lookup,
     actor: &str,
-    provider_ref: &str,
-    result: &[u8],
+    found: (&str, Vec<u8>),
     evidence: &str,
     now: Millis,
 ) -> (Applied, Plan) {
+    let (provider_ref, result) = found;
     let event = |kind, to: State, reason: String| NewEvent {
         life: op.life,
         kind,
@@ -194,20 +192,10 @@ fn proven_after_all(
                 ),
             )],
         ),
-        State::Unknown if !op.held_for_operator() && op.fencing_token == lookup.fencing_token => (
-            State::Confirmed,
-            Source::Reconciler,
-            vec![event(
-                EventKind::Reconciled,
-                State::Confirmed,
-                format!("the provider holds the effect as {provider_ref}"),
-            )],
-        ),
         State::Unknown | State::Confirmed => return (Applied::Stale, Plan::default()),
     };
-    let mut next = moved(op, to, source, now);
-    next.result = Some(result.to_vec());
-    next.provider_ref = Some(provider_ref.to_owned());
+    let effect = (result, Some(provider_ref.to_owned()));
+    let mut next = proven(op, to, source, effect, None, now);
     next.reason = events[0].reason.clone();
     let plan = Plan {
         operation: Some(Write::Update(next)),
@@ -256,47 +244,46 @@ pub fn apply_verdict(
     let (capabilities, backoff) = (&policy.capabilities, &policy.backoff);
     let actor = format!("reconciler:{}", policy.name);
     let same_life = op.life == lookup.life;
-    let unchanged = same_life
+    let open = op.state == State::Unknown && !op.held_for_operator();
+    let found = matches!(verdict, Verdict::Confirmed { .. });
+    // A verdict judges the operation as its lookup claimed it. The effect of the attempt it
+    // looked up, found, stays found even if that attempt reported UNKNOWN again meanwhile.
+    let as_claimed = open
+        && same_life
         && op.fencing_token == lookup.fencing_token
-        && op.version == lookup.version
-        && op.state == State::Unknown
-        && !op.held_for_operator();
-    if !unchanged {
+        && (op.version == lookup.version || found);
+    if !as_claimed {
         // A verdict about an earlier life, or one that found nothing, says nothing about the
-        // operation as it is now. But the effect of this life, found after all, is proof: it
-        // must not leave the operation executable.
+        // operation as it is now. But this life's effect, found after all, is proof: it must
+        // not leave the operation executable.
         return match verdict {
             Verdict::Confirmed {
                 provider_ref,
                 result,
                 evidence,
-            } if same_life => proven_after_all(
-                op,
-                lookup,
-                &actor,
-                provider_ref,
-                &bounded_result(result, provider_ref, policy.max_result_bytes),
-                evidence,
-                now,
-            ),
+            } if same_life => {
+                let result = bounded_result(result, provider_ref, policy.max_result_bytes);
+                proven_after_all(op, &actor, (provider_ref, result), evidence, now)
+            }
             _ => (Applied::Stale, Plan::default()),
         };
     }
     let lookups = op.reconcile_lookups + 1;
     let settled = |to: State, evidence: &str, reason: String, found: Option<(&str, &[u8])>| {
-        let mut next = moved(op, to, Source::Reconciler, now);
+        let mut next = match found {
+            Some((provider_ref, result)) => {
+                let result = bounded_result(result, provider_ref, policy.max_result_bytes);
+                let effect = (result, Some(provider_ref.to_owned()));
+                proven(op, to, Source::Reconciler, effect, None, now)
+            }
+            None => {
+                let mut next = moved(op, to, Source::Reconciler, now);
+                next.declared_absent_token = Some(op.fencing_token);
+                next
+            }
+        };
         next.reconcile_lookups = lookups;
         next.reason = Some(reason.clone());
-        if let Some((provider_ref, result)) = found {
-            next.result = Some(bounded_result(
-                result,
-                provider_ref,
-                policy.max_result_bytes,
-            ));
-            next.provider_ref = Some(provider_ref.to_owned());
-        } else {
-            next.declared_absent_token = Some(op.fencing_token);
-        }
         let evidence =
             serde_json::from_str::<serde_json::Value>(evidence).unwrap_or_else(|_| evidence.into());
         let event = NewEvent {
