@@ -251,17 +251,25 @@ async fn the_guard_finds_only_open_operations_of_the_same_intent<B: Backend>(bac
     in_state(&backend, "guard-gone", 1, State::Absent, 60_000).await;
     in_state(&backend, "guard-other-fp", 2, State::Unknown, 0).await;
     claimed(&backend, "guard-other-tool", "send_email", 1).await;
-    let find = |except: &'static str| {
+    // The guard of a Begin of `operation_id` for the intent (refund, fingerprint 1).
+    let guard = |operation_id: &'static str, new_intent: bool| {
         let backend = backend.clone();
         async move {
+            let mut cmd = command(operation_id, "refund", 1);
+            cmd.new_intent = new_intent;
             let mut tx = backend.begin_write().await.unwrap();
-            backend.lock_intent(&mut tx, 42).await.unwrap();
-            let found = backend
-                .find_blocking(&mut tx, TENANT, "refund", &[1; 32], &id(except))
-                .await
-                .unwrap();
+            let guard = backend.guard(&mut tx, &cmd).await.unwrap();
             backend.commit(tx).await.unwrap();
-            found
+            guard
+        }
+    };
+    let find = |operation_id: &'static str| {
+        let guard = guard(operation_id, false);
+        async move {
+            match guard.await {
+                Guard::Blocked(blocking) => Some(blocking),
+                Guard::Clear { .. } => None,
+            }
         }
     };
     assert_eq!(
@@ -293,6 +301,11 @@ async fn the_guard_finds_only_open_operations_of_the_same_intent<B: Backend>(bac
         ("guard-unknown", State::Unknown),
         "UNKNOWN first"
     );
+    // A new intent passes, with a token never issued before.
+    let Guard::Clear { token } = guard("guard-new", true).await else {
+        panic!("a new intent is never blocked")
+    };
+    assert!(token > running.fencing_token);
 }
 
 async fn attempts_are_found_by_token_for_their_own_operation_only<B: Backend>(backend: B) {
@@ -516,13 +529,16 @@ async fn lookups_are_due_only_when_unknown_due_and_unclaimed<B: Backend>(backend
     later.reconcile_next_at = Some(now(&backend).await + 3_600_000);
     overwrite(&backend, &later).await;
     in_state(&backend, "due-done", 4, State::Confirmed, 60_000).await;
+    let mut elsewhere = in_state(&backend, "due-elsewhere", 5, State::Unknown, 0).await;
+    elsewhere.provider = Some("a-reconciler-this-replica-lacks".into());
+    overwrite(&backend, &elsewhere).await;
     backend
         .claim_lookup(TENANT, &id("due-2"), 60_000, false)
         .await
         .unwrap()
         .unwrap();
     let due: Vec<String> = backend
-        .due_lookups(10)
+        .due_lookups(10, &["stripe"])
         .await
         .unwrap()
         .into_iter()

@@ -2,9 +2,11 @@
 
 use std::future::Future;
 
+use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::{
-    Attempt, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan, PriorResolution,
+    Attempt, BeginCommand, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan,
+    PriorResolution,
 };
 
 use crate::StoreError;
@@ -38,17 +40,18 @@ pub trait Backend: Clone + Send + Sync + 'static {
         id: &OperationId,
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
 
-    /// Serialises the fresh-id guard of one intent (`key` names tenant, tool and fingerprint)
-    /// until the transaction ends, so that two Begins of the same intent under different new ids
-    /// cannot both find nothing blocking them.
-    fn lock_intent(
+    /// What must be found before a Begin is granted a new execution right: unless it declares
+    /// a new intent, the operation that blocks it ([`Backend::find_blocking`]); otherwise a new
+    /// fencing token ([`Backend::next_token`]). The guard of one intent is serialised until the
+    /// transaction ends, so two Begins of it under two new ids cannot both find the way clear.
+    fn guard(
         &self,
         tx: &mut Self::Tx,
-        key: i64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+        cmd: &BeginCommand,
+    ) -> impl Future<Output = Result<Guard, StoreError>> + Send;
 
-    /// The fresh-id guard: an UNKNOWN or IN_FLIGHT operation of the same tenant, tool and
-    /// fingerprint under another id (UNKNOWN ones first).
+    /// The fresh-id guard's query: an UNKNOWN or IN_FLIGHT operation of the same tenant, tool
+    /// and fingerprint under another id (UNKNOWN ones first).
     fn find_blocking(
         &self,
         tx: &mut Self::Tx,
@@ -116,11 +119,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
-    /// Up to `limit` UNKNOWN operations due for a reconciler lookup that no lookup holds,
-    /// most overdue first. Nothing is claimed: see [`Backend::claim_lookup`].
+    /// Up to `limit` UNKNOWN operations, naming one of `providers`, due for a reconciler lookup
+    /// that no lookup holds, most overdue first. Nothing is claimed: see
+    /// [`Backend::claim_lookup`].
     fn due_lookups(
         &self,
         limit: u32,
+        providers: &[&str],
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
     /// Claims one UNKNOWN operation for a lookup lasting at most `claim_ms`: no other claim

@@ -9,22 +9,6 @@ use crate::{Backend, StoreError};
 /// How often a first claim is retried after losing the race to create the row.
 const CLAIM_RACE_RETRIES: usize = 3;
 
-/// The advisory lock key of one intent: tenant, tool and fingerprint, hashed to 64 bits.
-fn intent_lock_key(tenant: &str, tool: &str, fingerprint: &Fingerprint) -> i64 {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    for part in [tenant.as_bytes(), tool.as_bytes(), &fingerprint.0[..]] {
-        hasher.update((part.len() as u32).to_be_bytes());
-        hasher.update(part);
-    }
-    let digest = hasher.finalize();
-    i64::from_be_bytes(
-        digest[..8]
-            .try_into()
-            .expect("a SHA-256 digest has 8 bytes"),
-    )
-}
-
 /// The ledger over one backend. Cheap to clone; every clone shares the pool.
 #[derive(Debug, Clone)]
 pub struct Ledger<B> {
@@ -62,7 +46,7 @@ impl<B: Backend> Ledger<B> {
             let (decision, plan) = match machine::begin(current.as_ref(), cmd, now) {
                 machine::BeginStep::Decided(decision, plan) => (decision, plan),
                 machine::BeginStep::Claim => {
-                    let guard = self.guard(&mut tx, cmd).await?;
+                    let guard = self.backend.guard(&mut tx, cmd).await?;
                     machine::claim(current.as_ref(), cmd, guard, now)
                 }
             };
@@ -80,35 +64,6 @@ impl<B: Backend> Ledger<B> {
             return Ok(decision);
         }
         Err(StoreError::Duplicate)
-    }
-
-    /// The fresh-id guard and, when nothing blocks, a new fencing token. The guard of one
-    /// intent is serialised until this transaction ends, so two Begins of the same intent under
-    /// two new ids cannot both find the way clear.
-    async fn guard(
-        &self,
-        tx: &mut B::Tx,
-        cmd: &BeginCommand,
-    ) -> Result<machine::Guard, StoreError> {
-        if !cmd.new_intent {
-            let key = intent_lock_key(&cmd.tenant, &cmd.tool, &cmd.fingerprint);
-            self.backend.lock_intent(tx, key).await?;
-            let blocking = self
-                .backend
-                .find_blocking(
-                    tx,
-                    &cmd.tenant,
-                    &cmd.tool,
-                    &cmd.fingerprint.0,
-                    &cmd.operation_id,
-                )
-                .await?;
-            if let Some(blocking) = blocking {
-                return Ok(machine::Guard::Blocked(blocking));
-            }
-        }
-        let token = self.backend.next_token(tx).await?;
-        Ok(machine::Guard::Clear { token })
     }
 
     /// Applies an executor's report. A refused report may still record an anomaly.
@@ -269,15 +224,17 @@ impl<B: Backend> Ledger<B> {
         Ok((operations, next))
     }
 
-    /// Claims up to `limit` operations due for a reconciler lookup, each for `claim_ms`, and
-    /// returns them as claimed, with their claims. See [`Backend::claim_lookup`].
+    /// Claims up to `limit` operations due for a lookup by one of `providers` (the reconcilers
+    /// this replica has: it never holds one it cannot look up), each for `claim_ms`, and returns
+    /// them as claimed, with their claims. See [`Backend::claim_lookup`].
     pub async fn claim_lookups(
         &self,
         limit: u32,
         claim_ms: i64,
+        providers: &[&str],
     ) -> Result<Vec<(Operation, reconcile::Lookup)>, StoreError> {
         let mut claimed = Vec::new();
-        for (tenant, id) in self.backend.due_lookups(limit).await? {
+        for (tenant, id) in self.backend.due_lookups(limit, providers).await? {
             // Another replica may claim it first: then this one finds it held and skips it.
             if let Some(found) = self
                 .backend

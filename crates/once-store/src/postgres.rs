@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use once_core::{Millis, Operation, OperationId};
+use once_core::machine::Guard;
+use once_core::{BeginCommand, Millis, Operation, OperationId};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
@@ -69,6 +70,24 @@ impl PgBackend {
     }
 }
 
+/// The advisory lock key of one intent: tenant, tool and fingerprint, hashed to 64 bits.
+fn intent_key(cmd: &BeginCommand) -> i64 {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for part in [
+        cmd.tenant.as_bytes(),
+        cmd.tool.as_bytes(),
+        &cmd.fingerprint.0,
+    ] {
+        hasher.update((part.len() as u32).to_be_bytes());
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
+    let mut key = [0; 8];
+    key.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(key)
+}
+
 impl Backend for PgBackend {
     type Tx = Transaction<'static, Postgres>;
 
@@ -108,14 +127,37 @@ impl Backend for PgBackend {
         read_with_clock(&sql, &mut conn, tenant, id).await
     }
 
-    async fn lock_intent(&self, tx: &mut Self::Tx, key: i64) -> Result<(), StoreError> {
-        // Held until the transaction ends. Row locks cannot do this: the second Begin's row
-        // does not exist yet, and the first one's is not committed.
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(key)
-            .execute(&mut **tx)
+    async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {
+        if cmd.new_intent {
+            let token = self.next_token(tx).await?;
+            return Ok(Guard::Clear { token });
+        }
+        // One statement takes the intent's advisory lock, held until the transaction ends, and
+        // the token a clear claim uses (a blocked claim leaves it unused: tokens may skip, never
+        // repeat). Row locks cannot serialise the guard: the other Begin's row may not exist
+        // yet, or not be committed.
+        let token: i64 = sqlx::query_scalar(
+            "SELECT nextval('fencing_tokens') FROM (SELECT pg_advisory_xact_lock($1)) AS serialised",
+        )
+        .bind(intent_key(cmd))
+        .fetch_one(&mut **tx)
+        .await?;
+        // A new statement, so a new snapshot: it sees what the intent's previous holder committed.
+        let blocking = self
+            .find_blocking(
+                tx,
+                &cmd.tenant,
+                &cmd.tool,
+                &cmd.fingerprint.0,
+                &cmd.operation_id,
+            )
             .await?;
-        Ok(())
+        Ok(match blocking {
+            Some(blocking) => Guard::Blocked(blocking),
+            None => Guard::Clear {
+                token: crate::shared::token(token)?,
+            },
+        })
     }
 
     async fn next_token(&self, tx: &mut Self::Tx) -> Result<u64, StoreError> {

@@ -462,18 +462,24 @@ macro_rules! shared_backend_methods {
                 .collect()
         }
 
-        async fn due_lookups(&self, limit: u32) -> Result<Vec<(String, once_core::OperationId)>, $crate::StoreError> {
-            let due: Vec<(String, String)> = sqlx::query_as(concat!(
+        async fn due_lookups(&self, limit: u32, providers: &[&str]) -> Result<Vec<(String, once_core::OperationId)>, $crate::StoreError> {
+            if providers.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut sql = sqlx::QueryBuilder::<$db>::new(concat!(
                 "SELECT tenant, operation_id FROM operations WHERE state = 'UNKNOWN' AND provider IS NOT NULL \
                  AND reconcile_next_at <= ",
                 $now,
                 " AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= ",
                 $now,
-                ") ORDER BY reconcile_next_at LIMIT $1"
-            ))
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
+                ") AND provider IN ("
+            ));
+            let mut names = sql.separated(", ");
+            for provider in providers {
+                names.push_bind(*provider);
+            }
+            sql.push(") ORDER BY reconcile_next_at LIMIT ").push_bind(i64::from(limit));
+            let due: Vec<(String, String)> = sql.build_query_as().fetch_all(&self.pool).await?;
             due.into_iter()
                 .map(|(tenant, id)| Ok((tenant, $crate::shared::operation_id(id)?)))
                 .collect()

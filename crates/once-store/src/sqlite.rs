@@ -7,7 +7,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use once_core::{Millis, Operation, OperationId};
+use once_core::machine::Guard;
+use once_core::{BeginCommand, Millis, Operation, OperationId};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -91,9 +92,24 @@ impl Backend for SqliteBackend {
         read_with_clock(&mut conn, tenant, id).await
     }
 
-    async fn lock_intent(&self, _tx: &mut Self::Tx, _key: i64) -> Result<(), StoreError> {
-        // Every write transaction already holds SQLite's one write lock.
-        Ok(())
+    async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {
+        // The transaction holds SQLite's one write lock: the guard is serialised already.
+        if !cmd.new_intent {
+            let blocking = self
+                .find_blocking(
+                    tx,
+                    &cmd.tenant,
+                    &cmd.tool,
+                    &cmd.fingerprint.0,
+                    &cmd.operation_id,
+                )
+                .await?;
+            if let Some(blocking) = blocking {
+                return Ok(Guard::Blocked(blocking));
+            }
+        }
+        let token = self.next_token(tx).await?;
+        Ok(Guard::Clear { token })
     }
 
     async fn next_token(&self, tx: &mut Self::Tx) -> Result<u64, StoreError> {

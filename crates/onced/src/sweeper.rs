@@ -126,6 +126,7 @@ pub async fn reconcile<B: Backend>(
         .build()
         .expect("an HTTP client with default settings");
     let claim_ms = i64::try_from(settings.claim.as_millis()).unwrap_or(i64::MAX);
+    let providers: Vec<&str> = reconciliation.registry.names().collect();
     let mut ticks = tokio::time::interval(settings.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -135,7 +136,10 @@ pub async fn reconcile<B: Backend>(
         }
         // Rounds follow one another while there is a full batch of work.
         loop {
-            let claimed = match ledger.claim_lookups(LOOKUP_CONCURRENCY, claim_ms).await {
+            let claimed = match ledger
+                .claim_lookups(LOOKUP_CONCURRENCY, claim_ms, &providers)
+                .await
+            {
                 Ok(claimed) => claimed,
                 Err(error) => {
                     tracing::warn!(%error, "could not claim operations to reconcile; will retry");
