@@ -68,6 +68,20 @@ fn caller<T>(_request: &Request<T>, client_name: Option<&str>) -> Caller {
     }
 }
 
+/// How long to pause before looking again, when a waiting Begin should wait for `decision` to
+/// change: only while this very operation is IN_PROGRESS. When the same intent runs under
+/// another id, its outcome must not turn this Begin into a second execution.
+fn worth_waiting_for(decision: &BeginDecision) -> Option<Duration> {
+    match decision {
+        BeginDecision::InProgress {
+            retry_after_ms,
+            blocking: None,
+            ..
+        } => Some(Duration::from_millis(*retry_after_ms as u64)),
+        _ => None,
+    }
+}
+
 #[tonic::async_trait]
 impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
     #[instrument(skip_all, fields(operation_id, tool, decision))]
@@ -106,23 +120,14 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
                     }
                 }
             }
-            // Only the same operation is waited for: when the same intent runs under another
-            // id, its outcome must not turn this Begin into a second execution.
-            let BeginDecision::InProgress {
-                retry_after_ms,
-                blocking: None,
-                ..
-            } = &decision
-            else {
+            let Some(retry_after) = worth_waiting_for(&decision) else {
                 break decision;
             };
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 break decision;
             }
-            let pause = Duration::from_millis(*retry_after_ms as u64)
-                .min(MAX_WAIT_POLL)
-                .min(deadline - now);
+            let pause = retry_after.min(MAX_WAIT_POLL).min(deadline - now);
             tokio::select! {
                 _ = settled => {}
                 _ = tokio::time::sleep(pause) => {}
@@ -431,5 +436,33 @@ impl<B: Backend> LedgerService<B> {
         Ok(Response::new(pb::ReportResponse {
             state: convert::state_to_pb(state) as i32,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use once_core::{BeginDecision, OperationId};
+
+    use super::worth_waiting_for;
+
+    #[test]
+    fn a_begin_waits_only_for_its_own_operation() {
+        let in_progress = |blocking: Option<&str>| BeginDecision::InProgress {
+            attempt: 1,
+            lease_deadline: 0,
+            retry_after_ms: 40,
+            blocking: blocking.map(|id| OperationId::parse("id", id).unwrap()),
+        };
+        assert_eq!(
+            worth_waiting_for(&in_progress(None)),
+            Some(std::time::Duration::from_millis(40))
+        );
+        assert_eq!(worth_waiting_for(&in_progress(Some("refund:other"))), None);
+        let unknown = BeginDecision::Unknown {
+            since: 0,
+            reason: None,
+            blocking: None,
+        };
+        assert_eq!(worth_waiting_for(&unknown), None);
     }
 }
