@@ -344,6 +344,23 @@ impl HeldProvider {
         self.hold.send_replace(false);
     }
 
+    /// Claims `id` as a refund, reports it UNKNOWN, and starts a Reconcile RPC whose lookup the
+    /// provider holds. Returns the grant and the pending answer.
+    async fn unknown_and_looked_up(
+        &self,
+        client: &mut Grpc,
+        id: &str,
+    ) -> (pb::Execute, ReconcileAnswer) {
+        let grant = claim(client, refund_request(id)).await;
+        report_unknown(client, id, grant.fencing_token)
+            .await
+            .unwrap();
+        let before = self.lookups.load(Ordering::SeqCst);
+        let answer = reconcile_later(client, id);
+        self.wait_for_lookups(before + 1).await;
+        (grant, answer)
+    }
+
     async fn wait_for_lookups(&self, n: usize) {
         eventually(
             Duration::from_secs(10),
@@ -399,10 +416,10 @@ async fn wait_past_settle_time(db: &TestDb, id: &str) {
     .await;
 }
 
-fn reconcile_later(
-    client: &Grpc,
-    id: &str,
-) -> tokio::task::JoinHandle<Result<pb::ReconcileResponse, tonic::Status>> {
+/// A Reconcile RPC's answer, once it comes.
+type ReconcileAnswer = tokio::task::JoinHandle<Result<pb::ReconcileResponse, tonic::Status>>;
+
+fn reconcile_later(client: &Grpc, id: &str) -> ReconcileAnswer {
     let mut client = client.clone();
     let operation_id = id.to_owned();
     tokio::spawn(async move {
@@ -418,14 +435,10 @@ async fn a_miss_counts_only_when_issued_a_settle_time_after_the_effect_could_las
 ) {
     let (db, ledger, provider) = held_setup(store).await;
     let mut client = ledger.client().await;
-    let grant = claim(&mut client, refund_request("settle-1")).await;
-    report_unknown(&mut client, "settle-1", grant.fencing_token)
-        .await
-        .unwrap();
-
     // Issued at once; the provider lags and answers "nothing" only after the settle time.
-    let early = reconcile_later(&client, "settle-1");
-    provider.wait_for_lookups(1).await;
+    let (_, early) = provider
+        .unknown_and_looked_up(&mut client, "settle-1")
+        .await;
     wait_past_settle_time(&db, "settle-1").await;
     provider.release();
     let answer = early.await.unwrap().unwrap();
@@ -451,12 +464,9 @@ async fn a_miss_counts_only_when_issued_a_settle_time_after_the_effect_could_las
 async fn a_verdict_about_an_earlier_attempt_is_never_applied_to_a_later_one(store: Store) {
     let (db, ledger, provider) = held_setup(store).await;
     let mut client = ledger.client().await;
-    let first = claim(&mut client, refund_request("judged-1")).await;
-    report_unknown(&mut client, "judged-1", first.fencing_token)
-        .await
-        .unwrap();
-    let slow = reconcile_later(&client, "judged-1");
-    provider.wait_for_lookups(1).await;
+    let (_, slow) = provider
+        .unknown_and_looked_up(&mut client, "judged-1")
+        .await;
 
     // Meanwhile an operator settles attempt 1, and attempt 2 runs and goes UNKNOWN.
     resolve(
@@ -497,12 +507,7 @@ async fn a_verdict_about_an_earlier_attempt_is_never_applied_to_a_later_one(stor
 async fn this_lifes_effect_found_after_the_operation_moved_on_still_settles_it(store: Store) {
     let (_db, ledger, provider) = held_setup(store).await;
     let mut client = ledger.client().await;
-    let grant = claim(&mut client, refund_request("found-1")).await;
-    report_unknown(&mut client, "found-1", grant.fencing_token)
-        .await
-        .unwrap();
-    let slow = reconcile_later(&client, "found-1");
-    provider.wait_for_lookups(1).await;
+    let (grant, slow) = provider.unknown_and_looked_up(&mut client, "found-1").await;
     // The attempt says, late, that it did nothing: ABSENT, and executable again...
     report_absent(&mut client, "found-1", grant.fencing_token)
         .await
