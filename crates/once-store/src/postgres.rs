@@ -128,6 +128,9 @@ impl Backend for PgBackend {
     }
 
     async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {
+        // A Begin declaring a new intent reads nothing of the others, so it needs no lock: were
+        // it to run beside one that does not declare it, the outcome is the one where it ran
+        // second.
         if cmd.new_intent {
             let token = self.next_token(tx).await?;
             return Ok(Guard::Clear { token });
