@@ -229,7 +229,14 @@ async fn heartbeat_keeps_a_long_effect_alive(store: Store) {
             state_of(&mut client, "lease-5").await,
             pb::OperationState::InFlight
         );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // The next heartbeat a tenth of a second later, by the clock leases are measured on.
+        let next_beat = db.clock().await + 100;
+        eventually(
+            std::time::Duration::from_secs(10),
+            "the next heartbeat's time",
+            || async { (db.clock().await >= next_beat).then_some(()) },
+        )
+        .await;
     }
     confirm(&mut client, "lease-5", grant.fencing_token, b"done")
         .await
