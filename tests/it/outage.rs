@@ -168,61 +168,48 @@ async fn refused_as_unavailable(client: &mut Grpc, id: &str) {
     }
 }
 
-/// The server refuses new connections (SQLSTATE 55000) after ending the ledger's sessions
-/// (57P01), as during a planned switchover.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_refusing_connections_answers_unavailable_and_not_serving() {
+/// The database is set to refuse the ledger with `refuse` (run as administrator, then every
+/// session ended so the pool must reconnect), and back with `restore`. Meanwhile a Begin is a
+/// retryable UNAVAILABLE that writes nothing and health says NOT_SERVING; afterwards both
+/// recover on their own.
+async fn refused_then_recovered(refuse: &str, restore: &str) {
     let db = TestDb::new(Store::Postgres).await;
     let ledger = TestLedger::spawn_with(&db, &["--health-check-interval", "50ms"]).await;
     let mut client = ledger.client().await;
     claim(&mut client, begin("refused-0", ARGS)).await;
 
-    admin(&format!(
-        "ALTER DATABASE {} ALLOW_CONNECTIONS false",
-        db.pg_name()
-    ))
-    .await;
+    admin(&refuse.replace("{db}", db.pg_name())).await;
     end_sessions(&db).await;
     refused_as_unavailable(&mut client, "refused-1").await;
     health_is(ledger.addr, ServingStatus::NotServing).await;
 
-    admin(&format!(
-        "ALTER DATABASE {} ALLOW_CONNECTIONS true",
-        db.pg_name()
-    ))
-    .await;
+    admin(&restore.replace("{db}", db.pg_name())).await;
+    end_sessions(&db).await;
     health_is(ledger.addr, ServingStatus::Serving).await;
+    assert_eq!(db.snapshot().await[0], 1, "nothing was written meanwhile");
     claim(&mut client, begin("refused-1", ARGS)).await;
     ledger.stop().await;
+}
+
+/// The server refuses new connections (SQLSTATE 55000) after ending the ledger's sessions
+/// (57P01), as during a planned switchover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refusing_connections_answers_unavailable_and_not_serving() {
+    refused_then_recovered(
+        "ALTER DATABASE {db} ALLOW_CONNECTIONS false",
+        "ALTER DATABASE {db} ALLOW_CONNECTIONS true",
+    )
+    .await;
 }
 
 /// The database turns read-only (SQLSTATE 25006), as a demoted primary does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_postgres_answers_unavailable_and_not_serving() {
-    let db = TestDb::new(Store::Postgres).await;
-    let ledger = TestLedger::spawn_with(&db, &["--health-check-interval", "50ms"]).await;
-    let mut client = ledger.client().await;
-    claim(&mut client, begin("read-only-0", ARGS)).await;
-
-    admin(&format!(
-        "ALTER DATABASE {} SET default_transaction_read_only = on",
-        db.pg_name()
-    ))
+    refused_then_recovered(
+        "ALTER DATABASE {db} SET default_transaction_read_only = on",
+        "ALTER DATABASE {db} RESET default_transaction_read_only",
+    )
     .await;
-    end_sessions(&db).await;
-    refused_as_unavailable(&mut client, "read-only-1").await;
-    health_is(ledger.addr, ServingStatus::NotServing).await;
-    assert_eq!(db.snapshot().await[0], 1, "nothing was written");
-
-    admin(&format!(
-        "ALTER DATABASE {} RESET default_transaction_read_only",
-        db.pg_name()
-    ))
-    .await;
-    end_sessions(&db).await;
-    health_is(ledger.addr, ServingStatus::Serving).await;
-    claim(&mut client, begin("read-only-1", ARGS)).await;
-    ledger.stop().await;
 }
 
 /// Waits until the database clock reads at least `at`.
