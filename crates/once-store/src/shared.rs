@@ -12,12 +12,6 @@ pub(crate) const OPERATION_COLUMNS: &str = "tenant, operation_id, tool, fingerpr
      provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, unknown_since, \
      last_report_at, declared_absent_token, confirmed_by, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
 
-/// The same, without the stored result: list pages never carry results.
-pub(crate) const LISTED_COLUMNS: &str = "tenant, operation_id, tool, fingerprint, state, source, attempt, fencing_token, life, \
-     attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, NULL AS result, provider_ref, \
-     provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, unknown_since, \
-     last_report_at, declared_absent_token, confirmed_by, reconcile_lookups, reconcile_next_at, lookup_claimed_until, version";
-
 pub(crate) const INSERT_OPERATION: &str = "INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, source, attempt, \
      fencing_token, life, attempt_id, client_name, session_id, request_id, executor, lease_started_at, lease_deadline, \
      result, provider_ref, provider_key, provider, lookup_hints, retention_ms, created_at, updated_at, expires_at, reason, \
@@ -416,7 +410,8 @@ macro_rules! shared_backend_methods {
             query: &once_core::ListQuery,
         ) -> Result<Vec<once_core::Operation>, $crate::StoreError> {
             let mut sql = sqlx::QueryBuilder::<$db>::new("SELECT ");
-            sql.push($crate::shared::LISTED_COLUMNS);
+            // A page carries no results: GetOperation has them.
+            sql.push($crate::shared::OPERATION_COLUMNS.replacen(" result,", " NULL AS result,", 1));
             sql.push(" FROM operations WHERE tenant = ").push_bind(tenant);
             if !query.states.is_empty() {
                 sql.push(" AND state IN (");
