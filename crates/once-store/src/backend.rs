@@ -50,15 +50,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
         cmd: &BeginCommand,
     ) -> impl Future<Output = Result<Guard, StoreError>> + Send;
 
-    /// The fresh-id guard's query: an UNKNOWN or IN_FLIGHT operation of the same tenant, tool
+    /// The fresh-id guard's query: an UNKNOWN or IN_FLIGHT operation of the Begin's tenant, tool
     /// and fingerprint under another id (UNKNOWN ones first).
     fn find_blocking(
         &self,
         tx: &mut Self::Tx,
-        tenant: &str,
-        tool: &str,
-        fingerprint: &[u8; 32],
-        except: &OperationId,
+        cmd: &BeginCommand,
     ) -> impl Future<Output = Result<Option<Blocking>, StoreError>> + Send;
 
     /// A fencing token never issued before by this store, larger than every one it issued.

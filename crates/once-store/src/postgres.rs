@@ -146,15 +146,7 @@ impl Backend for PgBackend {
         .fetch_one(&mut **tx)
         .await?;
         // A new statement, so a new snapshot: it sees what the intent's previous holder committed.
-        let blocking = self
-            .find_blocking(
-                tx,
-                &cmd.tenant,
-                &cmd.tool,
-                &cmd.fingerprint.0,
-                &cmd.operation_id,
-            )
-            .await?;
+        let blocking = self.find_blocking(tx, cmd).await?;
         Ok(match blocking {
             Some(blocking) => Guard::Blocked(blocking),
             None => Guard::Clear {

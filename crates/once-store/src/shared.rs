@@ -221,17 +221,14 @@ macro_rules! shared_backend_methods {
         async fn find_blocking(
             &self,
             tx: &mut Self::Tx,
-            tenant: &str,
-            tool: &str,
-            fingerprint: &[u8; 32],
-            except: &once_core::OperationId,
+            cmd: &once_core::BeginCommand,
         ) -> Result<Option<once_core::Blocking>, $crate::StoreError> {
             use sqlx::Row as _;
             let row = sqlx::query($crate::shared::FIND_BLOCKING)
-                .bind(tenant)
-                .bind(tool)
-                .bind(fingerprint.to_vec())
-                .bind(except.as_str())
+                .bind(cmd.tenant.as_str())
+                .bind(cmd.tool.as_str())
+                .bind(cmd.fingerprint.0.to_vec())
+                .bind(cmd.operation_id.as_str())
                 .fetch_optional(&mut **tx)
                 .await?;
             let Some(row) = row else { return Ok(None) };

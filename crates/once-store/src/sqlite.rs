@@ -95,15 +95,7 @@ impl Backend for SqliteBackend {
     async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {
         // The transaction holds SQLite's one write lock: the guard is serialised already.
         if !cmd.new_intent {
-            let blocking = self
-                .find_blocking(
-                    tx,
-                    &cmd.tenant,
-                    &cmd.tool,
-                    &cmd.fingerprint.0,
-                    &cmd.operation_id,
-                )
-                .await?;
+            let blocking = self.find_blocking(tx, cmd).await?;
             if let Some(blocking) = blocking {
                 return Ok(Guard::Blocked(blocking));
             }
