@@ -5,8 +5,7 @@ use std::future::Future;
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::{
-    Attempt, BeginCommand, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan,
-    PriorResolution,
+    Attempt, BeginCommand, Event, ListQuery, Millis, Operation, OperationId, Plan, PriorResolution,
 };
 
 use crate::StoreError;
@@ -41,7 +40,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
 
     /// What must be found before a Begin is granted a new execution right: unless it declares
-    /// a new intent, the operation that blocks it ([`Backend::find_blocking`]); otherwise a new
+    /// a new intent, the operation that blocks it (an UNKNOWN or IN_FLIGHT operation of the Begin's
+    /// tenant, tool and fingerprint under another id, UNKNOWN ones first); otherwise a new
     /// fencing token ([`Backend::next_token`]). The guard of one intent is serialised until the
     /// transaction ends, so two Begins of it under two new ids cannot both find the way clear.
     fn guard(
@@ -49,14 +49,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
         tx: &mut Self::Tx,
         cmd: &BeginCommand,
     ) -> impl Future<Output = Result<Guard, StoreError>> + Send;
-
-    /// The fresh-id guard's query: an UNKNOWN or IN_FLIGHT operation of the Begin's tenant, tool
-    /// and fingerprint under another id (UNKNOWN ones first).
-    fn find_blocking(
-        &self,
-        tx: &mut Self::Tx,
-        cmd: &BeginCommand,
-    ) -> impl Future<Output = Result<Option<Blocking>, StoreError>> + Send;
 
     /// A fencing token never issued before by this store, larger than every one it issued.
     fn next_token(&self, tx: &mut Self::Tx)

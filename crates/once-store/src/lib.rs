@@ -1,9 +1,11 @@
 //! Durable storage for once-ledger.
 //!
-//! [`Backend`] is the one storage trait: a handful of transactional primitives (lock an
-//! operation and read the clock, apply a [`once_core::Plan`], commit) plus the queries of the
-//! read API and the sweepers. [`Ledger`] runs the domain state machine over any backend, so
-//! SQLite and PostgreSQL share every rule and differ only in SQL dialect and locking.
+//! [`Backend`] is what the [`Ledger`] needs of storage: a handful of transactional primitives
+//! (lock an operation and read the clock, apply a [`once_core::Plan`], commit) plus the queries
+//! of the read API and the sweepers. [`Store`] implements it once, in SQL that SQLite and
+//! PostgreSQL share; a [`Dialect`] is what differs between them (the clock expression, row
+//! locking, the token counter, how a write transaction starts, connection set-up). So both
+//! databases share every rule and every query.
 //!
 //! Invariants kept here:
 //! - a transition and its event commit in one transaction, or neither does;
@@ -11,14 +13,18 @@
 //! - the lease clock is the database's own in PostgreSQL, so replicas with skewed clocks agree.
 
 mod backend;
+mod dialect;
 mod error;
 mod ledger;
 pub mod postgres;
-mod shared;
+mod rows;
 pub mod sqlite;
+mod store;
 
 pub use backend::Backend;
+pub use dialect::Dialect;
 pub use error::StoreError;
 pub use ledger::Ledger;
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
+pub use store::Store;

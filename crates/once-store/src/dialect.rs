@@ -1,0 +1,46 @@
+//! What differs between the databases the ledger can live in.
+
+use std::future::Future;
+
+use once_core::BeginCommand;
+use sqlx::{Database, Pool, Transaction};
+
+use crate::StoreError;
+
+/// A database the ledger can live in: everything that is not the same SQL on SQLite and
+/// PostgreSQL. The shared queries are written once in [`crate::Store`], in the dialect both
+/// speak (`$n` placeholders, `ON CONFLICT`, `RETURNING`, row values, integer milliseconds).
+pub trait Dialect: Database {
+    /// A short name for logs: `sqlite` or `postgres`.
+    const KIND: &'static str;
+
+    /// The store's clock, in milliseconds since the epoch, as an SQL expression.
+    const NOW: &'static str;
+
+    /// What a read of the operation row appends to lock it against every other writer until
+    /// the transaction ends (empty where the write transaction already excludes them).
+    const ROW_LOCK: &'static str;
+
+    /// The statement that issues a fencing token never issued before, larger than every one
+    /// issued before.
+    const NEXT_TOKEN: &'static str;
+
+    /// Starts a write transaction.
+    fn begin_write(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, StoreError>> + Send;
+
+    /// Serialises the fresh-id guard of `cmd`'s intent until the transaction ends and issues the
+    /// token a clear claim would use (a blocked claim leaves it unused: tokens may skip, never
+    /// repeat).
+    fn serialise_intent(
+        tx: &mut Self::Connection,
+        cmd: &BeginCommand,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// How many rows a statement wrote.
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// Checks that the database answers and accepts writes.
+    fn ping(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+}

@@ -1,0 +1,357 @@
+//! Rows as the database holds them, and their conversion into the domain's types.
+//!
+//! Each table's columns are listed once: the row structs below decode them by name, and the
+//! statements that write them are built from the same lists.
+
+use std::sync::LazyLock;
+
+use once_core::{
+    Attempt, AttemptContext, Blocking, Event, Fingerprint, Millis, Operation, OperationId, Source,
+    State,
+};
+
+use crate::StoreError;
+
+/// The columns of `operations` a plan writes, in the order [`crate::Store`] binds them. The
+/// key comes first. `version` is not among them: every update bumps it in SQL.
+pub(crate) const WRITTEN_OPERATION_COLUMNS: [&str; 33] = [
+    "tenant",
+    "operation_id",
+    "tool",
+    "fingerprint",
+    "state",
+    "source",
+    "attempt",
+    "fencing_token",
+    "life",
+    "attempt_id",
+    "client_name",
+    "session_id",
+    "request_id",
+    "executor",
+    "lease_started_at",
+    "lease_deadline",
+    "result",
+    "provider_ref",
+    "provider_key",
+    "provider",
+    "lookup_hints",
+    "retention_ms",
+    "created_at",
+    "updated_at",
+    "expires_at",
+    "reason",
+    "unknown_since",
+    "last_report_at",
+    "declared_absent_token",
+    "confirmed_by",
+    "reconcile_lookups",
+    "reconcile_next_at",
+    "lookup_claimed_until",
+];
+
+/// Every column of `operations`, as [`OperationRow`] reads them.
+pub(crate) static OPERATION_COLUMNS: LazyLock<String> =
+    LazyLock::new(|| format!("{}, version", WRITTEN_OPERATION_COLUMNS.join(", ")));
+
+/// The same columns for a page of a list: everything but the result, which GetOperation has.
+pub(crate) static LISTED_OPERATION_COLUMNS: LazyLock<String> = LazyLock::new(|| {
+    let columns: Vec<&str> = WRITTEN_OPERATION_COLUMNS
+        .iter()
+        .map(|&column| match column {
+            "result" => "NULL AS result",
+            other => other,
+        })
+        .collect();
+    format!("{}, version", columns.join(", "))
+});
+
+pub(crate) static INSERT_OPERATION: LazyLock<String> = LazyLock::new(|| {
+    let placeholders: Vec<String> = (1..=WRITTEN_OPERATION_COLUMNS.len())
+        .map(|n| format!("${n}"))
+        .collect();
+    format!(
+        "INSERT INTO operations ({}) VALUES ({})",
+        WRITTEN_OPERATION_COLUMNS.join(", "),
+        placeholders.join(", ")
+    )
+});
+
+pub(crate) static UPDATE_OPERATION: LazyLock<String> = LazyLock::new(|| {
+    let assignments: Vec<String> = WRITTEN_OPERATION_COLUMNS
+        .iter()
+        .enumerate()
+        .skip(2)
+        .map(|(i, column)| format!("{column} = ${}", i + 1))
+        .collect();
+    format!(
+        "UPDATE operations SET {}, version = version + 1 WHERE tenant = $1 AND operation_id = $2",
+        assignments.join(", ")
+    )
+});
+
+/// The columns of `attempts` after its key, as [`AttemptRow`] reads them and
+/// [`crate::Store`] writes them.
+pub(crate) const ATTEMPT_COLUMNS: &str = "number, fencing_token, attempt_id, started_at, \
+     lease_deadline, actor, client_name, session_id, request_id";
+
+/// The columns of `events` a reader sees, as [`EventRow`] reads them.
+pub(crate) const EVENT_COLUMNS: &str =
+    "sequence, at, kind, from_state, to_state, attempt, actor, reason, details";
+
+/// The columns the fresh-id guard reads, as [`BlockingRow`] reads them.
+pub(crate) const BLOCKING_COLUMNS: &str =
+    "operation_id, state, attempt, lease_deadline, updated_at";
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct OperationRow {
+    tenant: String,
+    operation_id: String,
+    tool: String,
+    fingerprint: Vec<u8>,
+    state: String,
+    source: String,
+    attempt: i64,
+    fencing_token: i64,
+    life: i64,
+    attempt_id: String,
+    client_name: Option<String>,
+    session_id: Option<String>,
+    request_id: Option<String>,
+    executor: String,
+    lease_started_at: i64,
+    lease_deadline: i64,
+    result: Option<Vec<u8>>,
+    provider_ref: Option<String>,
+    provider_key: String,
+    provider: Option<String>,
+    lookup_hints: Option<String>,
+    retention_ms: i64,
+    created_at: i64,
+    updated_at: i64,
+    expires_at: Option<i64>,
+    reason: Option<String>,
+    unknown_since: Option<i64>,
+    last_report_at: Option<i64>,
+    declared_absent_token: Option<i64>,
+    confirmed_by: Option<i64>,
+    reconcile_lookups: i64,
+    reconcile_next_at: Option<i64>,
+    lookup_claimed_until: Option<i64>,
+    version: i64,
+}
+
+impl TryFrom<OperationRow> for Operation {
+    type Error = StoreError;
+
+    fn try_from(row: OperationRow) -> Result<Self, StoreError> {
+        Ok(Operation {
+            tenant: row.tenant,
+            operation_id: operation_id(row.operation_id)?,
+            tool: row.tool,
+            fingerprint: fingerprint(row.fingerprint)?,
+            state: state(&row.state)?,
+            source: Source::parse(&row.source)
+                .ok_or_else(|| corrupt(format!("unknown source {:?}", row.source)))?,
+            attempt: count(row.attempt)?,
+            fencing_token: token(row.fencing_token)?,
+            life: token(row.life)?,
+            attempt_id: row.attempt_id,
+            attempt_context: AttemptContext {
+                client_name: row.client_name,
+                session_id: row.session_id,
+                request_id: row.request_id,
+            },
+            executor: row.executor,
+            lease_started_at: row.lease_started_at,
+            lease_deadline: row.lease_deadline,
+            result: row.result,
+            provider_ref: row.provider_ref,
+            provider_key: row.provider_key,
+            provider: row.provider,
+            lookup_hints: row.lookup_hints,
+            retention_ms: row.retention_ms,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            expires_at: row.expires_at,
+            reason: row.reason,
+            version: row.version,
+            unknown_since: row.unknown_since,
+            last_report_at: row.last_report_at,
+            declared_absent_token: row.declared_absent_token.map(token).transpose()?,
+            confirmed_by: row.confirmed_by.map(token).transpose()?,
+            reconcile_lookups: count(row.reconcile_lookups)?,
+            reconcile_next_at: row.reconcile_next_at,
+            lookup_claimed_until: row.lookup_claimed_until,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct AttemptRow {
+    number: i64,
+    fencing_token: i64,
+    attempt_id: String,
+    started_at: i64,
+    lease_deadline: i64,
+    actor: String,
+    client_name: Option<String>,
+    session_id: Option<String>,
+    request_id: Option<String>,
+}
+
+impl TryFrom<AttemptRow> for Attempt {
+    type Error = StoreError;
+
+    fn try_from(row: AttemptRow) -> Result<Self, StoreError> {
+        Ok(Attempt {
+            number: count(row.number)?,
+            fencing_token: token(row.fencing_token)?,
+            attempt_id: row.attempt_id,
+            started_at: row.started_at,
+            lease_deadline: row.lease_deadline,
+            actor: row.actor,
+            context: AttemptContext {
+                client_name: row.client_name,
+                session_id: row.session_id,
+                request_id: row.request_id,
+            },
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct EventRow {
+    sequence: i64,
+    at: i64,
+    kind: String,
+    from_state: Option<String>,
+    to_state: Option<String>,
+    attempt: Option<i64>,
+    actor: String,
+    reason: Option<String>,
+    details: Option<String>,
+}
+
+impl TryFrom<EventRow> for Event {
+    type Error = StoreError;
+
+    fn try_from(row: EventRow) -> Result<Self, StoreError> {
+        Ok(Event {
+            sequence: row.sequence,
+            at: row.at,
+            kind: row.kind,
+            from: row.from_state.as_deref().map(state).transpose()?,
+            to: row.to_state.as_deref().map(state).transpose()?,
+            attempt: row.attempt.map(count).transpose()?,
+            actor: row.actor,
+            reason: row.reason,
+            details: row.details,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct BlockingRow {
+    operation_id: String,
+    state: String,
+    attempt: i64,
+    lease_deadline: i64,
+    updated_at: i64,
+}
+
+impl TryFrom<BlockingRow> for Blocking {
+    type Error = StoreError;
+
+    fn try_from(row: BlockingRow) -> Result<Self, StoreError> {
+        Ok(Blocking {
+            operation_id: operation_id(row.operation_id)?,
+            state: state(&row.state)?,
+            attempt: count(row.attempt)?,
+            lease_deadline: row.lease_deadline,
+            updated_at: row.updated_at,
+        })
+    }
+}
+
+/// An operation's key as a row of a sweeper's or a scheduler's list.
+#[derive(sqlx::FromRow)]
+pub(crate) struct KeyRow {
+    tenant: String,
+    operation_id: String,
+}
+
+impl TryFrom<KeyRow> for (String, OperationId) {
+    type Error = StoreError;
+
+    fn try_from(row: KeyRow) -> Result<Self, StoreError> {
+        Ok((row.tenant, operation_id(row.operation_id)?))
+    }
+}
+
+/// Converts every row of a query's answer.
+pub(crate) fn convert<R, T>(rows: Vec<R>) -> Result<Vec<T>, StoreError>
+where
+    T: TryFrom<R, Error = StoreError>,
+{
+    rows.into_iter().map(T::try_from).collect()
+}
+
+/// The store's clock beside the operation it read, if there was one.
+pub(crate) type Clocked = (Option<Operation>, Millis);
+
+/// A fencing token as the database stores it (BIGINT). Tokens come from the store's own
+/// counter, so one that does not fit was never issued.
+pub(crate) fn token_column(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn token(value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| corrupt(format!("fencing token {value} out of range")))
+}
+
+pub(crate) fn state(value: &str) -> Result<State, StoreError> {
+    State::parse(value).ok_or_else(|| corrupt(format!("unknown state {value:?}")))
+}
+
+fn count(value: i64) -> Result<u32, StoreError> {
+    u32::try_from(value).map_err(|_| corrupt(format!("count {value} out of range")))
+}
+
+fn operation_id(value: String) -> Result<OperationId, StoreError> {
+    OperationId::parse("operation_id", &value).map_err(|e| corrupt(e.to_string()))
+}
+
+fn fingerprint(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
+    let bytes: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes".to_owned()))?;
+    Ok(Fingerprint(bytes))
+}
+
+fn corrupt(message: String) -> StoreError {
+    StoreError::Corrupt(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_name_every_written_column_once() {
+        let insert = INSERT_OPERATION.as_str();
+        let update = UPDATE_OPERATION.as_str();
+        assert!(insert.ends_with("$33)"), "{insert}");
+        assert!(update.contains("lookup_claimed_until = $33,"), "{update}");
+        assert!(
+            update.starts_with("UPDATE operations SET tool = $3,"),
+            "{update}"
+        );
+        assert!(LISTED_OPERATION_COLUMNS.contains("NULL AS result,"));
+        assert!(!LISTED_OPERATION_COLUMNS.contains(", result,"));
+        assert_eq!(
+            OPERATION_COLUMNS.split(", ").count(),
+            WRITTEN_OPERATION_COLUMNS.len() + 1
+        );
+    }
+}

@@ -1,0 +1,524 @@
+//! The ledger's SQL, written once for every [`Dialect`].
+
+use once_core::machine::{self, Guard, Write};
+use once_core::reconcile::Lookup;
+use once_core::{
+    Attempt, BeginCommand, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan,
+    PriorResolution,
+};
+use sqlx::{
+    Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row,
+    Transaction, Type,
+};
+
+use crate::rows::{
+    self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, OperationRow, ATTEMPT_COLUMNS,
+    BLOCKING_COLUMNS, EVENT_COLUMNS, INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS,
+    UPDATE_OPERATION,
+};
+use crate::{Backend, Dialect, StoreError};
+
+/// The ledger's tables in one database, reached through a connection pool. Cheap to clone;
+/// every clone shares the pool.
+#[derive(Debug)]
+pub struct Store<D: Database> {
+    pub(crate) pool: Pool<D>,
+}
+
+impl<D: Database> Clone for Store<D> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+        }
+    }
+}
+
+impl<D: Database> Store<D> {
+    /// The pool, for tests that inspect the database directly.
+    pub fn pool(&self) -> &Pool<D> {
+        &self.pool
+    }
+}
+
+// What the shared SQL needs of a database's sqlx driver: that its connections execute queries,
+// and that it encodes and decodes the handful of types the ledger's columns hold. SQLite's and
+// PostgreSQL's drivers both do; the compiler checks it where a backend is named.
+impl<D> Backend for Store<D>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
+    for<'q> &'q [u8]: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q [u8]>: Encode<'q, D> + Type<D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<i64>: Encode<'q, D> + Type<D>,
+    for<'q> bool: Encode<'q, D> + Type<D>,
+    for<'q> Option<String>: Decode<'q, D> + Type<D>,
+    for<'r> OperationRow: FromRow<'r, D::Row>,
+    for<'r> AttemptRow: FromRow<'r, D::Row>,
+    for<'r> EventRow: FromRow<'r, D::Row>,
+    for<'r> BlockingRow: FromRow<'r, D::Row>,
+    for<'r> KeyRow: FromRow<'r, D::Row>,
+    for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'n> &'n str: ColumnIndex<D::Row>,
+{
+    type Tx = Transaction<'static, D>;
+
+    fn kind(&self) -> &'static str {
+        D::KIND
+    }
+
+    async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
+        D::begin_write(&self.pool).await
+    }
+
+    async fn lock(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<Clocked, StoreError> {
+        let sql = clocked_read(D::NOW, D::ROW_LOCK);
+        let row = sqlx::query(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .fetch_one(&mut **tx)
+            .await?;
+        clocked(&row)
+    }
+
+    async fn read(&self, tenant: &str, id: &OperationId) -> Result<Clocked, StoreError> {
+        let sql = clocked_read(D::NOW, "");
+        let row = sqlx::query(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+        clocked(&row)
+    }
+
+    async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {
+        // A Begin declaring a new intent reads nothing of the others, so it needs no lock: were
+        // it to run beside one that does not declare it, the outcome is the one where it ran
+        // second.
+        if cmd.new_intent {
+            let token = self.next_token(tx).await?;
+            return Ok(Guard::Clear { token });
+        }
+        let token = D::serialise_intent(&mut **tx, cmd).await?;
+        // A new statement, so a new snapshot: it sees what the intent's previous holder
+        // committed. UNKNOWN operations come first: they block whatever their lease says.
+        let sql = format!(
+            "SELECT {BLOCKING_COLUMNS} FROM operations WHERE tenant = $1 AND tool = $2 \
+             AND fingerprint = $3 AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4 \
+             ORDER BY state DESC, created_at LIMIT 1"
+        );
+        let blocking: Option<BlockingRow> = sqlx::query_as(&sql)
+            .bind(cmd.tenant.as_str())
+            .bind(cmd.tool.as_str())
+            .bind(&cmd.fingerprint.0[..])
+            .bind(cmd.operation_id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(match blocking {
+            Some(row) => Guard::Blocked(Blocking::try_from(row)?),
+            None => Guard::Clear {
+                token: rows::token(token)?,
+            },
+        })
+    }
+
+    async fn next_token(&self, tx: &mut Self::Tx) -> Result<u64, StoreError> {
+        let token: (i64,) = sqlx::query_as(D::NEXT_TOKEN).fetch_one(&mut **tx).await?;
+        rows::token(token.0)
+    }
+
+    async fn attempt(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+        fencing_token: u64,
+    ) -> Result<Option<Attempt>, StoreError> {
+        let sql = format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts \
+             WHERE tenant = $1 AND operation_id = $2 AND fencing_token = $3"
+        );
+        let row: Option<AttemptRow> = sqlx::query_as(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .bind(rows::token_column(fencing_token))
+            .fetch_optional(&mut **tx)
+            .await?;
+        row.map(Attempt::try_from).transpose()
+    }
+
+    async fn find_resolution(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+        resolution_id: &str,
+    ) -> Result<Option<PriorResolution>, StoreError> {
+        let key = machine::resolution_key(resolution_id);
+        let found: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT to_state, details FROM events \
+             WHERE tenant = $1 AND operation_id = $2 AND dedupe_key = $3",
+        )
+        .bind(tenant)
+        .bind(id.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some((Some(to), details)) = found else {
+            return Ok(None);
+        };
+        let state = rows::state(&to)?;
+        Ok(Some(PriorResolution::from_event(state, details.as_deref())))
+    }
+
+    async fn apply(
+        &self,
+        tx: &mut Self::Tx,
+        tenant: &str,
+        id: &OperationId,
+        plan: &Plan,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        if let Some(write) = &plan.operation {
+            let (sql, op) = match write {
+                Write::Insert(op) => (INSERT_OPERATION.as_str(), op),
+                Write::Update(op) => (UPDATE_OPERATION.as_str(), op),
+            };
+            // In the order of `rows::WRITTEN_OPERATION_COLUMNS`.
+            let written = sqlx::query(sql)
+                .bind(op.tenant.as_str())
+                .bind(op.operation_id.as_str())
+                .bind(op.tool.as_str())
+                .bind(&op.fingerprint.0[..])
+                .bind(op.state.as_str())
+                .bind(op.source.as_str())
+                .bind(i64::from(op.attempt))
+                .bind(rows::token_column(op.fencing_token))
+                .bind(rows::token_column(op.life))
+                .bind(op.attempt_id.as_str())
+                .bind(op.attempt_context.client_name.as_deref())
+                .bind(op.attempt_context.session_id.as_deref())
+                .bind(op.attempt_context.request_id.as_deref())
+                .bind(op.executor.as_str())
+                .bind(op.lease_started_at)
+                .bind(op.lease_deadline)
+                .bind(op.result.as_deref())
+                .bind(op.provider_ref.as_deref())
+                .bind(op.provider_key.as_str())
+                .bind(op.provider.as_deref())
+                .bind(op.lookup_hints.as_deref())
+                .bind(op.retention_ms)
+                .bind(op.created_at)
+                .bind(op.updated_at)
+                .bind(op.expires_at)
+                .bind(op.reason.as_deref())
+                .bind(op.unknown_since)
+                .bind(op.last_report_at)
+                .bind(op.declared_absent_token.map(rows::token_column))
+                .bind(op.confirmed_by.map(rows::token_column))
+                .bind(i64::from(op.reconcile_lookups))
+                .bind(op.reconcile_next_at)
+                .bind(op.lookup_claimed_until)
+                .execute(&mut **tx)
+                .await?;
+            if matches!(write, Write::Update(_)) && D::rows_affected(&written) != 1 {
+                return Err(StoreError::NotFound);
+            }
+        }
+        if plan.new_life {
+            sqlx::query("DELETE FROM attempts WHERE tenant = $1 AND operation_id = $2")
+                .bind(tenant)
+                .bind(id.as_str())
+                .execute(&mut **tx)
+                .await?;
+        }
+        if let Some(attempt) = &plan.attempt {
+            let sql = format!(
+                "INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+            );
+            sqlx::query(&sql)
+                .bind(tenant)
+                .bind(id.as_str())
+                .bind(i64::from(attempt.number))
+                .bind(rows::token_column(attempt.fencing_token))
+                .bind(attempt.attempt_id.as_str())
+                .bind(attempt.started_at)
+                .bind(attempt.lease_deadline)
+                .bind(attempt.actor.as_str())
+                .bind(attempt.context.client_name.as_deref())
+                .bind(attempt.context.session_id.as_deref())
+                .bind(attempt.context.request_id.as_deref())
+                .execute(&mut **tx)
+                .await?;
+        }
+        for event in &plan.events {
+            // Anomalies carry a dedupe key so a repeated cause is recorded once.
+            sqlx::query(
+                "INSERT INTO events (tenant, operation_id, life, at, kind, from_state, to_state, \
+                 attempt, actor, reason, details, dedupe_key) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
+            )
+            .bind(tenant)
+            .bind(id.as_str())
+            .bind(rows::token_column(event.life))
+            .bind(now)
+            .bind(event.kind.as_str())
+            .bind(event.from.map(|s| s.as_str()))
+            .bind(event.to.map(|s| s.as_str()))
+            .bind(event.attempt.map(i64::from))
+            .bind(event.actor.as_str())
+            .bind(event.reason.as_deref())
+            .bind(event.details.as_deref())
+            .bind(event.dedupe_key.as_deref())
+            .execute(&mut **tx)
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn history(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        life: u64,
+    ) -> Result<(Vec<Attempt>, Vec<Event>), StoreError> {
+        let sql = format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts \
+             WHERE tenant = $1 AND operation_id = $2 ORDER BY number"
+        );
+        let attempts: Vec<AttemptRow> = sqlx::query_as(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM events \
+             WHERE tenant = $1 AND operation_id = $2 AND life = $3 ORDER BY sequence"
+        );
+        let events: Vec<EventRow> = sqlx::query_as(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .bind(rows::token_column(life))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok((rows::convert(attempts)?, rows::convert(events)?))
+    }
+
+    async fn list(&self, tenant: &str, query: &ListQuery) -> Result<Vec<Operation>, StoreError> {
+        // Declared before the arguments, which borrow it as long as they live.
+        let mut sql = String::new();
+        let mut binds = Binds::<D>::default();
+        sql += &format!(
+            "SELECT {} FROM operations WHERE tenant = {}",
+            LISTED_OPERATION_COLUMNS.as_str(),
+            binds.push(tenant)?
+        );
+        if !query.states.is_empty() {
+            let states = query
+                .states
+                .iter()
+                .map(|state| binds.push(state.as_str()))
+                .collect::<Result<Vec<_>, _>>()?;
+            sql += &format!(" AND state IN ({})", states.join(", "));
+        }
+        if let Some(tool) = &query.tool {
+            sql += &format!(" AND tool = {}", binds.push(tool.as_str())?);
+        }
+        if let Some(age) = query.older_than_ms {
+            sql += &format!(" AND created_at <= {} - {}", D::NOW, binds.push(age)?);
+        }
+        if let Some((created_at, id)) = &query.after {
+            let created_at = binds.push(*created_at)?;
+            let id = binds.push(id.as_str())?;
+            sql += &format!(" AND (created_at, operation_id) > ({created_at}, {id})");
+        }
+        let limit = binds.push(i64::from(query.page_size))?;
+        sql += &format!(" ORDER BY created_at, operation_id LIMIT {limit}");
+        let page: Vec<OperationRow> = sqlx::query_as_with(&sql, binds.arguments)
+            .fetch_all(&self.pool)
+            .await?;
+        rows::convert(page)
+    }
+
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<(String, OperationId)>, StoreError> {
+        let sql = format!(
+            "SELECT tenant, operation_id FROM operations \
+             WHERE state = 'IN_FLIGHT' AND lease_deadline <= {} ORDER BY lease_deadline LIMIT $1",
+            D::NOW
+        );
+        let expired: Vec<KeyRow> = sqlx::query_as(&sql)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows::convert(expired)
+    }
+
+    async fn due_lookups(
+        &self,
+        limit: u32,
+        providers: &[&str],
+    ) -> Result<Vec<(String, OperationId)>, StoreError> {
+        if providers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = D::NOW;
+        let names: Vec<String> = (1..=providers.len()).map(|n| format!("${n}")).collect();
+        let sql = format!(
+            "SELECT tenant, operation_id FROM operations WHERE state = 'UNKNOWN' \
+             AND provider IS NOT NULL AND reconcile_next_at <= {now} \
+             AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= {now}) \
+             AND provider IN ({}) ORDER BY reconcile_next_at LIMIT ${}",
+            names.join(", "),
+            providers.len() + 1
+        );
+        let mut due = sqlx::query_as(&sql);
+        for provider in providers {
+            due = due.bind(*provider);
+        }
+        let due: Vec<KeyRow> = due.bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows::convert(due)
+    }
+
+    async fn claim_lookup(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        claim_ms: i64,
+        before_due: bool,
+    ) -> Result<Option<(Operation, Lookup)>, StoreError> {
+        // The conditional UPDATE is the claim: one caller moves the claim forward, every other
+        // sees it held until it lapses. The version it bumps makes any lookup claimed before
+        // stale, and the row it returns is the snapshot this lookup judges.
+        let now = D::NOW;
+        let sql = format!(
+            "UPDATE operations SET lookup_claimed_until = {now} + $3, version = version + 1 \
+             WHERE tenant = $1 AND operation_id = $2 AND state = 'UNKNOWN' \
+             AND provider IS NOT NULL AND source <> 'anomaly' \
+             AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= {now}) \
+             AND ($4 OR reconcile_next_at <= {now}) \
+             RETURNING {}, {now} AS issued_at",
+            OPERATION_COLUMNS.as_str()
+        );
+        let row = sqlx::query(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .bind(claim_ms)
+            .bind(before_due)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let issued_at: Millis = row.try_get("issued_at")?;
+        let op = Operation::try_from(OperationRow::from_row(&row)?)?;
+        let lookup = Lookup::of(&op, issued_at);
+        Ok(Some((op, lookup)))
+    }
+
+    async fn delete_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        // The state and expiry conditions are repeated on the outer DELETE so that a row a
+        // concurrent Begin just claimed again is re-checked and kept.
+        let now = D::NOW;
+        let sql = format!(
+            "DELETE FROM operations WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
+             AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
+             WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
+             ORDER BY expires_at LIMIT $1)"
+        );
+        let deleted = sqlx::query(&sql)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(D::rows_affected(&deleted))
+    }
+
+    async fn delete_events_older_than(&self, age_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let sql = format!(
+            "DELETE FROM events WHERE sequence IN \
+             (SELECT sequence FROM events WHERE at <= {} - $1 ORDER BY sequence LIMIT $2)",
+            D::NOW
+        );
+        let deleted = sqlx::query(&sql)
+            .bind(age_ms)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(D::rows_affected(&deleted))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        D::ping(&self.pool).await
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// The arguments of a statement built piece by piece: binding a value gives its placeholder.
+struct Binds<'a, D: Database> {
+    arguments: D::Arguments<'a>,
+    count: usize,
+}
+
+impl<D: Database> Default for Binds<'_, D> {
+    fn default() -> Self {
+        Self {
+            arguments: Default::default(),
+            count: 0,
+        }
+    }
+}
+
+impl<'a, D: Database> Binds<'a, D> {
+    fn push<T>(&mut self, value: T) -> Result<String, StoreError>
+    where
+        T: Encode<'a, D> + Type<D> + 'a,
+    {
+        self.arguments
+            .add(value)
+            .map_err(|e| StoreError::Internal(sqlx::Error::Encode(e)))?;
+        self.count += 1;
+        Ok(format!("${}", self.count))
+    }
+}
+
+/// The operation with the store's clock beside it, in one row even when there is no operation.
+fn clocked_read(now: &str, row_lock: &str) -> String {
+    format!(
+        "SELECT {now} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN \
+         (SELECT {} FROM operations WHERE tenant = $1 AND operation_id = $2{row_lock}) AS o ON TRUE",
+        OPERATION_COLUMNS.as_str()
+    )
+}
+
+/// Reads a row of [`clocked_read`]: the operation's columns are all NULL when there is none.
+fn clocked<R>(row: &R) -> Result<Clocked, StoreError>
+where
+    R: Row,
+    for<'r> OperationRow: FromRow<'r, R>,
+    for<'q> i64: Decode<'q, R::Database> + Type<R::Database>,
+    for<'q> Option<String>: Decode<'q, R::Database> + Type<R::Database>,
+    for<'n> &'n str: ColumnIndex<R>,
+{
+    let now: Millis = row.try_get("now_ms")?;
+    let tenant: Option<String> = row.try_get("tenant")?;
+    let op = match tenant {
+        Some(_) => Some(Operation::try_from(OperationRow::from_row(row)?)?),
+        None => None,
+    };
+    Ok((op, now))
+}
