@@ -72,7 +72,7 @@ fn command(operation_id: &str, tool: &str, fingerprint: u8) -> BeginCommand {
         new_intent: false,
         provider: Some("stripe".into()),
         lookup_hints: None,
-        actor: "executor:conformance".into(),
+        actor: Actor::Executor("conformance".into()),
     }
 }
 
@@ -146,14 +146,14 @@ async fn in_state<B: Backend>(
     stored(backend, operation_id).await
 }
 
-fn event(life: u64, kind: EventKind, dedupe_key: Option<&str>) -> NewEvent {
+fn event(life: FencingToken, kind: EventKind, dedupe_key: Option<&str>) -> NewEvent {
     NewEvent {
         life,
         kind,
         from: None,
         to: None,
         attempt: Some(1),
-        actor: "ledger".into(),
+        actor: Actor::Ledger,
         reason: None,
         details: None,
         dedupe_key: dedupe_key.map(str::to_owned),
@@ -183,7 +183,14 @@ async fn a_first_insert_wins_and_a_second_is_a_duplicate<B: Backend>(backend: B)
     assert!((at - first.created_at).abs() < 60_000, "one clock");
     let mut tx = backend.begin_write().await.unwrap();
     let cmd = command("dup-1", "refund", 1);
-    let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token: 7 }, at);
+    let (_, plan) = machine::claim(
+        None,
+        &cmd,
+        Guard::Clear {
+            token: FencingToken(7),
+        },
+        at,
+    );
     let second = backend
         .apply(&mut tx, TENANT, &id("dup-1"), &plan, at)
         .await;
@@ -206,10 +213,10 @@ async fn fencing_tokens_grow_and_are_never_issued_twice<B: Backend>(backend: B) 
         }
         // Odd rounds roll back: their tokens reached nobody.
     }
-    let committed: Vec<u64> = issued.iter().step_by(2).copied().collect();
+    let committed: Vec<FencingToken> = issued.iter().step_by(2).copied().collect();
     assert!(committed.windows(2).all(|w| w[0] < w[1]), "{issued:?}");
     assert!(
-        issued[0] >= 1 << 20,
+        issued[0] >= FencingToken(1 << 20),
         "above every token an earlier schema issued"
     );
     // An operation claimed later gets a larger token still, and its life is named by it.
@@ -318,7 +325,11 @@ async fn attempts_are_found_by_token_for_their_own_operation_only<B: Backend>(ba
         .unwrap()
         .unwrap();
     assert_eq!(
-        (found.number, found.fencing_token, found.actor.as_str()),
+        (
+            found.number,
+            found.fencing_token,
+            found.actor.to_string().as_str()
+        ),
         (1, a.fencing_token, "executor:conformance")
     );
     assert_eq!(found.context.session_id.as_deref(), Some("s-1"));
@@ -370,7 +381,7 @@ async fn resolutions_are_found_by_id_in_any_life<B: Backend>(backend: B) {
 
 async fn history_is_the_current_life_oldest_first<B: Backend>(backend: B) {
     let op = claimed(&backend, "history-1", "refund", 1).await;
-    let earlier_life = op.life - 1;
+    let earlier_life = FencingToken(op.life.get() - 1);
     commit(
         &backend,
         "history-1",
@@ -444,7 +455,7 @@ async fn anomalies_are_recorded_once_per_dedupe_key<B: Backend>(backend: B) {
     assert_eq!(
         events
             .iter()
-            .filter(|e| e.kind == "DOUBLE_EXECUTION")
+            .filter(|e| e.kind == EventKind::DoubleExecution)
             .count(),
         2
     );
@@ -583,7 +594,7 @@ async fn sweeps_see_only_expired_leases_and_settled_rows_past_retention<B: Backe
     }
     // Events outlive their operation until their own retention.
     let (_, events) = backend
-        .history(TENANT, &id("sweep-old-confirmed"), 0)
+        .history(TENANT, &id("sweep-old-confirmed"), FencingToken(0))
         .await
         .unwrap();
     assert!(events.is_empty(), "life 0 has no events");

@@ -28,8 +28,8 @@ const DEFAULT_PAGE_SIZE: u32 = 100;
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub tenant: String,
-    /// The actor recorded for an executor's calls, e.g. `executor:refund-mcp`.
-    pub actor: String,
+    /// The actor recorded for an executor's calls.
+    pub actor: Actor,
 }
 
 /// A validated Begin and the wait bound that goes with it.
@@ -205,7 +205,7 @@ pub fn report_unknown(
     Ok((id, report_command(fencing_token, report)))
 }
 
-fn report_command(fencing_token: u64, report: Report) -> ReportCommand {
+fn report_command(fencing_token: FencingToken, report: Report) -> ReportCommand {
     ReportCommand {
         fencing_token,
         report,
@@ -216,7 +216,7 @@ fn report_command(fencing_token: u64, report: Report) -> ReportCommand {
 pub fn heartbeat(
     req: pb::HeartbeatRequest,
     limits: &Limits,
-) -> Result<(OperationId, u64, i64), Invalid> {
+) -> Result<(OperationId, FencingToken, i64), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
     let ttl = lease_ttl("lease_ttl", req.lease_ttl, limits)?;
@@ -335,22 +335,22 @@ pub fn resolve(
         ResolveCommand {
             resolution,
             reason: req.reason,
-            actor: format!("operator:{}", req.operator),
+            actor: Actor::Operator(req.operator.clone()),
             resolution_id: req.resolution_id,
-            fencing_token: req.fencing_token,
+            fencing_token: FencingToken(req.fencing_token),
             attempt: (req.attempt != 0).then_some(req.attempt),
         },
     ))
 }
 
-fn fencing_token(token: u64) -> Result<u64, Invalid> {
+fn fencing_token(token: u64) -> Result<FencingToken, Invalid> {
     if token == 0 {
         return Err(Invalid::new(
             "fencing_token",
             "must be the token of a granted attempt",
         ));
     }
-    Ok(token)
+    Ok(FencingToken(token))
 }
 
 fn check_result(field: &str, result: &[u8], limits: &Limits) -> Result<(), Invalid> {
@@ -483,7 +483,7 @@ pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb
     let decision = match decision {
         BeginDecision::Execute(grant) => Decision::Execute(pb::Execute {
             attempt: grant.attempt,
-            fencing_token: grant.fencing_token,
+            fencing_token: grant.fencing_token.get(),
             lease_deadline: Some(timestamp(grant.lease_deadline)),
             provider_key: grant.provider_key,
             regranted: grant.regranted,
@@ -548,7 +548,7 @@ pub fn operation(op: Operation) -> pb::Operation {
         created_at: Some(timestamp(op.created_at)),
         updated_at: Some(timestamp(op.updated_at)),
         expires_at: op.expires_at.map(timestamp),
-        fencing_token: op.fencing_token,
+        fencing_token: op.fencing_token.get(),
         source: op.source.as_str().to_owned(),
     }
 }
@@ -559,13 +559,13 @@ pub fn attempt(a: Attempt) -> pb::Attempt {
         attempt_id: a.attempt_id,
         started_at: Some(timestamp(a.started_at)),
         lease_deadline: Some(timestamp(a.lease_deadline)),
-        actor: a.actor,
+        actor: a.actor.to_string(),
         context: Some(pb::AttemptContext {
             client_name: a.context.client_name.unwrap_or_default(),
             session_id: a.context.session_id.unwrap_or_default(),
             request_id: a.context.request_id.unwrap_or_default(),
         }),
-        fencing_token: a.fencing_token,
+        fencing_token: a.fencing_token.get(),
     }
 }
 
@@ -574,11 +574,11 @@ pub fn event(e: Event) -> pb::Event {
     pb::Event {
         sequence: e.sequence,
         at: Some(timestamp(e.at)),
-        kind: e.kind,
+        kind: e.kind.as_str().to_owned(),
         from_state: state(e.from),
         to_state: state(e.to),
         attempt: e.attempt.unwrap_or_default(),
-        actor: e.actor,
+        actor: e.actor.to_string(),
         reason: e.reason.unwrap_or_default(),
         details_json: e.details.unwrap_or_default(),
     }

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::Invalid;
 use crate::jcs;
+use crate::model::FencingToken;
 
 /// The argument that, when present, names the operation explicitly (`tool:x:<key>`).
 pub const IDEMPOTENCY_KEY_FIELD: &str = "idempotency_key";
@@ -217,14 +218,14 @@ fn unsafe_number(field: &str, path: &[jcs::Step], literal: &str) -> Invalid {
 ///
 /// Stable for every attempt of one operation, different across tenants, and fresh when an
 /// operation id starts a new life after retention (`life` identifies that life).
-pub fn provider_key(tenant: &str, operation_id: &OperationId, life: u64) -> String {
+pub fn provider_key(tenant: &str, operation_id: &OperationId, life: FencingToken) -> String {
     let mut hasher = Sha256::new();
     hasher.update(b"once-provider-key-v1\0");
     for part in [tenant.as_bytes(), operation_id.as_str().as_bytes()] {
         hasher.update((part.len() as u32).to_be_bytes());
         hasher.update(part);
     }
-    hasher.update(life.to_be_bytes());
+    hasher.update(life.get().to_be_bytes());
     format!("once_{}", &hex::encode(hasher.finalize())[..40])
 }
 
@@ -290,11 +291,23 @@ mod tests {
     #[test]
     fn provider_keys_are_stable_per_operation_and_differ_across_tenants() {
         let id = OperationId::parse("id", "refund:o1").unwrap();
-        assert_eq!(provider_key("t1", &id, 7), provider_key("t1", &id, 7));
-        assert_ne!(provider_key("t1", &id, 7), provider_key("t2", &id, 7));
-        assert_ne!(provider_key("t1", &id, 7), provider_key("t1", &id, 8));
+        assert_eq!(
+            provider_key("t1", &id, FencingToken(7)),
+            provider_key("t1", &id, FencingToken(7))
+        );
+        assert_ne!(
+            provider_key("t1", &id, FencingToken(7)),
+            provider_key("t2", &id, FencingToken(7))
+        );
+        assert_ne!(
+            provider_key("t1", &id, FencingToken(7)),
+            provider_key("t1", &id, FencingToken(8))
+        );
         let other = OperationId::parse("id", "refund:o2").unwrap();
-        assert_ne!(provider_key("t1", &id, 7), provider_key("t1", &other, 7));
+        assert_ne!(
+            provider_key("t1", &id, FencingToken(7)),
+            provider_key("t1", &other, FencingToken(7))
+        );
     }
 
     #[test]

@@ -54,13 +54,13 @@ pub enum Rejection {
     /// The fencing token is not the latest attempt's: that attempt lost its right to execute.
     #[error("fencing token {token} has no execution right: the latest attempt is {latest_attempt} (token {latest_token})")]
     ExecutionRightLost {
-        token: u64,
+        token: FencingToken,
         latest_attempt: u32,
-        latest_token: u64,
+        latest_token: FencingToken,
     },
     /// The lease this heartbeat tries to extend has already ended.
     #[error("the lease of fencing token {token} has ended")]
-    LeaseExpired { token: u64 },
+    LeaseExpired { token: FencingToken },
     /// The report contradicts the operation's settled truth.
     #[error("the operation is already {state}")]
     AlreadySettled { state: State },
@@ -70,9 +70,9 @@ pub enum Rejection {
     /// The operator examined an attempt that is not the latest (perhaps of an earlier life).
     #[error("the resolution names the attempt with fencing token {examined}, but the latest attempt is {current} (fencing token {current_token}): look at the operation again")]
     AttemptMismatch {
-        examined: u64,
+        examined: FencingToken,
         current: u32,
-        current_token: u64,
+        current_token: FencingToken,
     },
     /// The resolution id was already used for a different resolution of this operation.
     #[error("resolution_id {resolution_id:?} already resolved this operation {state}")]
@@ -105,7 +105,7 @@ pub enum BeginStep {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Guard {
     /// Nothing blocks the claim; `token` is a fencing token never issued before.
-    Clear { token: u64 },
+    Clear { token: FencingToken },
     /// Another open operation with the same tool and fingerprint blocks it.
     Blocked(Blocking),
 }
@@ -234,7 +234,7 @@ fn guarded(blocking: &Blocking, now: Millis) -> BeginDecision {
 fn claim_new_life(
     previous: Option<&Operation>,
     cmd: &BeginCommand,
-    token: u64,
+    token: FencingToken,
     now: Millis,
 ) -> (BeginDecision, Plan) {
     let op = Operation {
@@ -271,10 +271,9 @@ fn claim_new_life(
         reconcile_next_at: None,
         lookup_claimed_until: None,
     };
-    let details = previous.map(|p| {
-        json!({ "previous_life_expired_at": p.expires_at, "previous_state": p.state.as_str() })
-            .to_string()
-    });
+    let details = previous.map(
+        |p| json!({ "previous_life_expired_at": p.expires_at, "previous_state": p.state.as_str() }),
+    );
     let write = if previous.is_some() {
         Write::Update(op)
     } else {
@@ -289,7 +288,7 @@ fn claim_new_life(
 fn claim_again(
     op: &Operation,
     cmd: &BeginCommand,
-    token: u64,
+    token: FencingToken,
     now: Millis,
 ) -> (BeginDecision, Plan) {
     let mut next = op.clone();
@@ -324,7 +323,7 @@ fn granted(
     from: State,
     write: Write,
     cmd: &BeginCommand,
-    details: Option<String>,
+    details: Option<serde_json::Value>,
 ) -> (BeginDecision, Plan) {
     let op = write.operation();
     let grant = Grant {
@@ -344,17 +343,14 @@ fn granted(
         actor: cmd.actor.clone(),
         context: cmd.context.clone(),
     };
-    let event = NewEvent {
-        life: op.life,
-        kind: EventKind::Claimed,
-        from: Some(from),
-        to: Some(State::InFlight),
-        attempt: Some(op.attempt),
-        actor: cmd.actor.clone(),
-        reason: None,
-        details,
-        dedupe_key: None,
-    };
+    let mut event = NewEvent::transition(
+        op,
+        EventKind::Claimed,
+        (from, State::InFlight),
+        op.attempt,
+        cmd.actor.clone(),
+    );
+    event.details = details.map(|d| d.to_string());
     let plan = Plan {
         operation: Some(write),
         attempt: Some(attempt),
@@ -379,17 +375,15 @@ pub fn expire_lease(op: &Operation, now: Millis) -> Option<Plan> {
     next.reason = Some(reason.clone());
     Some(single(
         next,
-        NewEvent {
-            life: op.life,
-            kind: EventKind::LeaseExpired,
-            from: Some(State::InFlight),
-            to: Some(State::Unknown),
-            attempt: Some(op.attempt),
-            actor: "ledger".to_owned(),
-            reason: Some(reason),
-            details: Some(json!({ "lease_deadline": op.lease_deadline }).to_string()),
-            dedupe_key: None,
-        },
+        NewEvent::transition(
+            op,
+            EventKind::LeaseExpired,
+            (State::InFlight, State::Unknown),
+            op.attempt,
+            Actor::Ledger,
+        )
+        .because(reason)
+        .with_details(json!({ "lease_deadline": op.lease_deadline })),
     ))
 }
 
@@ -429,7 +423,7 @@ pub(crate) fn proven(
     to: State,
     source: Source,
     effect: (Vec<u8>, Option<String>),
-    proven_by: Option<u64>,
+    proven_by: Option<FencingToken>,
     now: Millis,
 ) -> Operation {
     let mut next = moved(op, to, source, now);
@@ -449,7 +443,7 @@ fn single(next: Operation, event: NewEvent) -> Plan {
 
 /// Whether a report with `token` comes from an earlier attempt of this life, whose record the
 /// store must read from the attempt log and pass to [`report`].
-pub fn needs_attempt_record(op: &Operation, token: u64) -> bool {
+pub fn needs_attempt_record(op: &Operation, token: FencingToken) -> bool {
     is_token_of_life(token, op) && token != op.fencing_token
 }
 
@@ -553,13 +547,9 @@ fn latest_attempt_report(
                 format!("a {}", op.source.as_str())
             };
             let mut plan = settle_by_attempt(op, cmd, now);
-            plan.events.push(contradiction(
-                op,
-                op.attempt,
-                op.fencing_token,
-                &op.executor,
-                &said,
-            ));
+            let attempt = (op.attempt, op.fencing_token);
+            plan.events
+                .push(contradiction(op, attempt, &op.executor, &said));
             (Ok(State::Confirmed), plan)
         }
         // This attempt did nothing, and the effect on record is another attempt's (its report
@@ -574,20 +564,23 @@ fn latest_attempt_report(
     }
 }
 
-fn contradiction(op: &Operation, attempt: u32, token: u64, actor: &str, said: &str) -> NewEvent {
-    NewEvent {
-        life: op.life,
-        kind: EventKind::ResolutionContradicted,
-        from: None,
-        to: None,
-        attempt: Some(attempt),
-        actor: actor.to_owned(),
-        reason: Some(format!(
-            "attempt {attempt} confirmed its effect after {said} said ABSENT"
-        )),
-        details: Some(json!({ "fencing_token": token }).to_string()),
-        dedupe_key: Some(format!("RESOLUTION_CONTRADICTED:{token}")),
-    }
+fn contradiction(
+    op: &Operation,
+    (attempt, token): (u32, FencingToken),
+    actor: &Actor,
+    said: &str,
+) -> NewEvent {
+    NewEvent::anomaly(
+        op,
+        EventKind::ResolutionContradicted,
+        attempt,
+        actor.clone(),
+        token,
+    )
+    .because(format!(
+        "attempt {attempt} confirmed its effect after {said} said ABSENT"
+    ))
+    .with_details(json!({ "fencing_token": token.get() }))
 }
 
 fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
@@ -615,22 +608,18 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
         }
     };
     let late = op.state != State::InFlight || now >= op.lease_deadline;
-    let details =
-        late.then(|| json!({ "late": true, "previous_source": op.source.as_str() }).to_string());
-    single(
-        next,
-        NewEvent {
-            life: op.life,
-            kind,
-            from: Some(op.state),
-            to: Some(target),
-            attempt: Some(op.attempt),
-            actor: op.executor.clone(),
-            reason,
-            details,
-            dedupe_key: None,
-        },
-    )
+    let mut event = NewEvent::transition(
+        op,
+        kind,
+        (op.state, target),
+        op.attempt,
+        op.executor.clone(),
+    );
+    event.reason = reason;
+    if late {
+        event = event.with_details(json!({ "late": true, "previous_source": op.source.as_str() }));
+    }
+    single(next, event)
 }
 
 /// A confirm from attempt `earlier`, superseded by a later attempt of this life. The effect
@@ -679,32 +668,22 @@ fn superseded_confirm(
             Some(_) => "a reconciler or an operator",
             None => "it",
         };
-        let mut plan = single(
-            next,
-            NewEvent {
-                life: op.life,
-                kind: EventKind::Confirmed,
-                from: Some(State::Absent),
-                to: Some(State::Confirmed),
-                attempt: Some(earlier.number),
-                actor: earlier.actor.clone(),
-                reason: Some(format!(
-                    "attempt {} confirmed late; no later attempt performed the effect",
-                    earlier.number
-                )),
-                details: Some(
-                    json!({ "late": true, "superseded_by_attempt": op.attempt }).to_string(),
-                ),
-                dedupe_key: None,
-            },
-        );
-        plan.events.push(contradiction(
+        let confirmed = NewEvent::transition(
             op,
+            EventKind::Confirmed,
+            (State::Absent, State::Confirmed),
             earlier.number,
-            token,
-            &earlier.actor,
-            said,
-        ));
+            earlier.actor.clone(),
+        )
+        .because(format!(
+            "attempt {} confirmed late; no later attempt performed the effect",
+            earlier.number
+        ))
+        .with_details(json!({ "late": true, "superseded_by_attempt": op.attempt }));
+        let mut plan = single(next, confirmed);
+        let attempt = (earlier.number, earlier.fencing_token);
+        plan.events
+            .push(contradiction(op, attempt, &earlier.actor, said));
         return (lost, plan);
     }
     // A later attempt runs, may have run, or was declared ABSENT by someone other than itself:
@@ -733,29 +712,26 @@ fn double_execution(
     to: Option<State>,
 ) -> NewEvent {
     let token = earlier.fencing_token;
-    NewEvent {
-        life: op.life,
-        kind: EventKind::DoubleExecution,
-        from: to.map(|_| op.state),
-        to,
-        attempt: Some(earlier.number),
-        actor: earlier.actor.clone(),
-        reason: Some(format!(
-            "attempt {} confirmed its effect after attempt {} was granted the execution right",
-            earlier.number, op.attempt
-        )),
-        details: Some(
-            json!({
-                "stale_attempt": earlier.number,
-                "stale_fencing_token": token,
-                "stale_provider_ref": provider_ref,
-                "latest_attempt": op.attempt,
-                "state": op.state.as_str(),
-            })
-            .to_string(),
-        ),
-        dedupe_key: Some(format!("DOUBLE_EXECUTION:{token}")),
-    }
+    let mut event = NewEvent::anomaly(
+        op,
+        EventKind::DoubleExecution,
+        earlier.number,
+        earlier.actor.clone(),
+        token,
+    )
+    .because(format!(
+        "attempt {} confirmed its effect after attempt {} was granted the execution right",
+        earlier.number, op.attempt
+    ))
+    .with_details(json!({
+        "stale_attempt": earlier.number,
+        "stale_fencing_token": token.get(),
+        "stale_provider_ref": provider_ref,
+        "latest_attempt": op.attempt,
+        "state": op.state.as_str(),
+    }));
+    (event.from, event.to) = (to.map(|_| op.state), to);
+    event
 }
 
 /// The latest attempt reports while the operation is held for an operator because an effect
@@ -769,17 +745,14 @@ fn held_report(
     let confirmed = |kind: EventKind, reason: String| {
         let mut next = moved(op, State::Confirmed, Source::Attempt, now);
         next.confirmed_by = op.confirmed_by;
-        let event = NewEvent {
-            life: op.life,
+        let event = NewEvent::transition(
+            op,
             kind,
-            from: Some(State::Unknown),
-            to: Some(State::Confirmed),
-            attempt: Some(op.attempt),
-            actor: op.executor.clone(),
-            reason: Some(reason),
-            details: None,
-            dedupe_key: None,
-        };
+            (State::Unknown, State::Confirmed),
+            op.attempt,
+            op.executor.clone(),
+        )
+        .because(reason);
         (Ok(State::Confirmed), single(next, event))
     };
     match &cmd.report {
@@ -812,22 +785,18 @@ fn held_report(
 /// (an earlier attempt's, or one a reconciler found): the effect may have happened twice. Recorded
 /// once per attempt.
 fn beside_the_record(op: &Operation, provider_ref: Option<&str>) -> Plan {
-    let event = NewEvent {
-        life: op.life,
-        kind: EventKind::DoubleExecution,
-        from: None,
-        to: None,
-        attempt: Some(op.attempt),
-        actor: op.executor.clone(),
-        reason: Some(format!(
-            "attempt {} confirmed an effect beside the one on record",
-            op.attempt
-        )),
-        details: Some(
-            json!({ "provider_ref": provider_ref, "on_record": op.provider_ref }).to_string(),
-        ),
-        dedupe_key: Some(format!("DOUBLE_EXECUTION:{}", op.fencing_token)),
-    };
+    let event = NewEvent::anomaly(
+        op,
+        EventKind::DoubleExecution,
+        op.attempt,
+        op.executor.clone(),
+        op.fencing_token,
+    )
+    .because(format!(
+        "attempt {} confirmed an effect beside the one on record",
+        op.attempt
+    ))
+    .with_details(json!({ "provider_ref": provider_ref, "on_record": op.provider_ref }));
     Plan {
         events: vec![event],
         ..Plan::default()
@@ -838,7 +807,7 @@ fn beside_the_record(op: &Operation, provider_ref: Option<&str>) -> Plan {
 /// new deadline.
 pub fn heartbeat(
     op: &Operation,
-    fencing_token: u64,
+    fencing_token: FencingToken,
     ttl_ms: i64,
     now: Millis,
 ) -> Result<(Millis, Plan), Rejection> {
@@ -909,20 +878,20 @@ pub fn resolve(
             next.declared_absent_token = Some(op.fencing_token);
         }
     }
-    let event = NewEvent {
-        life: op.life,
-        kind: EventKind::Resolved,
-        from: Some(State::Unknown),
-        to: Some(target),
-        attempt: Some(op.attempt),
-        actor: cmd.actor.clone(),
-        reason: Some(cmd.reason.clone()),
-        details: Some(
-            json!({ "resolution_id": cmd.resolution_id, "provider_ref": next.provider_ref, "fencing_token": op.fencing_token })
-                .to_string(),
-        ),
-        dedupe_key: Some(resolution_key(&cmd.resolution_id)),
-    };
+    let mut event = NewEvent::transition(
+        op,
+        EventKind::Resolved,
+        (State::Unknown, target),
+        op.attempt,
+        cmd.actor.clone(),
+    )
+    .because(cmd.reason.clone())
+    .with_details(json!({
+        "resolution_id": cmd.resolution_id,
+        "provider_ref": next.provider_ref,
+        "fencing_token": op.fencing_token.get(),
+    }));
+    event.dedupe_key = Some(resolution_key(&cmd.resolution_id));
     Ok((target, single(next, event)))
 }
 

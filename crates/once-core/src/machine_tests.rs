@@ -24,19 +24,19 @@ fn cmd(attempt_id: &str) -> BeginCommand {
         new_intent: false,
         provider: None,
         lookup_hints: None,
-        actor: "executor:test".into(),
+        actor: Actor::Executor("test".into()),
     }
 }
 
 /// The first fencing token the tests' store hands out; later ones are larger.
-const TOKEN: u64 = 1_000;
+const TOKEN: FencingToken = FencingToken(1_000);
 
 /// A Begin through both steps, with `token` as the store's next fencing token and nothing
 /// blocking.
 fn begin_with(
     stored: Option<&Operation>,
     command: &BeginCommand,
-    token: u64,
+    token: FencingToken,
     now: Millis,
 ) -> (BeginDecision, Plan) {
     match begin(stored, command, now) {
@@ -63,7 +63,7 @@ fn first_attempt() -> Attempt {
 
 fn report_by(
     op: &Operation,
-    token: u64,
+    token: FencingToken,
     report: Report,
     now: Millis,
 ) -> (Result<State, Rejection>, Plan) {
@@ -72,7 +72,7 @@ fn report_by(
 
 fn report_from(
     op: &Operation,
-    token: u64,
+    token: FencingToken,
     earlier: Option<&Attempt>,
     report: Report,
     now: Millis,
@@ -118,11 +118,11 @@ fn unknown() -> Report {
 }
 
 /// A resolution by an operator who examined the attempt holding `fencing_token`.
-fn resolution(resolution: Resolution, fencing_token: u64, id: &str) -> ResolveCommand {
+fn resolution(resolution: Resolution, fencing_token: FencingToken, id: &str) -> ResolveCommand {
     ResolveCommand {
         resolution,
         reason: "checked the provider".into(),
-        actor: "operator:alice".into(),
+        actor: Actor::Operator("alice".into()),
         resolution_id: id.into(),
         fencing_token,
         attempt: None,
@@ -382,7 +382,8 @@ fn reports_from_the_holder_settle_and_are_idempotent() {
         let (outcome, plan) = report_by(&in_flight, TOKEN, report.clone(), T0 + 5);
         assert_eq!(outcome, Ok(state));
         assert_eq!(
-            plan.events[0].actor, "executor:test",
+            plan.events[0].actor.to_string(),
+            "executor:test",
             "the attempt's executor"
         );
         let settled = written(&plan);
@@ -440,7 +441,7 @@ fn reports_from_another_life_or_no_attempt_change_nothing() {
         })
     };
     // An earlier life's token, a token never issued, and one the attempt log does not know.
-    for token in [TOKEN - 1, TOKEN + 1, 1] {
+    for token in [TOKEN - 1, TOKEN + 1, FencingToken(1)] {
         assert!(!needs_attempt_record(&in_flight, token));
         for report in [confirm_report(b"x", None), absent(), unknown()] {
             let (outcome, plan) = report_by(&in_flight, token, report, T0 + 5);
@@ -702,7 +703,7 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
         ),
         (Source::Operator, Some(T0 + 20 + RETENTION), Some(TOKEN))
     );
-    assert_eq!(plan.events[0].actor, "operator:alice");
+    assert_eq!(plan.events[0].actor, Actor::Operator("alice".into()));
     assert_eq!(plan.events[0].dedupe_key.as_deref(), Some("RESOLVED:r1"));
 
     // A retry finds its earlier resolution, whatever the operation did since.

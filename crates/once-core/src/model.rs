@@ -8,6 +8,101 @@ pub use crate::identity::{Fingerprint, OperationId};
 /// database has one).
 pub type Millis = i64;
 
+/// A fencing token: the number the store issues with each execution right, from one counter for
+/// the whole store. A later right has a larger token, and no token is issued twice, so a report
+/// carrying one names exactly one attempt of one life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Tokens issued later, for tests that name them relative to one another.
+#[cfg(test)]
+impl std::ops::Add<u64> for FencingToken {
+    type Output = FencingToken;
+
+    fn add(self, n: u64) -> FencingToken {
+        FencingToken(self.0 + n)
+    }
+}
+
+#[cfg(test)]
+impl std::ops::Sub<u64> for FencingToken {
+    type Output = FencingToken;
+
+    fn sub(self, n: u64) -> FencingToken {
+        FencingToken(self.0 - n)
+    }
+}
+
+#[cfg(test)]
+impl std::ops::AddAssign<u64> for FencingToken {
+    fn add_assign(&mut self, n: u64) {
+        self.0 += n;
+    }
+}
+
+impl From<u64> for FencingToken {
+    fn from(token: u64) -> Self {
+        Self(token)
+    }
+}
+
+/// Who did something the history records.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Actor {
+    /// The ledger itself: a lease that ran out, an escalation.
+    Ledger,
+    /// An MCP server holding (or having held) the execution right, by its client name.
+    Executor(String),
+    /// A reconciler plugin, by its configured name.
+    Reconciler(String),
+    /// An on-call person settling an operation, by the name they gave.
+    Operator(String),
+}
+
+impl fmt::Display for Actor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Actor::Ledger => f.write_str("ledger"),
+            Actor::Executor(name) => write!(f, "executor:{name}"),
+            Actor::Reconciler(name) => write!(f, "reconciler:{name}"),
+            Actor::Operator(name) => write!(f, "operator:{name}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Actor {
+    type Err = String;
+
+    /// Reads an actor as [`fmt::Display`] writes it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "ledger" {
+            return Ok(Actor::Ledger);
+        }
+        let (kind, name) = s
+            .split_once(':')
+            .ok_or_else(|| format!("unknown actor {s:?}"))?;
+        let name = name.to_owned();
+        match kind {
+            "executor" => Ok(Actor::Executor(name)),
+            "reconciler" => Ok(Actor::Reconciler(name)),
+            "operator" => Ok(Actor::Operator(name)),
+            _ => Err(format!("unknown actor {s:?}")),
+        }
+    }
+}
+
 /// The truth the ledger holds about an operation's effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
@@ -112,16 +207,16 @@ pub struct Operation {
     pub attempt: u32,
     /// The latest attempt's fencing token. Never decreases while the row exists, and is never
     /// issued again, in this life or any later one.
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     /// Identifies this life of the operation id: the fencing token of its first attempt. Every
     /// token of this life is at least this; every token of an earlier life is below it.
-    pub life: u64,
+    pub life: FencingToken,
     /// The caller-chosen id of the latest attempt, so a transport retry of its Begin is known.
     pub attempt_id: String,
     /// The transport context the latest attempt was granted with; a regrant needs the same.
     pub attempt_context: AttemptContext,
     /// Who holds (or last held) the execution right: the actor recorded for the latest attempt.
-    pub executor: String,
+    pub executor: Actor,
     /// When the latest attempt's lease began.
     pub lease_started_at: Millis,
     /// When the latest attempt's lease ends, unless extended by a heartbeat.
@@ -154,11 +249,11 @@ pub struct Operation {
     pub last_report_at: Option<Millis>,
     /// The latest attempt of this life that a reconciler or an operator declared ABSENT (rather
     /// than the attempt itself): it may have performed the effect after all.
-    pub declared_absent_token: Option<u64>,
+    pub declared_absent_token: Option<FencingToken>,
     /// The fencing token of the attempt whose confirm the stored result is (while the operation
     /// is held for an operator, the superseded attempt's proof); `None` when a reconciler or an
     /// operator supplied the result. A retried confirm is known by it.
-    pub confirmed_by: Option<u64>,
+    pub confirmed_by: Option<FencingToken>,
     /// How many reconciler lookups this UNKNOWN operation has had.
     pub reconcile_lookups: u32,
     /// When an UNKNOWN operation with a provider is next due for a lookup.
@@ -198,7 +293,7 @@ impl Operation {
 /// Whether `token` falls within the current life of `op`: issued no earlier than its first
 /// attempt and no later than its latest. Tokens of one life increase but are not consecutive,
 /// so the attempt log says whether such a token is really one of this operation's.
-pub fn is_token_of_life(token: u64, op: &Operation) -> bool {
+pub fn is_token_of_life(token: FencingToken, op: &Operation) -> bool {
     token >= op.life && token <= op.fencing_token
 }
 
@@ -214,11 +309,11 @@ pub struct AttemptContext {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
     pub number: u32,
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     pub attempt_id: String,
     pub started_at: Millis,
     pub lease_deadline: Millis,
-    pub actor: String,
+    pub actor: Actor,
     pub context: AttemptContext,
 }
 
@@ -251,6 +346,25 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    pub const ALL: [EventKind; 11] = [
+        EventKind::Claimed,
+        EventKind::Confirmed,
+        EventKind::ReportedAbsent,
+        EventKind::ReportedUnknown,
+        EventKind::LeaseExpired,
+        EventKind::Resolved,
+        EventKind::DoubleExecution,
+        EventKind::ResolutionContradicted,
+        EventKind::Reconciled,
+        EventKind::LookupInconclusive,
+        EventKind::Escalated,
+    ];
+
+    /// Reads a kind as [`EventKind::as_str`] writes it.
+    pub fn parse(s: &str) -> Option<EventKind> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::Claimed => "CLAIMED",
@@ -280,12 +394,12 @@ impl EventKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
     /// The life of the operation the event belongs to (see [`Operation::life`]).
-    pub life: u64,
+    pub life: FencingToken,
     pub kind: EventKind,
     pub from: Option<State>,
     pub to: Option<State>,
     pub attempt: Option<u32>,
-    pub actor: String,
+    pub actor: Actor,
     pub reason: Option<String>,
     /// JSON object with whatever else the event needs to be understood later.
     pub details: Option<String>,
@@ -293,16 +407,76 @@ pub struct NewEvent {
     pub dedupe_key: Option<String>,
 }
 
+impl NewEvent {
+    /// An event of `op`'s current life recording its move from `from` to `to`.
+    pub fn transition(
+        op: &Operation,
+        kind: EventKind,
+        (from, to): (State, State),
+        attempt: u32,
+        actor: Actor,
+    ) -> Self {
+        Self {
+            from: Some(from),
+            to: Some(to),
+            ..Self::note(op, kind, attempt, actor)
+        }
+    }
+
+    /// An event of `op`'s current life about `attempt` that moves no state: a lookup that could
+    /// not tell, an escalation.
+    pub fn note(op: &Operation, kind: EventKind, attempt: u32, actor: Actor) -> Self {
+        Self {
+            life: op.life,
+            kind,
+            from: None,
+            to: None,
+            attempt: Some(attempt),
+            actor,
+            reason: None,
+            details: None,
+            dedupe_key: None,
+        }
+    }
+
+    /// An anomaly (or an escalation) recorded once however often its cause repeats: `cause`
+    /// names the cause within the operation (the attempt's token, the provider object).
+    pub fn anomaly(
+        op: &Operation,
+        kind: EventKind,
+        attempt: u32,
+        actor: Actor,
+        cause: impl fmt::Display,
+    ) -> Self {
+        Self {
+            dedupe_key: Some(format!("{}:{cause}", kind.as_str())),
+            ..Self::note(op, kind, attempt, actor)
+        }
+    }
+
+    /// Says why.
+    pub fn because(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Adds what else the event needs to be understood later.
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.details = Some(details.to_string());
+        self
+    }
+}
+
 /// A stored event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub sequence: i64,
     pub at: Millis,
-    pub kind: String,
+    pub kind: EventKind,
     pub from: Option<State>,
     pub to: Option<State>,
     pub attempt: Option<u32>,
-    pub actor: String,
+    pub actor: Actor,
     pub reason: Option<String>,
     pub details: Option<String>,
 }
@@ -322,14 +496,14 @@ pub struct BeginCommand {
     pub new_intent: bool,
     pub provider: Option<String>,
     pub lookup_hints: Option<String>,
-    pub actor: String,
+    pub actor: Actor,
 }
 
 /// The right to perform the effect once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
     pub attempt: u32,
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     pub lease_deadline: Millis,
     /// The lease length granted; heartbeats extend the lease by this much.
     pub lease_ttl_ms: i64,
@@ -410,7 +584,7 @@ impl Report {
 /// the executor recorded for that attempt.
 #[derive(Debug, Clone)]
 pub struct ReportCommand {
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     pub report: Report,
 }
 
@@ -438,12 +612,12 @@ impl Resolution {
 pub struct ResolveCommand {
     pub resolution: Resolution,
     pub reason: String,
-    pub actor: String,
+    pub actor: Actor,
     /// Makes a retried Resolve recognisable, even after the operation moved on.
     pub resolution_id: String,
     /// The fencing token of the attempt the operator examined: it names the attempt and the
     /// life of the operation. The resolution applies only while that attempt is the latest.
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     /// The examined attempt's number, when the operator gives it: checked too.
     pub attempt: Option<u32>,
 }
@@ -455,7 +629,7 @@ pub struct PriorResolution {
     pub state: State,
     /// The fencing token of the attempt it resolved (events written before tokens were
     /// recorded have none).
-    pub fencing_token: Option<u64>,
+    pub fencing_token: Option<FencingToken>,
 }
 
 impl PriorResolution {
@@ -463,7 +637,8 @@ impl PriorResolution {
     pub fn from_event(state: State, details: Option<&str>) -> Self {
         let fencing_token = details
             .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-            .and_then(|d| d["fencing_token"].as_u64());
+            .and_then(|d| d["fencing_token"].as_u64())
+            .map(FencingToken);
         Self {
             state,
             fencing_token,

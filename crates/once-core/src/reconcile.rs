@@ -104,8 +104,8 @@ impl Escalation {
 /// lookup was issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lookup {
-    pub life: u64,
-    pub fencing_token: u64,
+    pub life: FencingToken,
+    pub fencing_token: FencingToken,
     pub version: i64,
     pub issued_at: Millis,
 }
@@ -139,36 +139,31 @@ pub enum Applied {
 /// next lookup judges an UNKNOWN one again).
 fn proven_after_all(
     op: &Operation,
-    actor: &str,
+    actor: &Actor,
     found: (&str, Vec<u8>),
     evidence: &str,
     now: Millis,
 ) -> (Applied, Plan) {
     let (provider_ref, result) = found;
-    let event = |kind, to: State, reason: String| NewEvent {
-        life: op.life,
-        kind,
-        from: Some(op.state),
-        to: Some(to),
-        attempt: Some(op.attempt),
-        actor: actor.to_owned(),
-        reason: Some(reason),
-        details: Some(json!({ "evidence": evidence, "provider_ref": provider_ref }).to_string()),
-        dedupe_key: None,
+    let event = |kind, to: State, reason: String| {
+        NewEvent::transition(op, kind, (op.state, to), op.attempt, actor.clone())
+            .because(reason)
+            .with_details(json!({ "evidence": evidence, "provider_ref": provider_ref }))
     };
     let (to, source, events) = match op.state {
         State::Absent => {
-            let mut contradicted = event(
+            let contradicted = NewEvent::anomaly(
+                op,
                 EventKind::ResolutionContradicted,
-                State::Confirmed,
-                format!(
-                    "the provider holds the effect as {provider_ref} although a {} said ABSENT",
-                    op.source.as_str()
-                ),
-            );
-            contradicted.from = None;
-            contradicted.to = None;
-            contradicted.dedupe_key = Some(format!("RESOLUTION_CONTRADICTED:ref:{provider_ref}"));
+                op.attempt,
+                actor.clone(),
+                format!("ref:{provider_ref}"),
+            )
+            .because(format!(
+                "the provider holds the effect as {provider_ref} although a {} said ABSENT",
+                op.source.as_str()
+            ))
+            .with_details(json!({ "evidence": evidence, "provider_ref": provider_ref }));
             let settled = event(
                 EventKind::Reconciled,
                 State::Confirmed,
@@ -232,6 +227,68 @@ pub fn bounded_result(result: &[u8], provider_ref: &str, max_bytes: usize) -> Ve
     .into_bytes()
 }
 
+/// What a verdict means for the operation as its lookup claimed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Judgement<'v> {
+    /// The provider holds the effect.
+    Found {
+        provider_ref: &'v str,
+        result: &'v [u8],
+        evidence: &'v str,
+    },
+    /// The provider's miss is proof the effect did not happen.
+    Missing { evidence: &'v str },
+    /// The operation stays UNKNOWN, for this reason.
+    Inconclusive(String),
+}
+
+/// Decides what a verdict means, by the provider's capabilities and the time the lookup was
+/// issued: a miss is proof only from a provider whose misses are authoritative, that
+/// deduplicates by provider key, asked at least its settle time after the effect horizon.
+fn judge<'v>(
+    op: &Operation,
+    lookup: &Lookup,
+    verdict: &'v Verdict,
+    capabilities: &Capabilities,
+) -> Judgement<'v> {
+    match verdict {
+        Verdict::Confirmed {
+            provider_ref,
+            result,
+            evidence,
+        } => Judgement::Found {
+            provider_ref,
+            result,
+            evidence,
+        },
+        Verdict::Unknown { why } => {
+            Judgement::Inconclusive(format!("the lookup could not tell: {why}"))
+        }
+        Verdict::Absent { evidence } => {
+            let horizon = op.effect_horizon();
+            let settles_at = horizon.saturating_add(capabilities.settle_time_ms);
+            if !capabilities.miss_is_authoritative {
+                Judgement::Inconclusive(format!(
+                    "the provider found nothing, but its misses are not authoritative ({evidence})"
+                ))
+            } else if lookup.issued_at < settles_at {
+                Judgement::Inconclusive(format!(
+                    "the provider found nothing, but the lookup was issued {} ms after the effect could last have been written; its settle time is {} ms",
+                    lookup.issued_at - horizon,
+                    capabilities.settle_time_ms
+                ))
+            } else if !capabilities.dedupes_by_provider_key {
+                Judgement::Inconclusive(format!(
+                    "the provider found nothing, but it does not deduplicate by provider key, so ABSENT \
+                     could let a new execution double a late effect: awaiting an operator ({evidence})"
+                ))
+            } else {
+                Judgement::Missing { evidence }
+            }
+        }
+    }
+}
+
 /// Applies a verdict from a lookup of `op` claimed as `lookup`.
 pub fn apply_verdict(
     op: &Operation,
@@ -241,8 +298,7 @@ pub fn apply_verdict(
     jitter: f64,
     now: Millis,
 ) -> (Applied, Plan) {
-    let (capabilities, backoff) = (&policy.capabilities, &policy.backoff);
-    let actor = format!("reconciler:{}", policy.name);
+    let actor = Actor::Reconciler(policy.name.clone());
     let same_life = op.life == lookup.life;
     let open = op.state == State::Unknown && !op.held_for_operator();
     let found = matches!(verdict, Verdict::Confirmed { .. });
@@ -269,122 +325,86 @@ pub fn apply_verdict(
         };
     }
     let lookups = op.reconcile_lookups + 1;
-    let settled = |to: State, evidence: &str, reason: String, found: Option<(&str, &[u8])>| {
-        let mut next = match found {
-            Some((provider_ref, result)) => {
-                let result = bounded_result(result, provider_ref, policy.max_result_bytes);
-                let effect = (result, Some(provider_ref.to_owned()));
-                proven(op, to, Source::Reconciler, effect, None, now)
-            }
-            None => {
-                let mut next = moved(op, to, Source::Reconciler, now);
-                next.declared_absent_token = Some(op.fencing_token);
-                next
-            }
-        };
-        next.reconcile_lookups = lookups;
-        next.reason = Some(reason.clone());
-        let evidence =
-            serde_json::from_str::<serde_json::Value>(evidence).unwrap_or_else(|_| evidence.into());
-        let event = NewEvent {
-            life: op.life,
-            kind: EventKind::Reconciled,
-            from: Some(State::Unknown),
-            to: Some(to),
-            attempt: Some(op.attempt),
-            actor: actor.clone(),
-            reason: Some(reason),
-            details: Some(
-                json!({ "evidence": evidence, "lookups": lookups, "issued_at": lookup.issued_at })
-                    .to_string(),
-            ),
-            dedupe_key: None,
-        };
-        let plan = Plan {
-            operation: Some(Write::Update(next)),
-            events: vec![event],
-            ..Plan::default()
-        };
-        (Applied::Judged(to), plan)
-    };
-
-    let inconclusive = match verdict {
-        Verdict::Confirmed {
+    let (to, mut next, reason, evidence) = match judge(op, lookup, verdict, &policy.capabilities) {
+        Judgement::Found {
             provider_ref,
             result,
             evidence,
         } => {
-            return settled(
-                State::Confirmed,
-                evidence,
-                format!("the provider holds the effect as {provider_ref}"),
-                Some((provider_ref, result)),
-            );
+            let result = bounded_result(result, provider_ref, policy.max_result_bytes);
+            let effect = (result, Some(provider_ref.to_owned()));
+            let next = proven(op, State::Confirmed, Source::Reconciler, effect, None, now);
+            let reason = format!("the provider holds the effect as {provider_ref}");
+            (State::Confirmed, next, reason, evidence)
         }
-        Verdict::Unknown { why } => format!("the lookup could not tell: {why}"),
-        Verdict::Absent { evidence } => {
-            let horizon = op.effect_horizon();
-            let settles_at = horizon.saturating_add(capabilities.settle_time_ms);
-            if !capabilities.miss_is_authoritative {
-                format!(
-                    "the provider found nothing, but its misses are not authoritative ({evidence})"
-                )
-            } else if lookup.issued_at < settles_at {
-                format!(
-                    "the provider found nothing, but the lookup was issued {} ms after the effect could last have been written; its settle time is {} ms",
-                    lookup.issued_at - horizon,
-                    capabilities.settle_time_ms
-                )
-            } else if !capabilities.dedupes_by_provider_key {
-                format!(
-                    "the provider found nothing, but it does not deduplicate by provider key, so ABSENT \
-                     could let a new execution double a late effect: awaiting an operator ({evidence})"
-                )
-            } else {
-                return settled(
-                    State::Absent,
-                    evidence,
-                    "the provider has no record of the effect".to_owned(),
-                    None,
-                );
-            }
+        Judgement::Missing { evidence } => {
+            let mut next = moved(op, State::Absent, Source::Reconciler, now);
+            next.declared_absent_token = Some(op.fencing_token);
+            let reason = "the provider has no record of the effect".to_owned();
+            (State::Absent, next, reason, evidence)
+        }
+        Judgement::Inconclusive(why) => {
+            return kept_unknown(op, lookup, policy, (actor, why), jitter, now);
         }
     };
+    next.reconcile_lookups = lookups;
+    next.reason = Some(reason.clone());
+    let evidence =
+        serde_json::from_str::<serde_json::Value>(evidence).unwrap_or_else(|_| evidence.into());
+    let event = NewEvent::transition(
+        op,
+        EventKind::Reconciled,
+        (State::Unknown, to),
+        op.attempt,
+        actor,
+    )
+    .because(reason)
+    .with_details(
+        json!({ "evidence": evidence, "lookups": lookups, "issued_at": lookup.issued_at }),
+    );
+    let plan = Plan {
+        operation: Some(Write::Update(next)),
+        events: vec![event],
+        ..Plan::default()
+    };
+    (Applied::Judged(to), plan)
+}
+
+/// A lookup left the operation UNKNOWN, for `why`: the next one after a capped, jittered
+/// backoff, and an escalation when this lookup crosses the policy's threshold.
+fn kept_unknown(
+    op: &Operation,
+    lookup: &Lookup,
+    policy: &LookupPolicy,
+    (actor, why): (Actor, String),
+    jitter: f64,
+    now: Millis,
+) -> (Applied, Plan) {
+    let lookups = op.reconcile_lookups + 1;
     let mut next = op.clone();
     next.updated_at = now;
     next.reconcile_lookups = lookups;
-    next.reconcile_next_at = Some(now + backoff.after(lookups, jitter));
+    next.reconcile_next_at = Some(now + policy.backoff.after(lookups, jitter));
     next.lookup_claimed_until = None;
-    let escalated = policy
-        .escalation
-        .crossed(op, lookups, now)
-        .then(|| NewEvent {
-            life: op.life,
-            kind: EventKind::Escalated,
-            from: None,
-            to: None,
-            attempt: Some(op.attempt),
-            actor: "ledger".to_owned(),
-            reason: Some(format!(
-                "still UNKNOWN after {lookups} lookups; needs an operator"
-            )),
-            details: None,
-            dedupe_key: Some(format!("ESCALATED:{}", op.fencing_token)),
-        });
-    let event = NewEvent {
-        life: op.life,
-        kind: EventKind::LookupInconclusive,
-        from: None,
-        to: None,
-        attempt: Some(op.attempt),
-        actor,
-        reason: Some(inconclusive),
-        details: Some(
-            json!({ "lookups": lookups, "next_lookup_at": next.reconcile_next_at, "issued_at": lookup.issued_at })
-                .to_string(),
-        ),
-        dedupe_key: None,
-    };
+    let escalated = policy.escalation.crossed(op, lookups, now).then(|| {
+        NewEvent::anomaly(
+            op,
+            EventKind::Escalated,
+            op.attempt,
+            Actor::Ledger,
+            op.fencing_token,
+        )
+        .because(format!(
+            "still UNKNOWN after {lookups} lookups; needs an operator"
+        ))
+    });
+    let event = NewEvent::note(op, EventKind::LookupInconclusive, op.attempt, actor)
+        .because(why)
+        .with_details(json!({
+            "lookups": lookups,
+            "next_lookup_at": next.reconcile_next_at,
+            "issued_at": lookup.issued_at,
+        }));
     (
         Applied::Judged(State::Unknown),
         Plan {
@@ -429,10 +449,17 @@ mod tests {
             new_intent: false,
             provider: Some("stripe".into()),
             lookup_hints: Some(r#"{"payment_intent":"pi_1"}"#.into()),
-            actor: "executor:test".into(),
+            actor: Actor::Executor("test".into()),
         };
         assert_eq!(machine::begin(None, &cmd, T0), BeginStep::Claim);
-        let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token: 7 }, T0);
+        let (_, plan) = machine::claim(
+            None,
+            &cmd,
+            Guard::Clear {
+                token: FencingToken(7),
+            },
+            T0,
+        );
         let in_flight = plan.operation.unwrap().operation().clone();
         let plan = machine::expire_lease(&in_flight, EXPIRED).unwrap();
         let op = plan.operation.unwrap().operation().clone();
@@ -502,7 +529,7 @@ mod tests {
         );
         assert_eq!(plan.events.len(), 1);
         assert_eq!(plan.events[0].kind, kind);
-        assert_eq!(plan.events[0].actor, "reconciler:stripe");
+        assert_eq!(plan.events[0].actor, Actor::Reconciler("stripe".into()));
         plan.operation.unwrap().operation().clone()
     }
 
@@ -558,7 +585,7 @@ mod tests {
             State::Absent,
             EventKind::Reconciled,
         );
-        assert_eq!(op.declared_absent_token, Some(7));
+        assert_eq!(op.declared_absent_token, Some(FencingToken(7)));
         let op = check(
             STRIPE,
             absent(),

@@ -138,8 +138,8 @@ fn action() -> impl Strategy<Value = Action> {
 #[derive(Debug, Clone)]
 struct Held {
     op: usize,
-    token: u64,
-    life: u64,
+    token: FencingToken,
+    life: FencingToken,
     attempt_id: String,
     context: AttemptContext,
     fingerprint: Fingerprint,
@@ -154,7 +154,7 @@ struct Store {
     attempts: BTreeMap<usize, Vec<Attempt>>,
     /// Every event ever written, with its operation; kept across deletions, as events are.
     events: Vec<(usize, NewEvent)>,
-    last_token: u64,
+    last_token: FencingToken,
     lookups: Vec<(usize, Lookup)>,
 }
 
@@ -237,7 +237,7 @@ impl Store {
                 });
             }
         }
-        self.last_token += 1 + self.last_token % 3;
+        self.last_token += 1 + self.last_token.get() % 3;
         Guard::Clear {
             token: self.last_token,
         }
@@ -282,14 +282,14 @@ impl Store {
 #[derive(Debug, Default)]
 struct Reference {
     held: Vec<Held>,
-    issued: HashSet<u64>,
+    issued: HashSet<FencingToken>,
     /// Per operation: the life and result it was CONFIRMED with.
-    confirmed: BTreeMap<usize, (u64, Option<Vec<u8>>)>,
+    confirmed: BTreeMap<usize, (FencingToken, Option<Vec<u8>>)>,
     /// Per operation: the life in which an attempt of that life confirmed the effect.
-    proven: BTreeMap<usize, u64>,
+    proven: BTreeMap<usize, FencingToken>,
     /// Tokens whose attempt said by itself, while it held the execution right, that it did not
     /// perform the effect.
-    did_not_run: HashSet<u64>,
+    did_not_run: HashSet<FencingToken>,
 }
 
 fn command(
@@ -305,10 +305,7 @@ fn command(
         tool: TOOL.into(),
         fingerprint,
         attempt_id,
-        actor: format!(
-            "executor:{}",
-            context.client_name.clone().unwrap_or_default()
-        ),
+        actor: Actor::Executor(context.client_name.clone().unwrap_or_default()),
         context,
         lease_ttl_ms: LEASE,
         retention_ms: RETENTION,
@@ -341,7 +338,7 @@ fn policy() -> LookupPolicy {
 fn run(actions: Vec<Action>) {
     let mut store = Store {
         now: 1_000_000,
-        last_token: 1 << 20,
+        last_token: FencingToken(1 << 20),
         ..Store::default()
     };
     let mut model = Reference::default();
@@ -630,7 +627,7 @@ fn run(actions: Vec<Action>) {
                         Resolution::Absent
                     },
                     reason: "checked".into(),
-                    actor: "operator:alice".into(),
+                    actor: Actor::Operator("alice".into()),
                     resolution_id: format!("r-{resolution}"),
                     fencing_token,
                     attempt: None,
@@ -727,13 +724,15 @@ fn check(store: &Store, model: &mut Reference) {
     // Every exit from UNKNOWN is a door, recorded with its actor.
     for (_, event) in &store.events {
         if event.from == Some(State::Unknown) && event.to != Some(State::Unknown) {
-            let door = match event.kind {
-                EventKind::Confirmed | EventKind::ReportedAbsent => "executor:",
-                EventKind::Reconciled => "reconciler:",
-                EventKind::Resolved => "operator:",
+            let by_its_door = match event.kind {
+                EventKind::Confirmed | EventKind::ReportedAbsent => {
+                    matches!(event.actor, Actor::Executor(_))
+                }
+                EventKind::Reconciled => matches!(event.actor, Actor::Reconciler(_)),
+                EventKind::Resolved => matches!(event.actor, Actor::Operator(_)),
                 other => panic!("UNKNOWN left by {other:?}: {event:?}"),
             };
-            assert!(event.actor.starts_with(door), "{event:?}");
+            assert!(by_its_door, "{event:?}");
         }
     }
 }

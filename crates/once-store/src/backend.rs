@@ -5,7 +5,8 @@ use std::future::Future;
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::{
-    Attempt, BeginCommand, Event, ListQuery, Millis, Operation, OperationId, Plan, PriorResolution,
+    Attempt, BeginCommand, Event, FencingToken, ListQuery, Millis, Operation, OperationId, Plan,
+    PriorResolution,
 };
 
 use crate::StoreError;
@@ -51,8 +52,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Guard, StoreError>> + Send;
 
     /// A fencing token never issued before by this store, larger than every one it issued.
-    fn next_token(&self, tx: &mut Self::Tx)
-        -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn next_token(
+        &self,
+        tx: &mut Self::Tx,
+    ) -> impl Future<Output = Result<FencingToken, StoreError>> + Send;
 
     /// The attempt log's record of the attempt granted `fencing_token`, if it is this
     /// operation's.
@@ -61,7 +64,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         tx: &mut Self::Tx,
         tenant: &str,
         id: &OperationId,
-        fencing_token: u64,
+        fencing_token: FencingToken,
     ) -> impl Future<Output = Result<Option<Attempt>, StoreError>> + Send;
 
     /// The resolution with `resolution_id` of this operation, if there was one (in any life
@@ -92,7 +95,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         tenant: &str,
         id: &OperationId,
-        life: u64,
+        life: FencingToken,
     ) -> impl Future<Output = Result<(Vec<Attempt>, Vec<Event>), StoreError>> + Send;
 
     /// One page of operations, oldest first, without their results.

@@ -87,7 +87,7 @@ impl<B: Backend> Ledger<B> {
         let (answer, plan) = machine::report(&op, cmd, earlier.as_ref(), now);
         self.commit_plan(tx, tenant, id, &plan, now).await?;
         if answer.is_err() && cmd.fencing_token < op.life {
-            tracing::warn!(operation_id = %id, fencing_token = cmd.fencing_token, life = op.life, "refused a report from an earlier life of the operation");
+            tracing::warn!(operation_id = %id, fencing_token = %cmd.fencing_token, life = %op.life, "refused a report from an earlier life of the operation");
         }
         Ok(answer?)
     }
@@ -97,7 +97,7 @@ impl<B: Backend> Ledger<B> {
         &self,
         tenant: &str,
         id: &OperationId,
-        fencing_token: u64,
+        fencing_token: FencingToken,
         ttl_ms: i64,
     ) -> Result<Millis, StoreError> {
         self.locked(tenant, id, |op, now| {

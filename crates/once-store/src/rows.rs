@@ -6,8 +6,8 @@
 use std::sync::LazyLock;
 
 use once_core::{
-    Attempt, AttemptContext, Blocking, Event, Fingerprint, Millis, Operation, OperationId, Source,
-    State,
+    Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Millis,
+    Operation, OperationId, Source, State,
 };
 
 use crate::StoreError;
@@ -162,7 +162,7 @@ impl TryFrom<OperationRow> for Operation {
                 session_id: row.session_id,
                 request_id: row.request_id,
             },
-            executor: row.executor,
+            executor: actor(&row.executor)?,
             lease_started_at: row.lease_started_at,
             lease_deadline: row.lease_deadline,
             result: row.result,
@@ -210,7 +210,7 @@ impl TryFrom<AttemptRow> for Attempt {
             attempt_id: row.attempt_id,
             started_at: row.started_at,
             lease_deadline: row.lease_deadline,
-            actor: row.actor,
+            actor: actor(&row.actor)?,
             context: AttemptContext {
                 client_name: row.client_name,
                 session_id: row.session_id,
@@ -240,11 +240,12 @@ impl TryFrom<EventRow> for Event {
         Ok(Event {
             sequence: row.sequence,
             at: row.at,
-            kind: row.kind,
+            kind: EventKind::parse(&row.kind)
+                .ok_or_else(|| corrupt(format!("unknown event kind {:?}", row.kind)))?,
             from: row.from_state.as_deref().map(state).transpose()?,
             to: row.to_state.as_deref().map(state).transpose()?,
             attempt: row.attempt.map(count).transpose()?,
-            actor: row.actor,
+            actor: actor(&row.actor)?,
             reason: row.reason,
             details: row.details,
         })
@@ -302,12 +303,18 @@ pub(crate) type Clocked = (Option<Operation>, Millis);
 
 /// A fencing token as the database stores it (BIGINT). Tokens come from the store's own
 /// counter, so one that does not fit was never issued.
-pub(crate) fn token_column(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
+pub(crate) fn token_column(value: FencingToken) -> i64 {
+    i64::try_from(value.get()).unwrap_or(i64::MAX)
 }
 
-pub(crate) fn token(value: i64) -> Result<u64, StoreError> {
-    u64::try_from(value).map_err(|_| corrupt(format!("fencing token {value} out of range")))
+pub(crate) fn token(value: i64) -> Result<FencingToken, StoreError> {
+    u64::try_from(value)
+        .map(FencingToken)
+        .map_err(|_| corrupt(format!("fencing token {value} out of range")))
+}
+
+fn actor(value: &str) -> Result<Actor, StoreError> {
+    value.parse().map_err(corrupt)
 }
 
 pub(crate) fn state(value: &str) -> Result<State, StoreError> {

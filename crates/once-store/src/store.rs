@@ -3,8 +3,8 @@
 use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
 use once_core::{
-    Attempt, BeginCommand, Blocking, Event, ListQuery, Millis, Operation, OperationId, Plan,
-    PriorResolution,
+    Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Millis, Operation,
+    OperationId, Plan, PriorResolution,
 };
 use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row,
@@ -55,6 +55,7 @@ where
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Option<i64>: Encode<'q, D> + Type<D>,
     for<'q> bool: Encode<'q, D> + Type<D>,
+    for<'q> String: Encode<'q, D> + Type<D>,
     for<'q> Option<String>: Decode<'q, D> + Type<D>,
     for<'r> OperationRow: FromRow<'r, D::Row>,
     for<'r> AttemptRow: FromRow<'r, D::Row>,
@@ -131,7 +132,7 @@ where
         })
     }
 
-    async fn next_token(&self, tx: &mut Self::Tx) -> Result<u64, StoreError> {
+    async fn next_token(&self, tx: &mut Self::Tx) -> Result<FencingToken, StoreError> {
         let token: (i64,) = sqlx::query_as(D::NEXT_TOKEN).fetch_one(&mut **tx).await?;
         rows::token(token.0)
     }
@@ -141,7 +142,7 @@ where
         tx: &mut Self::Tx,
         tenant: &str,
         id: &OperationId,
-        fencing_token: u64,
+        fencing_token: FencingToken,
     ) -> Result<Option<Attempt>, StoreError> {
         let sql = format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts \
@@ -208,7 +209,7 @@ where
                 .bind(op.attempt_context.client_name.as_deref())
                 .bind(op.attempt_context.session_id.as_deref())
                 .bind(op.attempt_context.request_id.as_deref())
-                .bind(op.executor.as_str())
+                .bind(op.executor.to_string())
                 .bind(op.lease_started_at)
                 .bind(op.lease_deadline)
                 .bind(op.result.as_deref())
@@ -254,7 +255,7 @@ where
                 .bind(attempt.attempt_id.as_str())
                 .bind(attempt.started_at)
                 .bind(attempt.lease_deadline)
-                .bind(attempt.actor.as_str())
+                .bind(attempt.actor.to_string())
                 .bind(attempt.context.client_name.as_deref())
                 .bind(attempt.context.session_id.as_deref())
                 .bind(attempt.context.request_id.as_deref())
@@ -276,7 +277,7 @@ where
             .bind(event.from.map(|s| s.as_str()))
             .bind(event.to.map(|s| s.as_str()))
             .bind(event.attempt.map(i64::from))
-            .bind(event.actor.as_str())
+            .bind(event.actor.to_string())
             .bind(event.reason.as_deref())
             .bind(event.details.as_deref())
             .bind(event.dedupe_key.as_deref())
@@ -295,7 +296,7 @@ where
         &self,
         tenant: &str,
         id: &OperationId,
-        life: u64,
+        life: FencingToken,
     ) -> Result<(Vec<Attempt>, Vec<Event>), StoreError> {
         let sql = format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts \

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use once_api::convert::{self, Caller};
 use once_api::pb;
-use once_core::{BeginDecision, Limits};
+use once_core::{Actor, BeginDecision, Limits};
 use once_store::{Backend, Ledger};
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
@@ -64,7 +64,7 @@ fn caller<T>(_request: &Request<T>, client_name: Option<&str>) -> Caller {
         .unwrap_or(DEFAULT_TENANT);
     Caller {
         tenant: DEFAULT_TENANT.to_owned(),
-        actor: format!("executor:{name}"),
+        actor: Actor::Executor(name.to_owned()),
     }
 }
 
@@ -258,7 +258,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             convert::resolve(request.into_inner(), &self.limits).map_err(status::invalid)?;
         let span = tracing::Span::current();
         span.record("operation_id", id.as_str());
-        span.record("actor", cmd.actor.as_str());
+        span.record("actor", cmd.actor.to_string());
         let state = self
             .ledger
             .resolve(&caller.tenant, &id, &cmd)

@@ -301,7 +301,7 @@ fn lookup_request(op: &once_core::Operation) -> once_reconcile::LookupRequest {
             .and_then(|h| serde_json::from_str(h).ok())
             .unwrap_or(serde_json::Value::Null),
         attempt: op.attempt,
-        fencing_token: op.fencing_token,
+        fencing_token: op.fencing_token.get(),
         attempt_started_at_ms: op.lease_started_at,
     }
 }
