@@ -83,6 +83,29 @@ pub struct Config {
     pub db_acquire_timeout: Duration,
 }
 
+/// A setting `onced` cannot start with; the message names it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--database-url must start with sqlite: or postgres://, got {scheme:?}")]
+    DatabaseUrl { scheme: String },
+    #[error("--default-lease must not exceed --max-lease")]
+    LeaseOverMax,
+    #[error("retention defaults must not exceed --max-retention")]
+    RetentionOverMax,
+    #[error("sweep intervals must be positive")]
+    ZeroInterval,
+    #[error("--config {}: {source}", path.display())]
+    ReadReconcilers {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--config {}: {source}", path.display())]
+    Reconcilers {
+        path: std::path::PathBuf,
+        source: once_reconcile::config::ConfigError,
+    },
+}
+
 /// The database `database_url` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
@@ -92,48 +115,54 @@ pub enum StoreKind {
 
 impl Config {
     /// Checks what flags alone cannot, and says which setting is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.store_kind()?;
         if self.default_lease > self.max_lease {
-            return Err("--default-lease must not exceed --max-lease".into());
+            return Err(ConfigError::LeaseOverMax);
         }
         if self.retention_derived > self.max_retention
             || self.retention_explicit > self.max_retention
         {
-            return Err("retention defaults must not exceed --max-retention".into());
+            return Err(ConfigError::RetentionOverMax);
         }
         if self.lease_sweep_interval.is_zero()
             || self.retention_sweep_interval.is_zero()
             || self.health_check_interval.is_zero()
         {
-            return Err("sweep intervals must be positive".into());
+            return Err(ConfigError::ZeroInterval);
         }
         Ok(())
     }
 
-    pub fn store_kind(&self) -> Result<StoreKind, String> {
+    pub fn store_kind(&self) -> Result<StoreKind, ConfigError> {
         let url = self.database_url.as_str();
         if url.starts_with("sqlite:") {
             Ok(StoreKind::Sqlite)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(StoreKind::Postgres)
         } else {
-            Err(format!(
-                "--database-url must start with sqlite: or postgres://, got {:?}",
-                url.split(':').next().unwrap_or_default()
-            ))
+            Err(ConfigError::DatabaseUrl {
+                scheme: url.split(':').next().unwrap_or_default().to_owned(),
+            })
         }
     }
 
     /// Reads the reconcilers from `--config`; credentials come from the environment.
-    pub fn reconciliation(&self) -> Result<once_reconcile::config::Reconciliation, String> {
+    pub fn reconciliation(&self) -> Result<once_reconcile::config::Reconciliation, ConfigError> {
         let Some(path) = &self.config else {
             return Ok(Default::default());
         };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--config {}: {e}", path.display()))?;
-        once_reconcile::config::parse(&text, |name| std::env::var(name).ok())
-            .map_err(|e| format!("--config {}: {e}", path.display()))
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::ReadReconcilers {
+                path: path.clone(),
+                source,
+            })?;
+        once_reconcile::config::parse(&text, |name| std::env::var(name).ok()).map_err(|source| {
+            ConfigError::Reconcilers {
+                path: path.clone(),
+                source,
+            }
+        })
     }
 
     pub fn limits(&self) -> Limits {

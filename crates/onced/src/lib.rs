@@ -6,9 +6,11 @@
 //! accepting, lets in-flight requests finish, stops the sweepers and closes the pool.
 
 pub mod config;
+mod reconciliation;
 mod service;
 mod status;
 mod sweeper;
+mod wait;
 
 use std::future::Future;
 
@@ -20,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, StoreKind};
+pub use config::{Config, ConfigError, StoreKind};
 pub use service::{LedgerService, DEFAULT_TENANT};
 pub use status::ERROR_DOMAIN;
 
@@ -30,8 +32,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    config.validate().map_err(anyhow::Error::msg)?;
-    match config.store_kind().map_err(anyhow::Error::msg)? {
+    config.validate()?;
+    match config.store_kind()? {
         StoreKind::Sqlite => {
             let backend = SqliteBackend::connect(&config.database_url)
                 .await
@@ -57,11 +59,16 @@ async fn serve<B: Backend>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let reconciliation = config.reconciliation().map_err(anyhow::Error::msg)?;
-    if !reconciliation.registry.is_empty() {
-        let names: Vec<&str> = reconciliation.registry.names().collect();
+    let configured = config.reconciliation()?;
+    if !configured.registry.is_empty() {
+        let names: Vec<&str> = configured.registry.names().collect();
         tracing::info!(reconcilers = ?names, "reconciliation on");
     }
+    let limits = config.limits();
+    // Room for the largest result and everything around it; a larger request is refused before
+    // it is decoded (RESOURCE_EXHAUSTED), so it costs no more memory than this.
+    let max_request_bytes = (limits.max_result_bytes + 64 * 1024).max(1024 * 1024);
+    let service = LedgerService::new(ledger.clone(), limits, &configured);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LedgerServer<LedgerService<B>>>().await;
     // Both reflection versions: grpcurl and newer tools ask v1, older clients v1alpha.
@@ -80,12 +87,7 @@ async fn serve<B: Backend>(
     // Cancelled after the server has drained, so no sweeper outlives the pool it uses.
     let stop_sweepers = CancellationToken::new();
     let sweepers = [
-        tokio::spawn(sweeper::reconcile(
-            ledger.clone(),
-            reconciliation.clone(),
-            config.limits().max_result_bytes,
-            stop_sweepers.clone(),
-        )),
+        tokio::spawn(service.reconciliation().run(stop_sweepers.clone())),
         tokio::spawn(sweeper::leases(
             ledger.clone(),
             config.lease_sweep_interval,
@@ -107,11 +109,6 @@ async fn serve<B: Backend>(
 
     let address = listener.local_addr()?;
     tracing::info!(%address, store = ledger.backend().kind(), "onced serving");
-    let limits = config.limits();
-    // Room for the largest result and everything around it; a larger request is refused before
-    // it is decoded (RESOURCE_EXHAUSTED), so it costs no more memory than this.
-    let max_request_bytes = (limits.max_result_bytes + 64 * 1024).max(1024 * 1024);
-    let service = LedgerService::new(ledger.clone(), limits, &reconciliation);
     tonic::transport::Server::builder()
         .layer(status::TooLargeLayer)
         .add_service(health_service)

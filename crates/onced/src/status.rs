@@ -8,6 +8,8 @@ use once_store::StoreError;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use crate::reconciliation::Refused;
+
 pub use once_api::ERROR_DOMAIN;
 
 fn status(code: Code, reason: &str, message: String, metadata: Vec<(String, String)>) -> Status {
@@ -77,8 +79,18 @@ pub fn store(error: StoreError) -> Status {
     }
 }
 
+/// Why an operator's Reconcile did not run.
+pub fn refused(refused: Refused) -> Status {
+    match refused {
+        Refused::Store(error) => store(error),
+        Refused::HeldForOperator => held_for_operator(),
+        Refused::LookupInProgress => lookup_in_progress(),
+        Refused::NoReconciler(provider) => no_reconciler(&provider),
+    }
+}
+
 /// The operation is held for an operator after a double execution: no lookup settles it.
-pub fn held_for_operator() -> Status {
+fn held_for_operator() -> Status {
     status(
         Code::FailedPrecondition,
         "HELD_FOR_OPERATOR",
@@ -89,7 +101,7 @@ pub fn held_for_operator() -> Status {
 }
 
 /// Another lookup holds the operation right now.
-pub fn lookup_in_progress() -> Status {
+fn lookup_in_progress() -> Status {
     status(
         Code::FailedPrecondition,
         "LOOKUP_IN_PROGRESS",
@@ -110,7 +122,7 @@ pub fn too_large(message: &str) -> Status {
 }
 
 /// The operation names no reconciler this ledger has.
-pub fn no_reconciler(provider: &str) -> Status {
+fn no_reconciler(provider: &str) -> Status {
     let message = if provider.is_empty() {
         "the operation names no provider to reconcile with".to_owned()
     } else {

@@ -1,0 +1,110 @@
+//! A Begin that may wait: how long, for what, and what wakes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_core::{BeginCommand, BeginDecision};
+use once_store::{Backend, Ledger, StoreError};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::reconciliation::Reconciliation;
+
+/// Upper bound on the pause between two looks at an IN_PROGRESS operation during a wait.
+const MAX_WAIT_POLL: Duration = Duration::from_millis(250);
+
+/// Woken whenever this replica records a report, a resolution or a verdict, so a Begin waiting
+/// on an IN_PROGRESS operation looks again at once instead of at its next poll.
+#[derive(Debug, Clone, Default)]
+pub struct Settled(Arc<Notify>);
+
+impl Settled {
+    pub fn notify(&self) {
+        self.0.notify_waiters();
+    }
+}
+
+/// Decides a Begin, waiting up to `wait` for a better answer: while this very operation is
+/// IN_PROGRESS, for its outcome; while it is UNKNOWN, for one synchronous lookup (if one is
+/// due), and the decision its verdict allows.
+pub async fn begin<B: Backend>(
+    ledger: &Ledger<B>,
+    reconciliation: &Reconciliation<B>,
+    settled: &Settled,
+    cmd: &BeginCommand,
+    wait: Duration,
+) -> Result<BeginDecision, StoreError> {
+    let deadline = Instant::now() + wait;
+    let mut looked_up = false;
+    loop {
+        let woken = settled.0.notified();
+        let decision = ledger.begin(cmd).await?;
+        if let BeginDecision::Unknown { blocking: None, .. } = &decision {
+            if !looked_up && !wait.is_zero() {
+                looked_up = true;
+                if reconciliation
+                    .settle_before(&cmd.tenant, &cmd.operation_id, deadline)
+                    .await
+                {
+                    continue;
+                }
+            }
+        }
+        let Some(retry_after) = worth_waiting_for(&decision) else {
+            return Ok(decision);
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(decision);
+        }
+        let pause = retry_after.min(MAX_WAIT_POLL).min(deadline - now);
+        tokio::select! {
+            _ = woken => {}
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// How long to pause before looking again, when a waiting Begin should wait for `decision` to
+/// change: only while this very operation is IN_PROGRESS. When the same intent runs under
+/// another id, its outcome must not turn this Begin into a second execution.
+fn worth_waiting_for(decision: &BeginDecision) -> Option<Duration> {
+    match decision {
+        BeginDecision::InProgress {
+            retry_after_ms,
+            blocking: None,
+            ..
+        } => Some(Duration::from_millis(
+            u64::try_from(*retry_after_ms).unwrap_or(0),
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use once_core::{BeginDecision, OperationId};
+
+    use super::worth_waiting_for;
+
+    #[test]
+    fn a_begin_waits_only_for_its_own_operation() {
+        let in_progress = |blocking: Option<&str>| BeginDecision::InProgress {
+            attempt: 1,
+            lease_deadline: 0,
+            retry_after_ms: 40,
+            blocking: blocking.map(|id| OperationId::parse("id", id).unwrap()),
+        };
+        assert_eq!(
+            worth_waiting_for(&in_progress(None)),
+            Some(std::time::Duration::from_millis(40))
+        );
+        assert_eq!(worth_waiting_for(&in_progress(Some("refund:other"))), None);
+        let unknown = BeginDecision::Unknown {
+            since: 0,
+            reason: None,
+            blocking: None,
+        };
+        assert_eq!(worth_waiting_for(&unknown), None);
+    }
+}
