@@ -167,49 +167,79 @@ pub fn begin(
     })
 }
 
-/// A validated report: the operation it is about and what the attempt says.
-pub fn confirm(
-    req: pb::ConfirmRequest,
-    limits: &Limits,
-) -> Result<(OperationId, ReportCommand), Invalid> {
-    let id = OperationId::parse("operation_id", &req.operation_id)?;
-    let fencing_token = fencing_token(req.fencing_token)?;
-    check_result("result", &req.result, limits)?;
-    let provider_ref = optional_name("provider_ref", req.provider_ref, MAX_PROVIDER_REF_BYTES)?;
-    let report = Report::Confirm {
-        result: req.result,
-        provider_ref,
-    };
-    Ok((id, report_command(fencing_token, report)))
+/// A report as the wire carries it. Confirm, ReportAbsent and ReportUnknown are three
+/// messages of one report, and take one path: [`report`].
+pub trait ReportRequest {
+    /// The operation id and fencing token it names, and what it says, not yet checked.
+    fn into_parts(self) -> (String, u64, Report);
 }
 
-pub fn report_absent(
-    req: pb::ReportAbsentRequest,
-    limits: &Limits,
-) -> Result<(OperationId, ReportCommand), Invalid> {
-    let id = OperationId::parse("operation_id", &req.operation_id)?;
-    let fencing_token = fencing_token(req.fencing_token)?;
-    check_text("reason", &req.reason, limits.max_reason_bytes)?;
-    let report = Report::Absent { reason: req.reason };
-    Ok((id, report_command(fencing_token, report)))
-}
-
-pub fn report_unknown(
-    req: pb::ReportUnknownRequest,
-    limits: &Limits,
-) -> Result<(OperationId, ReportCommand), Invalid> {
-    let id = OperationId::parse("operation_id", &req.operation_id)?;
-    let fencing_token = fencing_token(req.fencing_token)?;
-    check_text("reason", &req.reason, limits.max_reason_bytes)?;
-    let report = Report::Unknown { reason: req.reason };
-    Ok((id, report_command(fencing_token, report)))
-}
-
-fn report_command(fencing_token: FencingToken, report: Report) -> ReportCommand {
-    ReportCommand {
-        fencing_token,
-        report,
+impl ReportRequest for pb::ConfirmRequest {
+    fn into_parts(self) -> (String, u64, Report) {
+        let report = Report::Confirm {
+            result: self.result,
+            provider_ref: Some(self.provider_ref),
+        };
+        (self.operation_id, self.fencing_token, report)
     }
+}
+
+impl ReportRequest for pb::ReportAbsentRequest {
+    fn into_parts(self) -> (String, u64, Report) {
+        let report = Report::Absent {
+            reason: self.reason,
+        };
+        (self.operation_id, self.fencing_token, report)
+    }
+}
+
+impl ReportRequest for pb::ReportUnknownRequest {
+    fn into_parts(self) -> (String, u64, Report) {
+        let report = Report::Unknown {
+            reason: self.reason,
+        };
+        (self.operation_id, self.fencing_token, report)
+    }
+}
+
+/// A validated report: the operation it is about and what the attempt says.
+pub fn report(
+    req: impl ReportRequest,
+    limits: &Limits,
+) -> Result<(OperationId, ReportCommand), Invalid> {
+    let (operation_id, token, report) = req.into_parts();
+    let id = OperationId::parse("operation_id", &operation_id)?;
+    let fencing_token = fencing_token(token)?;
+    let report = match report {
+        Report::Confirm {
+            result,
+            provider_ref,
+        } => {
+            check_result("result", &result, limits)?;
+            let provider_ref = optional_name(
+                "provider_ref",
+                provider_ref.unwrap_or_default(),
+                MAX_PROVIDER_REF_BYTES,
+            )?;
+            Report::Confirm {
+                result,
+                provider_ref,
+            }
+        }
+        said => {
+            if let Report::Absent { reason } | Report::Unknown { reason } = &said {
+                check_text("reason", reason, limits.max_reason_bytes)?;
+            }
+            said
+        }
+    };
+    Ok((
+        id,
+        ReportCommand {
+            fencing_token,
+            report,
+        },
+    ))
 }
 
 /// A validated heartbeat: operation, fencing token and the lease to extend to.

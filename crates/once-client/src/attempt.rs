@@ -6,7 +6,10 @@ use std::time::{Duration, SystemTime};
 use once_api::pb;
 use tokio::sync::Notify;
 
-use crate::client::{duration, std_duration, system_time, ClientError, LedgerClient, Retries};
+use crate::decision::{Effect, Report};
+use crate::transport::{Retries, Transport};
+use crate::wire::{duration, std_duration, system_time};
+use crate::ClientError;
 
 /// The lease assumed when a ledger too old to say what it granted does not.
 const FALLBACK_LEASE: Duration = Duration::from_secs(30);
@@ -14,13 +17,13 @@ const FALLBACK_LEASE: Duration = Duration::from_secs(30);
 /// The right to perform one operation's effect once.
 ///
 /// While it lives, a background task heartbeats the lease, so an effect may run longer than one
-/// lease. Report exactly once with [`confirm`](Self::confirm), [`absent`](Self::absent) or
-/// [`unknown`](Self::unknown). Dropped without a report (an early return, a cancelled future, a
-/// panic), it reports UNKNOWN on its own: an attempt that did not say what happened never
-/// becomes ABSENT.
+/// lease. Report exactly once with [`report`](Self::report) (or [`confirm`](Self::confirm),
+/// [`absent`](Self::absent), [`unknown`](Self::unknown)). Dropped without a report (an early
+/// return, a cancelled future, a panic), it reports UNKNOWN on its own: an attempt that did not
+/// say what happened never becomes ABSENT.
 #[derive(Debug)]
 pub struct Attempt {
-    client: LedgerClient,
+    transport: Transport,
     operation_id: String,
     grant: pb::Execute,
     /// Stops the heartbeat task when the attempt reports or is dropped.
@@ -32,7 +35,7 @@ impl Attempt {
     /// Starts heartbeating the lease of `grant`: the lease the ledger granted (its default when
     /// the spec asked for none), not an assumed one.
     pub(crate) fn start(
-        client: LedgerClient,
+        transport: Transport,
         operation_id: String,
         grant: pb::Execute,
         requested_ttl: Option<Duration>,
@@ -45,14 +48,14 @@ impl Attempt {
             .unwrap_or(FALLBACK_LEASE);
         let stop_heartbeat = Arc::new(Notify::new());
         tokio::spawn(heartbeat(
-            client.clone(),
+            transport.clone(),
             operation_id.clone(),
             grant.fencing_token,
             lease_ttl,
             stop_heartbeat.clone(),
         ));
         Self {
-            client,
+            transport,
             operation_id,
             grant,
             stop_heartbeat,
@@ -81,62 +84,42 @@ impl Attempt {
         self.grant.lease_deadline.map(system_time)
     }
 
-    /// The effect happened: the ledger stores `result` and replays it to every later caller.
-    pub async fn confirm(
-        mut self,
-        result: Vec<u8>,
-        provider_ref: Option<String>,
-    ) -> Result<(), ClientError> {
-        self.finish();
-        let request = pb::ConfirmRequest {
-            operation_id: self.operation_id.clone(),
-            fencing_token: self.grant.fencing_token,
-            result,
-            provider_ref: provider_ref.unwrap_or_default(),
-        };
-        self.client
-            .call(
-                Duration::ZERO,
-                |mut grpc, r| async move { grpc.confirm(r).await },
-                request,
-            )
-            .await
-            .map(drop)
-    }
-
-    /// The effect certainly did not happen; a later attempt may run.
-    pub async fn absent(mut self, reason: &str) -> Result<(), ClientError> {
-        self.finish();
-        let request = pb::ReportAbsentRequest {
-            operation_id: self.operation_id.clone(),
-            fencing_token: self.grant.fencing_token,
-            reason: reason.into(),
-        };
-        self.client
-            .call(
-                Duration::ZERO,
-                |mut grpc, r| async move { grpc.report_absent(r).await },
-                request,
-            )
-            .await
-            .map(drop)
-    }
-
-    /// Nobody can tell whether the effect happened.
-    pub async fn unknown(mut self, reason: &str) -> Result<(), ClientError> {
-        self.finish();
-        report_unknown(
-            &self.client,
+    /// Tells the ledger what happened, once; a retry of the report is the same report.
+    pub async fn report(mut self, report: Report) -> Result<(), ClientError> {
+        self.reported = true;
+        self.stop_heartbeat.notify_one();
+        send_report(
+            &self.transport,
             &self.operation_id,
             self.grant.fencing_token,
-            reason,
+            report,
         )
         .await
     }
 
-    fn finish(&mut self) {
-        self.reported = true;
-        self.stop_heartbeat.notify_one();
+    /// The effect happened: the ledger stores `result` and replays it to every later caller.
+    pub async fn confirm(
+        self,
+        result: Vec<u8>,
+        provider_ref: Option<String>,
+    ) -> Result<(), ClientError> {
+        let effect = Effect {
+            result,
+            provider_ref,
+        };
+        self.report(Report::Confirmed(effect)).await
+    }
+
+    /// The effect certainly did not happen; a later attempt may run.
+    pub async fn absent(self, reason: &str) -> Result<(), ClientError> {
+        let reason = reason.to_owned();
+        self.report(Report::Absent { reason }).await
+    }
+
+    /// Nobody can tell whether the effect happened.
+    pub async fn unknown(self, reason: &str) -> Result<(), ClientError> {
+        let reason = reason.to_owned();
+        self.report(Report::Unknown { reason }).await
     }
 }
 
@@ -146,16 +129,19 @@ impl Drop for Attempt {
         if self.reported {
             return;
         }
-        let (client, id, token) = (
-            self.client.clone(),
+        let (transport, id, token) = (
+            self.transport.clone(),
             self.operation_id.clone(),
             self.grant.fencing_token,
         );
+        let report = Report::Unknown {
+            reason: "the attempt ended without a report".into(),
+        };
         // Best effort: if this report is lost too, the lease runs out and the ledger makes the
         // operation UNKNOWN by itself.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(error) = report_unknown(&client, &id, token, "the attempt ended without a report").await {
+                if let Err(error) = send_report(&transport, &id, token, report).await {
                     tracing::warn!(operation_id = %id, %error, "could not report an abandoned attempt; its lease will expire");
                 }
             });
@@ -163,32 +149,60 @@ impl Drop for Attempt {
     }
 }
 
-async fn report_unknown(
-    client: &LedgerClient,
+/// The one path a report takes to the ledger, whichever its kind.
+async fn send_report(
+    transport: &Transport,
     operation_id: &str,
-    token: u64,
-    reason: &str,
+    fencing_token: u64,
+    report: Report,
 ) -> Result<(), ClientError> {
-    let request = pb::ReportUnknownRequest {
-        operation_id: operation_id.into(),
-        fencing_token: token,
-        reason: reason.into(),
-    };
-    client
-        .call(
-            Duration::ZERO,
-            |mut grpc, r| async move { grpc.report_unknown(r).await },
-            request,
-        )
-        .await
-        .map(drop)
+    let operation_id = operation_id.to_owned();
+    match report {
+        Report::Confirmed(effect) => {
+            let request = pb::ConfirmRequest {
+                operation_id,
+                fencing_token,
+                result: effect.result,
+                provider_ref: effect.provider_ref.unwrap_or_default(),
+            };
+            let send = |mut grpc: Grpc, r| async move { grpc.confirm(r).await };
+            transport
+                .call(Retries::Tries, Duration::ZERO, send, request)
+                .await?;
+        }
+        Report::Absent { reason } => {
+            let request = pb::ReportAbsentRequest {
+                operation_id,
+                fencing_token,
+                reason,
+            };
+            let send = |mut grpc: Grpc, r| async move { grpc.report_absent(r).await };
+            transport
+                .call(Retries::Tries, Duration::ZERO, send, request)
+                .await?;
+        }
+        Report::Unknown { reason } => {
+            let request = pb::ReportUnknownRequest {
+                operation_id,
+                fencing_token,
+                reason,
+            };
+            let send = |mut grpc: Grpc, r| async move { grpc.report_unknown(r).await };
+            transport
+                .call(Retries::Tries, Duration::ZERO, send, request)
+                .await?;
+        }
+    }
+    Ok(())
 }
+
+type Grpc = pb::ledger_client::LedgerClient<tonic::transport::Channel>;
 
 /// Extends the lease every third of its length until stopped or refused. A heartbeat that
 /// cannot reach the ledger is tried again until the lease would have ended, so an outage
 /// shorter than the lease (a database failover) costs the attempt nothing.
 async fn heartbeat(
-    client: LedgerClient,
+    transport: Transport,
     operation_id: String,
     token: u64,
     ttl: Duration,
@@ -207,7 +221,7 @@ async fn heartbeat(
             lease_ttl: Some(duration(ttl)),
         };
         let sent = tokio::time::Instant::now();
-        let extended = client.call_with(
+        let extended = transport.call(
             Retries::Until(lease_ends),
             Duration::ZERO,
             |mut grpc, r| async move { grpc.heartbeat(r).await },

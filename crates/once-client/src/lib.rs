@@ -22,6 +22,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The crate speaks in its own types (decisions, outcomes, [`OperationView`]); the ledger's
+//! protobuf messages stay inside it.
+//!
 //! Guarantees: a retried ledger RPC never creates a second attempt (Begin is retried with the
 //! same attempt id, reports with the same fencing token); when the ledger cannot be reached the
 //! effect is not performed ([`ClientError::Unreachable`]); an attempt that ends without a report
@@ -29,15 +32,25 @@
 
 mod attempt;
 mod client;
+mod config;
+mod decision;
+mod error;
 mod spec;
+mod transport;
+mod view;
+mod wire;
 
 #[cfg(feature = "rmcp")]
 pub mod mcp;
 
 pub use attempt::Attempt;
-pub use client::{
-    ClientConfig, ClientError, Conflict, Decision, Effect, EffectContext, EffectError, InProgress,
-    LedgerClient, Outcome, Replay, Unknown,
+pub use client::LedgerClient;
+pub use config::ClientConfig;
+pub use decision::{
+    Conflict, Decision, Effect, EffectContext, EffectError, InProgress, Outcome, Replay, Report,
+    Unknown,
 };
-pub use once_api::pb::{AttemptContext, OperationState};
+pub use error::ClientError;
+pub use once_core::{AttemptContext, State};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};
+pub use view::{AttemptView, EventView, OperationView};

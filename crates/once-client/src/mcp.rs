@@ -33,17 +33,16 @@ pub fn attempt_context(ctx: &RequestContext<RoleServer>) -> AttemptContext {
         .get::<http::request::Parts>()
         .and_then(|parts| parts.headers.get("mcp-session-id"))
         .and_then(|value| value.to_str().ok())
-        .map(str::to_owned)
-        .unwrap_or_default();
+        .map(str::to_owned);
     let client_name = ctx
         .peer
         .peer_info()
         .map(|info| info.client_info.name.clone())
-        .unwrap_or_default();
+        .filter(|name| !name.is_empty());
     AttemptContext {
         client_name,
         session_id,
-        request_id,
+        request_id: Some(request_id),
     }
 }
 

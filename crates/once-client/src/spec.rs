@@ -133,17 +133,36 @@ impl OperationSpec {
 
     /// The operation id and fingerprint, computed here exactly as the ledger would.
     pub fn resolve(&self) -> Result<(String, String), Invalid> {
+        let canonical = self.canonical()?;
+        let id = match &self.identity {
+            Identity::Derived => canonical.derived_id(&self.tool)?.to_string(),
+            named => Self::named(named)?,
+        };
+        Ok((id, canonical.fingerprint().to_hex()))
+    }
+
+    /// The operation id alone, as the ledger would compute it. An explicit or intent identity
+    /// needs no arguments: a status tool names the operation without inventing any.
+    pub fn operation_id(&self) -> Result<String, Invalid> {
+        match &self.identity {
+            Identity::Derived => Ok(self.canonical()?.derived_id(&self.tool)?.to_string()),
+            named => Self::named(named),
+        }
+    }
+
+    fn named(identity: &Identity) -> Result<String, Invalid> {
+        match identity {
+            Identity::Explicit(id) => Ok(id.clone()),
+            Identity::Intent(parts) => Ok(once_core::once_id::operation_id(parts)?),
+            Identity::Derived => Err(Invalid::new("identity", "is derived from the arguments")),
+        }
+    }
+
+    fn canonical(&self) -> Result<CanonicalArguments, Invalid> {
         let Value::Object(map) = &self.arguments else {
             return Err(Invalid::new("arguments", "must be a JSON object"));
         };
-        let canonical =
-            CanonicalArguments::from_object("arguments", map.clone(), &self.volatile_fields)?;
-        let id = match &self.identity {
-            Identity::Explicit(id) => id.clone(),
-            Identity::Intent(parts) => once_core::once_id::operation_id(parts)?,
-            Identity::Derived => canonical.derived_id(&self.tool)?.to_string(),
-        };
-        Ok((id, canonical.fingerprint().to_hex()))
+        CanonicalArguments::from_object("arguments", map.clone(), &self.volatile_fields)
     }
 }
 
@@ -208,6 +227,22 @@ mod tests {
         let as_text = OperationSpec::new("notify", json!({"channel_id": "1234567890123456789"}));
         let other = OperationSpec::new("notify", json!({"channel_id": "1234567890123456788"}));
         assert_ne!(as_text.resolve().unwrap(), other.resolve().unwrap());
+    }
+
+    #[test]
+    fn a_named_operation_needs_no_arguments_for_its_id() {
+        let full = OperationSpec::new("refund", json!({"order": "o1", "amount": 5}))
+            .intent(["refund", "o1"]);
+        let bare = OperationSpec::new("refund", Value::Null).intent(["refund", "o1"]);
+        assert_eq!(bare.operation_id().unwrap(), full.resolve().unwrap().0);
+        let derived = OperationSpec::new("refund", json!({"order": "o1"}));
+        assert_eq!(
+            derived.operation_id().unwrap(),
+            derived.resolve().unwrap().0
+        );
+        assert!(OperationSpec::new("refund", Value::Null)
+            .operation_id()
+            .is_err());
     }
 
     #[test]

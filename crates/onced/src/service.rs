@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use once_api::convert::{self, Caller};
+use once_api::convert::{self, Caller, ReportRequest};
 use once_api::pb;
 use once_core::{Actor, Limits};
 use once_store::{Backend, Ledger};
@@ -116,11 +116,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ConfirmRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let caller = caller(&request, None);
-        let (id, cmd) =
-            convert::confirm(request.into_inner(), &self.limits).map_err(status::invalid)?;
-        tracing::Span::current().record("operation_id", id.as_str());
-        self.report(&caller, &id, &cmd).await
+        self.report(request).await
     }
 
     #[instrument(skip_all, fields(operation_id))]
@@ -128,11 +124,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ReportAbsentRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let caller = caller(&request, None);
-        let (id, cmd) =
-            convert::report_absent(request.into_inner(), &self.limits).map_err(status::invalid)?;
-        tracing::Span::current().record("operation_id", id.as_str());
-        self.report(&caller, &id, &cmd).await
+        self.report(request).await
     }
 
     #[instrument(skip_all, fields(operation_id))]
@@ -140,11 +132,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ReportUnknownRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let caller = caller(&request, None);
-        let (id, cmd) =
-            convert::report_unknown(request.into_inner(), &self.limits).map_err(status::invalid)?;
-        tracing::Span::current().record("operation_id", id.as_str());
-        self.report(&caller, &id, &cmd).await
+        self.report(request).await
     }
 
     #[instrument(skip_all, fields(operation_id))]
@@ -252,13 +240,16 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
-    async fn report(
+    /// Confirm, ReportAbsent and ReportUnknown: one report, one path.
+    async fn report<R: ReportRequest>(
         &self,
-        caller: &Caller,
-        id: &once_core::OperationId,
-        cmd: &once_core::ReportCommand,
+        request: Request<R>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let state = self.ledger.report(&caller.tenant, id, cmd).await;
+        let caller = caller(&request, None);
+        let (id, cmd) =
+            convert::report(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        tracing::Span::current().record("operation_id", id.as_str());
+        let state = self.ledger.report(&caller.tenant, &id, &cmd).await;
         self.settled.notify();
         let state = state.map_err(status::store)?;
         Ok(Response::new(pb::ReportResponse {

@@ -53,6 +53,13 @@ impl RefundServer {
         }
     }
 
+    /// The refund of `order_id`, named by its intent, or by `key` when the caller gave one.
+    fn named(&self, order_id: &str, key: Option<&str>) -> OperationSpec {
+        OperationSpec::new("issue_refund", serde_json::Value::Null)
+            .intent(["refund", order_id])
+            .explicit_key(key)
+    }
+
     /// The operation a refund request is: once per order, unless the caller names it with a key.
     fn operation(
         &self,
@@ -61,16 +68,14 @@ impl RefundServer {
         currency: &str,
         key: Option<&str>,
     ) -> OperationSpec {
-        let arguments = json!({ "order_id": order_id, "amount_cents": amount_cents, "currency": currency.to_lowercase() });
-        OperationSpec::new("issue_refund", arguments)
-            .intent(["refund", order_id])
-            .explicit_key(key)
-            .provider(
-                "stripe",
-                json!({ "payment_intent": payment_intent(order_id) }),
-            )
-            .lease_ttl(self.args.lease_ttl)
-            .wait(self.args.wait)
+        let mut spec = self.named(order_id, key);
+        spec.arguments = json!({ "order_id": order_id, "amount_cents": amount_cents, "currency": currency.to_lowercase() });
+        spec.provider(
+            "stripe",
+            json!({ "payment_intent": payment_intent(order_id) }),
+        )
+        .lease_ttl(self.args.lease_ttl)
+        .wait(self.args.wait)
     }
 }
 
@@ -147,52 +152,39 @@ impl RefundServer {
         &self,
         Parameters(request): Parameters<RefundStatus>,
     ) -> Result<CallToolResult, ErrorData> {
-        // The arguments do not matter for the id; only the identity rules do.
-        let spec = self.operation(
-            &request.order_id,
-            0,
-            "xxx",
-            request.idempotency_key.as_deref(),
-        );
-        let (operation_id, _) = spec
-            .resolve()
+        let operation_id = self
+            .named(&request.order_id, request.idempotency_key.as_deref())
+            .operation_id()
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
         let body = match self.ledger.get(&operation_id).await {
             Ok(found) => {
-                let op = found.operation.unwrap_or_default();
-                let state = once_client::OperationState::try_from(op.state)
-                    .map(|s| {
-                        s.as_str_name()
-                            .trim_start_matches("OPERATION_STATE_")
-                            .to_owned()
-                    })
-                    .unwrap_or_else(|_| "UNSPECIFIED".into());
-                let result: serde_json::Value =
-                    serde_json::from_slice(&op.result).unwrap_or(serde_json::Value::Null);
+                let result: serde_json::Value = found
+                    .result
+                    .and_then(|r| serde_json::from_slice(&r).ok())
+                    .unwrap_or(serde_json::Value::Null);
                 // Where each attempt came from: tells a model retry from a client replay.
                 let attempts: Vec<serde_json::Value> = found
                     .attempts
                     .iter()
                     .map(|a| {
-                        let context = a.context.clone().unwrap_or_default();
                         json!({
-                            "attempt": a.attempt,
-                            "client": context.client_name,
-                            "session_id": context.session_id,
-                            "request_id": context.request_id,
+                            "attempt": a.number,
+                            "client": a.context.client_name,
+                            "session_id": a.context.session_id,
+                            "request_id": a.context.request_id,
                         })
                     })
                     .collect();
                 json!({
                     "order_id": request.order_id,
                     "operation_id": operation_id,
-                    "state": state,
+                    "state": found.state.as_str(),
                     "refund": result,
-                    "reason": op.reason,
+                    "reason": found.reason,
                     "attempts": attempts,
                 })
             }
-            Err(ClientError::Refused(status)) if status.code() == tonic::Code::NotFound => json!({
+            Err(ClientError::NotFound) => json!({
                 "order_id": request.order_id,
                 "operation_id": operation_id,
                 "state": "NOT_REQUESTED",

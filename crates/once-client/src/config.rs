@@ -1,0 +1,60 @@
+//! How to reach the ledger.
+
+use std::time::Duration;
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+use crate::ClientError;
+
+/// How to reach the ledger.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// One or several `onced` endpoints (`http://host:port`); calls are spread over them.
+    pub endpoints: Vec<String>,
+    /// Sent as `authorization: Bearer <token>` when set.
+    pub token: Option<String>,
+    /// Deadline of one RPC attempt.
+    pub rpc_timeout: Duration,
+    /// How many times a call is tried in all before the ledger counts as unreachable.
+    pub tries: u32,
+    /// Pause before the first retry; doubled for each further one.
+    pub backoff: Duration,
+    /// The client name recorded in the attempt log.
+    pub client_name: String,
+    /// For `https://` endpoints: a PEM bundle of extra certificate authorities to trust (a
+    /// private CA) besides the public web roots.
+    pub tls_ca_pem: Option<Vec<u8>>,
+}
+
+impl ClientConfig {
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoints: vec![endpoint.into()],
+            token: None,
+            rpc_timeout: Duration::from_secs(2),
+            tries: 5,
+            backoff: Duration::from_millis(100),
+            client_name: "once-client".into(),
+            tls_ca_pem: None,
+        }
+    }
+
+    /// One ledger endpoint with its timeouts, and TLS when the scheme is `https`.
+    pub(crate) fn endpoint(&self, uri: &str) -> Result<Endpoint, ClientError> {
+        let invalid = |e: tonic::transport::Error| {
+            ClientError::Invalid(format!("ledger endpoint {uri:?}: {e}"))
+        };
+        let mut endpoint = Endpoint::from_shared(uri.to_owned())
+            .map_err(invalid)?
+            .connect_timeout(self.rpc_timeout)
+            .timeout(self.rpc_timeout);
+        if uri.starts_with("https://") {
+            let mut tls = ClientTlsConfig::new().with_webpki_roots();
+            if let Some(pem) = &self.tls_ca_pem {
+                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            }
+            endpoint = endpoint.tls_config(tls).map_err(invalid)?;
+        }
+        Ok(endpoint)
+    }
+}

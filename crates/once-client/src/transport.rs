@@ -1,0 +1,136 @@
+//! One ledger RPC, retried through transport failures with the very same message.
+
+use std::future::Future;
+use std::time::Duration;
+
+use once_api::pb::ledger_client::LedgerClient as Grpc;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+use tonic_types::StatusExt as _;
+
+use crate::{ClientConfig, ClientError};
+
+/// The longest pause between two tries of one call.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// The channel to the ledger and how calls over it are retried. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Transport {
+    grpc: Grpc<Channel>,
+    config: ClientConfig,
+}
+
+/// How long a call keeps trying through transport failures and UNAVAILABLE.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Retries {
+    /// [`ClientConfig::tries`] tries in all.
+    Tries,
+    /// Until this moment: a heartbeat keeps trying while its lease may still be extended.
+    Until(tokio::time::Instant),
+}
+
+impl Transport {
+    /// Prepares the channel; nothing is dialled until the first call.
+    pub(crate) fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        if config.endpoints.is_empty() {
+            return Err(ClientError::Invalid(
+                "at least one ledger endpoint is required".into(),
+            ));
+        }
+        let endpoints = config
+            .endpoints
+            .iter()
+            .map(|uri| config.endpoint(uri))
+            .collect::<Result<Vec<_>, _>>()?;
+        // One endpoint connects lazily; several are balanced over.
+        let channel = match endpoints.as_slice() {
+            [single] => single.connect_lazy(),
+            _ => Channel::balance_list(endpoints.into_iter()),
+        };
+        Ok(Self {
+            grpc: Grpc::new(channel),
+            config,
+        })
+    }
+
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Sends one RPC, retrying transport failures and UNAVAILABLE with the very same message,
+    /// so a retry is the same attempt or the same report, never a new one. `extra` is added to
+    /// the deadline of each try (a Begin that waits on the server).
+    pub(crate) async fn call<Req, Resp, F, Fut>(
+        &self,
+        retries: Retries,
+        extra: Duration,
+        send: F,
+        message: Req,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(Grpc<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let mut pause = self.config.backoff;
+        let mut last = None;
+        for try_number in 1.. {
+            let mut request = Request::new(message.clone());
+            request.set_timeout(self.config.rpc_timeout + extra);
+            if let Some(token) = &self.config.token {
+                if let Ok(value) = MetadataValue::try_from(format!("Bearer {token}")) {
+                    request.metadata_mut().insert("authorization", value);
+                }
+            }
+            match send(self.grpc.clone(), request).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) if retryable(&status) => {
+                    tracing::debug!(code = ?status.code(), try_number, "ledger call failed; retrying");
+                    last = Some(status);
+                    let again = match retries {
+                        Retries::Tries => try_number < self.config.tries.max(1),
+                        Retries::Until(until) => tokio::time::Instant::now() + pause < until,
+                    };
+                    if !again {
+                        break;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                }
+                Err(status) => return Err(refusal(&status)),
+            }
+        }
+        let status = last.expect("at least one try");
+        Err(ClientError::Unreachable(format!(
+            "{}: {}",
+            status.code(),
+            status.message()
+        )))
+    }
+}
+
+/// Transport failures and an unavailable ledger are worth another try; everything else is an
+/// answer.
+fn retryable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+    )
+}
+
+/// The ledger's answer, when it is a refusal.
+fn refusal(status: &Status) -> ClientError {
+    let message = status.message().to_owned();
+    match status.code() {
+        Code::InvalidArgument => ClientError::Invalid(message),
+        Code::NotFound => ClientError::NotFound,
+        code => {
+            let reason = status
+                .get_details_error_info()
+                .map(|info| info.reason)
+                .unwrap_or_else(|| format!("{code:?}"));
+            ClientError::Refused { reason, message }
+        }
+    }
+}

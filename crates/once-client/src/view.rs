@@ -1,0 +1,56 @@
+//! What the ledger holds about an operation, for status tools and people.
+
+use std::time::SystemTime;
+
+use once_core::{AttemptContext, State};
+
+/// One operation as the ledger holds it: its state, its result, and the history of its current
+/// life.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationView {
+    pub operation_id: String,
+    pub tool: String,
+    pub state: State,
+    /// The latest attempt's number in this life.
+    pub attempt: u32,
+    pub fencing_token: u64,
+    /// The stored result of a CONFIRMED operation.
+    pub result: Option<Vec<u8>>,
+    pub provider_ref: Option<String>,
+    pub provider_key: String,
+    /// Why the operation is in its state, when someone said.
+    pub reason: Option<String>,
+    pub created_at: Option<SystemTime>,
+    pub updated_at: Option<SystemTime>,
+    pub attempts: Vec<AttemptView>,
+    pub events: Vec<EventView>,
+}
+
+/// One granted execution right, from the attempt log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptView {
+    pub number: u32,
+    pub fencing_token: u64,
+    pub attempt_id: String,
+    /// Where the attempt came from: tells a model retry from a client replay.
+    pub context: AttemptContext,
+    pub actor: String,
+    pub started_at: Option<SystemTime>,
+    pub lease_deadline: Option<SystemTime>,
+}
+
+/// One entry of the operation's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventView {
+    pub at: Option<SystemTime>,
+    /// `CLAIMED`, `CONFIRMED`, `LEASE_EXPIRED`, `RESOLVED`, `DOUBLE_EXECUTION`, …
+    pub kind: String,
+    pub from: Option<State>,
+    pub to: Option<State>,
+    pub attempt: u32,
+    /// `executor:<name>`, `operator:<name>`, `reconciler:<name>` or `ledger`.
+    pub actor: String,
+    pub reason: Option<String>,
+    /// A JSON object with whatever else the event records.
+    pub details: Option<String>,
+}

@@ -1,0 +1,101 @@
+//! The wire's types turned into the client's, and back: the one place this crate reads or
+//! builds a protobuf message other than a request.
+
+use std::time::{Duration, SystemTime};
+
+use once_api::pb;
+use once_core::{AttemptContext, State};
+
+use crate::view::{AttemptView, EventView, OperationView};
+
+pub(crate) fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+pub(crate) fn std_duration(d: prost_types::Duration) -> Duration {
+    Duration::new(
+        u64::try_from(d.seconds).unwrap_or(0),
+        u32::try_from(d.nanos).unwrap_or(0),
+    )
+}
+
+pub(crate) fn system_time(ts: prost_types::Timestamp) -> SystemTime {
+    let millis = u64::try_from(once_api::convert::millis(&ts)).unwrap_or(0);
+    SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
+}
+
+/// An empty string is the wire's "none".
+fn present(text: String) -> Option<String> {
+    Some(text).filter(|t| !t.is_empty())
+}
+
+pub(crate) fn context(context: &AttemptContext) -> pb::AttemptContext {
+    pb::AttemptContext {
+        client_name: context.client_name.clone().unwrap_or_default(),
+        session_id: context.session_id.clone().unwrap_or_default(),
+        request_id: context.request_id.clone().unwrap_or_default(),
+    }
+}
+
+fn state(value: i32) -> Option<State> {
+    match pb::OperationState::try_from(value).ok()? {
+        pb::OperationState::Absent => Some(State::Absent),
+        pb::OperationState::InFlight => Some(State::InFlight),
+        pb::OperationState::Confirmed => Some(State::Confirmed),
+        pb::OperationState::Unknown => Some(State::Unknown),
+        pb::OperationState::Unspecified => None,
+    }
+}
+
+pub(crate) fn operation(found: pb::GetOperationResponse) -> OperationView {
+    let op = found.operation.unwrap_or_default();
+    OperationView {
+        state: state(op.state).unwrap_or(State::Unknown),
+        result: Some(op.result)
+            .filter(|r| !r.is_empty() || op.state == pb::OperationState::Confirmed as i32),
+        operation_id: op.operation_id,
+        tool: op.tool,
+        attempt: op.attempt,
+        fencing_token: op.fencing_token,
+        provider_ref: present(op.provider_ref),
+        provider_key: op.provider_key,
+        reason: present(op.reason),
+        created_at: op.created_at.map(system_time),
+        updated_at: op.updated_at.map(system_time),
+        attempts: found.attempts.into_iter().map(attempt).collect(),
+        events: found.events.into_iter().map(event).collect(),
+    }
+}
+
+fn attempt(a: pb::Attempt) -> AttemptView {
+    let context = a.context.unwrap_or_default();
+    AttemptView {
+        number: a.attempt,
+        fencing_token: a.fencing_token,
+        attempt_id: a.attempt_id,
+        context: AttemptContext {
+            client_name: present(context.client_name),
+            session_id: present(context.session_id),
+            request_id: present(context.request_id),
+        },
+        actor: a.actor,
+        started_at: a.started_at.map(system_time),
+        lease_deadline: a.lease_deadline.map(system_time),
+    }
+}
+
+fn event(e: pb::Event) -> EventView {
+    EventView {
+        at: e.at.map(system_time),
+        kind: e.kind,
+        from: state(e.from_state),
+        to: state(e.to_state),
+        attempt: e.attempt,
+        actor: e.actor,
+        reason: present(e.reason),
+        details: present(e.details_json),
+    }
+}
