@@ -615,6 +615,10 @@ pub fn event(e: Event) -> pb::Event {
 }
 
 #[cfg(test)]
+#[path = "convert_tests.rs"]
+mod validation_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
