@@ -404,7 +404,9 @@ where
     ) -> Result<Option<(Operation, Lookup)>, StoreError> {
         // The conditional UPDATE is the claim: one caller moves the claim forward, every other
         // sees it held until it lapses. The version it bumps makes any lookup claimed before
-        // stale, and the row it returns is the snapshot this lookup judges.
+        // stale, and the row it returns is the snapshot this lookup judges. The lookup is issued
+        // at the moment of the claim: one reading of the clock (read twice, a volatile clock
+        // would put the claim's end less than its length after the issue).
         let now = D::NOW;
         let sql = format!(
             "UPDATE operations SET lookup_claimed_until = {now} + $3, version = version + 1 \
@@ -412,7 +414,7 @@ where
              AND provider IS NOT NULL AND source <> 'anomaly' \
              AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= {now}) \
              AND ($4 OR reconcile_next_at <= {now}) \
-             RETURNING {}, {now} AS issued_at",
+             RETURNING {}, lookup_claimed_until - $3 AS issued_at",
             OPERATION_COLUMNS.as_str()
         );
         let row = sqlx::query(&sql)
