@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime};
 use once_api::pb;
 use tokio::sync::Notify;
 
-use crate::decision::{Effect, Report};
+use crate::effect::{Effect, Report};
+use crate::error::ClientError;
 use crate::transport::{Retries, Transport};
 use crate::wire::{duration, std_duration, system_time};
-use crate::ClientError;
 
 /// The lease assumed when a ledger too old to say what it granted does not.
 const FALLBACK_LEASE: Duration = Duration::from_secs(30);

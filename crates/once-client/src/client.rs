@@ -9,15 +9,14 @@ use futures::FutureExt as _;
 use once_api::pb;
 
 use crate::attempt::Attempt;
-use crate::decision::{
-    Conflict, Decision, EffectContext, EffectError, InProgress, Outcome, Replay, Report, Unknown,
-};
+use crate::config::ClientConfig;
+use crate::decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Replay, Unknown};
+use crate::effect::{Effect, EffectError, Report};
+use crate::error::ClientError;
 use crate::spec::OperationSpec;
 use crate::transport::{Retries, Transport};
 use crate::view::OperationView;
 use crate::wire::{self, duration, std_duration, system_time};
-use crate::ClientError;
-use crate::{ClientConfig, Effect};
 
 /// A handle on the ledger. Cheap to clone.
 #[derive(Debug, Clone)]

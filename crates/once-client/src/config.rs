@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-use crate::ClientError;
+use crate::error::ClientError;
 
 /// How to reach the ledger.
 #[derive(Debug, Clone)]

@@ -34,6 +34,7 @@ mod attempt;
 mod client;
 mod config;
 mod decision;
+mod effect;
 mod error;
 mod spec;
 mod transport;
@@ -46,10 +47,8 @@ pub mod mcp;
 pub use attempt::Attempt;
 pub use client::LedgerClient;
 pub use config::ClientConfig;
-pub use decision::{
-    Conflict, Decision, Effect, EffectContext, EffectError, InProgress, Outcome, Replay, Report,
-    Unknown,
-};
+pub use decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Replay, Unknown};
+pub use effect::{Effect, EffectError, Report};
 pub use error::ClientError;
 pub use once_core::{AttemptContext, State};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};

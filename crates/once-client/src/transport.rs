@@ -9,7 +9,8 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt as _;
 
-use crate::{ClientConfig, ClientError};
+use crate::config::ClientConfig;
+use crate::error::ClientError;
 
 /// The longest pause between two tries of one call.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
