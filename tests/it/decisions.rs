@@ -287,9 +287,8 @@ async fn bounded_wait_returns_the_settled_outcome(store: Store) {
     )
     .await
     .unwrap();
-    let response = tokio::time::timeout(Duration::from_secs(15), waited)
+    let response = within(Duration::from_secs(15), "the waiting Begin", waited)
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(expect_replay(&response).result, b"refund re_1");
 

@@ -56,9 +56,8 @@ async fn acknowledged_confirms_survive_sigkill(store: Store) {
     .await;
     onced.kill().await;
     for worker in workers {
-        tokio::time::timeout(Duration::from_secs(30), worker)
+        within(Duration::from_secs(30), "workers to notice", worker)
             .await
-            .expect("workers notice")
             .unwrap();
     }
 

@@ -1,9 +1,21 @@
 //! The once-ledger integration suite: real `onced` servers on real sockets, over real SQLite
-//! files and real PostgreSQL databases. Every scenario runs on both backends.
+//! files and real PostgreSQL databases (the harness is `once-testkit`; waits scale with
+//! `ONCE_TEST_PATIENCE`).
+//!
+//! Every scenario about what the ledger decides or stores runs on both backends
+//! (`on_both_backends!`). These run once, on purpose:
+//! - `outage`: PostgreSQL stopping, refusing connections, turning read-only, failing over;
+//! - `service::health_and_reflection_are_served` (SQLite): nothing is stored;
+//! - `reconcile::credentials_never_reach_logs_or_events` (SQLite): about what a reconciler
+//!   sends and logs, not about the store;
+//! - `reconcile::stripe_lookups_that_cannot_tell_are_unknown_never_absent` and `fakepay`: a
+//!   reconciler and the fake provider alone, without a ledger;
+//! - `conformance` runs the store's trait on both backends itself.
+//!
+//! The client's tests are `once-client`'s own (`cargo test -p once-client`).
 
 mod support;
 
-mod client;
 mod concurrency;
 mod conformance;
 mod decisions;

@@ -29,9 +29,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# How much longer than its stated limit every wait may take (as in the Rust suite).
+PATIENCE = max(1.0, float(os.environ.get("ONCE_TEST_PATIENCE", "1")))
+
+
 def wait_for(what: str, probe, limit: float = 20.0):
-    """Polls `probe` until it returns a truthy value; fails the test after `limit` seconds."""
-    deadline = time.monotonic() + limit
+    """Polls `probe` until it returns a truthy value; fails the test after `limit` seconds
+    (scaled by `ONCE_TEST_PATIENCE`)."""
+    deadline = time.monotonic() + limit * PATIENCE
     pause = 0.01
     while True:
         try:

@@ -8,13 +8,14 @@ import time
 import anyio
 import pytest
 
+from conftest import PATIENCE
 from test_refund import refund, status, text
 
 pytestmark = pytest.mark.anyio
 
 
 async def wait_state(session, order_id: str, state: str, limit: float = 20.0) -> dict:
-    deadline = time.monotonic() + limit
+    deadline = time.monotonic() + limit * PATIENCE
     while True:
         current = await status(session, order_id)
         if current["state"] == state:

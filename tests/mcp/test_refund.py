@@ -8,7 +8,7 @@ import time
 import anyio
 import pytest
 
-from conftest import wait_for
+from conftest import PATIENCE, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -114,7 +114,7 @@ async def test_refund_mcp_killed_after_the_provider_committed(stack):
     if stack.transport == "http":
         stack.start_refund_http()
     async with stack.session() as session:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 20 * PATIENCE
         while (await status(session))["state"] != "UNKNOWN":
             assert time.monotonic() < deadline, "the lease should expire into UNKNOWN"
             await anyio.sleep(0.1)

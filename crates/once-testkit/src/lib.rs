@@ -1,0 +1,683 @@
+//! The once-ledger test harness: fresh databases (a SQLite file, a PostgreSQL database), ledgers
+//! running in the test's process on real sockets, gRPC clients and request builders, and waiting
+//! on conditions with deadlines.
+//!
+//! Every wait is scaled by the patience factor, `ONCE_TEST_PATIENCE` (a number, 1 by default):
+//! on a slow or loaded machine, raise it rather than editing deadlines.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser as _;
+use once_api::pb;
+use once_api::pb::ledger_client::LedgerClient;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// A gRPC client of the ledger.
+pub type Grpc = LedgerClient<Channel>;
+
+/// Which backend a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    Sqlite,
+    Postgres,
+}
+
+/// Defines the tests `name::sqlite` and `name::postgres` from `async fn name(store: Store)`:
+/// one suite, every backend.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name($crate::Store::Sqlite).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name($crate::Store::Postgres).await
+                }
+            }
+        )*
+    };
+}
+
+/// How much longer than its stated limit every wait may take: `ONCE_TEST_PATIENCE`, 1 unless
+/// set.
+pub fn patience() -> f64 {
+    std::env::var("ONCE_TEST_PATIENCE")
+        .ok()
+        .and_then(|factor| factor.parse::<f64>().ok())
+        .filter(|factor| factor.is_finite() && *factor >= 1.0)
+        .unwrap_or(1.0)
+}
+
+/// `limit`, scaled by the [`patience`] factor.
+pub fn patient(limit: Duration) -> Duration {
+    limit.mul_f64(patience())
+}
+
+/// Awaits `future`, failing the test if it takes longer than `limit` (scaled by [`patience`]).
+pub async fn within<F: std::future::Future>(limit: Duration, what: &str, future: F) -> F::Output {
+    let limit = patient(limit);
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for: {what}"))
+}
+
+/// The PostgreSQL server tests create their databases on. Unreachable means failed, not skipped.
+pub fn postgres_admin_url() -> String {
+    std::env::var("ONCE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A fresh, empty database, dropped when the test ends.
+#[derive(Debug)]
+pub struct TestDb {
+    pub store: Store,
+    pub url: String,
+    dir: Option<tempfile::TempDir>,
+    pg_name: Option<String>,
+}
+
+impl TestDb {
+    pub async fn new(store: Store) -> Self {
+        match store {
+            Store::Sqlite => {
+                let dir = tempfile::tempdir().expect("temporary directory");
+                let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+                TestDb {
+                    store,
+                    url,
+                    dir: Some(dir),
+                    pg_name: None,
+                }
+            }
+            Store::Postgres => {
+                let name = format!("once_it_{}", uuid::Uuid::new_v4().simple());
+                let admin = postgres_admin_url();
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "PostgreSQL must be reachable at {admin} for the postgres tests: {e}"
+                        )
+                    });
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create test database");
+                let url = replace_database(&admin, &name);
+                TestDb {
+                    store,
+                    url,
+                    dir: None,
+                    pg_name: Some(name),
+                }
+            }
+        }
+    }
+
+    /// The PostgreSQL database's name.
+    pub fn pg_name(&self) -> &str {
+        self.pg_name.as_deref().expect("a PostgreSQL test database")
+    }
+
+    /// A directory that lives as long as the database, for logs.
+    pub fn scratch_dir(&self) -> PathBuf {
+        match &self.dir {
+            Some(dir) => dir.path().to_owned(),
+            None => std::env::temp_dir(),
+        }
+    }
+
+    /// Runs one SQL statement directly against the database and returns the first column of
+    /// the first row as an integer (0 when there is no row). The same text runs on both
+    /// backends.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        match self.store {
+            Store::Sqlite => {
+                let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&self.url)
+                    .await
+                    .expect("open sqlite");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .expect(sql)
+                    .unwrap_or(0)
+            }
+            Store::Postgres => {
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
+                    .await
+                    .expect("connect postgres");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .expect(sql)
+                    .unwrap_or(0)
+            }
+        }
+    }
+
+    /// Executes a statement directly; returns the rows affected.
+    pub async fn execute(&self, sql: &str) -> u64 {
+        match self.store {
+            Store::Sqlite => {
+                let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&self.url)
+                    .await
+                    .expect("open sqlite");
+                sqlx::query(sql)
+                    .execute(&mut conn)
+                    .await
+                    .expect(sql)
+                    .rows_affected()
+            }
+            Store::Postgres => {
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
+                    .await
+                    .expect("connect postgres");
+                sqlx::query(sql)
+                    .execute(&mut conn)
+                    .await
+                    .expect(sql)
+                    .rows_affected()
+            }
+        }
+    }
+
+    /// The database's clock, in milliseconds since the epoch: the clock leases and settle times
+    /// are measured on.
+    pub async fn clock(&self) -> i64 {
+        self.scalar(match self.store {
+            Store::Postgres => "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+            Store::Sqlite => "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        })
+        .await
+    }
+
+    /// Row counts of every table, to show a refused request changed nothing.
+    pub async fn snapshot(&self) -> [i64; 3] {
+        [
+            self.scalar("SELECT count(*) FROM operations").await,
+            self.scalar("SELECT count(*) FROM attempts").await,
+            self.scalar("SELECT count(*) FROM events").await,
+        ]
+    }
+}
+
+fn replace_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (url, String::new()),
+    };
+    let base = base.rsplit_once('/').map_or(base, |(head, _)| head);
+    format!("{base}/{name}{query}")
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            let admin = postgres_admin_url();
+            // Drop runs outside any runtime we may block, so use a thread with its own.
+            let _ = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    if let Ok(mut conn) =
+                        <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
+                    {
+                        let _ =
+                            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                                .execute(&mut conn)
+                                .await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+}
+
+/// Flags every test ledger gets: a fast lease sweeper and a short wait for connections.
+pub const TEST_FLAGS: &[&str] = &[
+    "--lease-sweep-interval",
+    "50ms",
+    "--db-acquire-timeout",
+    "1s",
+];
+
+fn config(url: &str, extra: &[&str]) -> onced::Config {
+    let mut args = vec!["onced", "--database-url", url, "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(TEST_FLAGS);
+    args.extend_from_slice(extra);
+    onced::Config::try_parse_from(args).expect("test configuration parses")
+}
+
+/// An `onced` running in this process on a real socket.
+#[derive(Debug)]
+pub struct TestLedger {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestLedger {
+    pub async fn spawn(db: &TestDb) -> Self {
+        Self::spawn_with(db, &[]).await
+    }
+
+    /// Starts a ledger with extra `onced` flags.
+    pub async fn spawn_with(db: &TestDb, extra: &[&str]) -> Self {
+        Self::spawn_url(&db.url, extra).await
+    }
+
+    /// Starts a ledger on which explicit ids are kept 1 ms once settled, with the retention
+    /// sweeper running every `sweep_interval`.
+    pub async fn spawn_with_short_retention(db: &TestDb, sweep_interval: &str) -> Self {
+        let flags = [
+            "--retention-explicit",
+            "1ms",
+            "--retention-sweep-interval",
+            sweep_interval,
+        ];
+        Self::spawn_with(db, &flags).await
+    }
+
+    pub async fn spawn_url(url: &str, extra: &[&str]) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let config = config(url, extra);
+        let task = tokio::spawn(onced::run(config, listener, async {
+            let _ = stopped.await;
+        }));
+        let ledger = TestLedger {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        };
+        wait_serving(addr).await;
+        ledger
+    }
+
+    pub async fn client(&self) -> LedgerClient<Channel> {
+        client(self.addr).await
+    }
+
+    /// Graceful shutdown; fails the test if the server did not stop cleanly.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let task = self.task.take().unwrap();
+        within(Duration::from_secs(10), "the ledger to stop", task)
+            .await
+            .expect("ledger task")
+            .expect("ledger shut down cleanly");
+    }
+}
+
+impl Drop for TestLedger {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub async fn client(addr: SocketAddr) -> LedgerClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(patient(Duration::from_secs(2)))
+        .connect()
+        .await
+        .expect("connect to ledger");
+    LedgerClient::new(channel)
+}
+
+/// Waits until the gRPC health service at `addr` says SERVING.
+pub async fn wait_serving(addr: SocketAddr) {
+    eventually(Duration::from_secs(30), "ledger serving", || async move {
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .ok()?;
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let reply = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .ok()?;
+        (reply.into_inner().status
+            == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+            .then_some(())
+    })
+    .await;
+}
+
+/// Polls `probe` until it returns `Some`, failing the test after `limit`. For conditions that
+/// depend on a clock the test does not own (the database's) or on another process.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let limit = patient(limit);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// The arguments every test operation uses unless it says otherwise.
+pub const ARGS: &str = r#"{"order":"o-1","amount_cents":500,"currency":"eur"}"#;
+
+/// A Begin for an explicit operation id with a fresh attempt id. The operation id is added to
+/// the arguments as `op`, so that operations of one test never share a fingerprint (and so
+/// never trip the fresh-id guard) unless a test means them to: see [`begin_exact`].
+pub fn begin(operation_id: &str, arguments_json: &str) -> pb::BeginRequest {
+    let mut arguments: serde_json::Value =
+        serde_json::from_str(arguments_json).expect("test arguments are JSON");
+    arguments["op"] = operation_id.into();
+    begin_exact(operation_id, &arguments.to_string())
+}
+
+/// A Begin whose arguments are exactly `arguments_json`.
+pub fn begin_exact(operation_id: &str, arguments_json: &str) -> pb::BeginRequest {
+    pb::BeginRequest {
+        tool: "issue_refund".into(),
+        identity: Some(pb::begin_request::Identity::OperationId(
+            operation_id.into(),
+        )),
+        effect: Some(pb::begin_request::Effect::ArgumentsJson(
+            arguments_json.into(),
+        )),
+        attempt_id: new_attempt_id(),
+        context: Some(pb::AttemptContext {
+            client_name: "it".into(),
+            session_id: "session-1".into(),
+            request_id: "1".into(),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn new_attempt_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+pub fn ms(ms: u64) -> prost_types::Duration {
+    once_api::convert::duration(ms as i64)
+}
+
+/// The decision of a Begin response, for matching.
+pub fn decision(response: &pb::BeginResponse) -> &pb::begin_response::Decision {
+    response.decision.as_ref().expect("a decision")
+}
+
+pub fn decision_name(response: &pb::BeginResponse) -> &'static str {
+    use pb::begin_response::Decision::*;
+    match decision(response) {
+        Execute(_) => "EXECUTE",
+        Replay(_) => "REPLAY",
+        InProgress(_) => "IN_PROGRESS",
+        Unknown(_) => "UNKNOWN",
+        Conflict(_) => "CONFLICT",
+    }
+}
+
+pub fn expect_execute(response: &pb::BeginResponse) -> pb::Execute {
+    match decision(response) {
+        pb::begin_response::Decision::Execute(grant) => grant.clone(),
+        _ => panic!("expected EXECUTE, got {response:?}"),
+    }
+}
+
+pub fn expect_replay(response: &pb::BeginResponse) -> pb::Replay {
+    match decision(response) {
+        pb::begin_response::Decision::Replay(replay) => replay.clone(),
+        _ => panic!("expected REPLAY, got {response:?}"),
+    }
+}
+
+pub fn expect_unknown(response: &pb::BeginResponse) -> pb::Unknown {
+    match decision(response) {
+        pb::begin_response::Decision::Unknown(unknown) => unknown.clone(),
+        _ => panic!("expected UNKNOWN, got {response:?}"),
+    }
+}
+
+/// Begins and returns the grant, failing unless the decision is EXECUTE.
+pub async fn claim(client: &mut LedgerClient<Channel>, request: pb::BeginRequest) -> pb::Execute {
+    let response = client.begin(request).await.expect("begin").into_inner();
+    expect_execute(&response)
+}
+
+pub async fn confirm(
+    client: &mut LedgerClient<Channel>,
+    id: &str,
+    token: u64,
+    result: &[u8],
+) -> Result<i32, tonic::Status> {
+    client
+        .confirm(pb::ConfirmRequest {
+            operation_id: id.into(),
+            fencing_token: token,
+            result: result.to_vec(),
+            provider_ref: "re_1".into(),
+        })
+        .await
+        .map(|r| r.into_inner().state)
+}
+
+pub async fn report_absent(
+    client: &mut LedgerClient<Channel>,
+    id: &str,
+    token: u64,
+) -> Result<i32, tonic::Status> {
+    client
+        .report_absent(pb::ReportAbsentRequest {
+            operation_id: id.into(),
+            fencing_token: token,
+            reason: "provider refused: card declined".into(),
+        })
+        .await
+        .map(|r| r.into_inner().state)
+}
+
+pub async fn report_unknown(
+    client: &mut LedgerClient<Channel>,
+    id: &str,
+    token: u64,
+) -> Result<i32, tonic::Status> {
+    client
+        .report_unknown(pb::ReportUnknownRequest {
+            operation_id: id.into(),
+            fencing_token: token,
+            reason: "timeout after sending".into(),
+        })
+        .await
+        .map(|r| r.into_inner().state)
+}
+
+/// Resolves `id` as an operator who examined its latest attempt (read just before).
+pub async fn resolve(
+    client: &mut LedgerClient<Channel>,
+    id: &str,
+    outcome: pb::OperationState,
+    resolution_id: &str,
+) -> Result<i32, tonic::Status> {
+    let examined = client
+        .get_operation(pb::GetOperationRequest {
+            operation_id: id.into(),
+        })
+        .await
+        .map(|r| r.into_inner().operation.unwrap_or_default().fencing_token)
+        .unwrap_or(1);
+    resolve_examined(client, id, outcome, resolution_id, examined).await
+}
+
+/// Resolves `id` as an operator who examined the attempt holding `fencing_token`.
+pub async fn resolve_examined(
+    client: &mut LedgerClient<Channel>,
+    id: &str,
+    outcome: pb::OperationState,
+    resolution_id: &str,
+    fencing_token: u64,
+) -> Result<i32, tonic::Status> {
+    let confirmed = outcome == pb::OperationState::Confirmed;
+    client
+        .resolve(pb::ResolveRequest {
+            operation_id: id.into(),
+            outcome: outcome as i32,
+            result: if confirmed {
+                b"{\"resolved\":true}".to_vec()
+            } else {
+                vec![]
+            },
+            provider_ref: if confirmed {
+                "re_op".into()
+            } else {
+                String::new()
+            },
+            reason: "checked the provider dashboard".into(),
+            operator: "alice".into(),
+            resolution_id: resolution_id.into(),
+            fencing_token,
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().state)
+}
+
+pub async fn get(client: &mut LedgerClient<Channel>, id: &str) -> pb::GetOperationResponse {
+    client
+        .get_operation(pb::GetOperationRequest {
+            operation_id: id.into(),
+        })
+        .await
+        .expect("get operation")
+        .into_inner()
+}
+
+pub async fn state_of(client: &mut LedgerClient<Channel>, id: &str) -> pb::OperationState {
+    let op = get(client, id).await.operation.expect("operation");
+    pb::OperationState::try_from(op.state).expect("valid state")
+}
+
+/// Waits until retention has deleted `id` (the sweeper runs on its own schedule).
+pub async fn wait_deleted(db: &TestDb, id: &str) {
+    let sql = format!("SELECT count(*) FROM operations WHERE operation_id = '{id}'");
+    eventually(
+        Duration::from_secs(10),
+        &format!("retention to delete {id}"),
+        || async { (db.scalar(&sql).await == 0).then_some(()) },
+    )
+    .await;
+}
+
+/// Checks that `id` was CONFIRMED with no lease expiry on the way: its heartbeats held.
+pub async fn confirmed_without_lease_expiry(client: &mut LedgerClient<Channel>, id: &str) {
+    let history = get(client, id).await;
+    assert!(
+        history.events.iter().all(|e| e.kind != "LEASE_EXPIRED"),
+        "{:?}",
+        history.events
+    );
+    assert_eq!(
+        history.operation.unwrap().state,
+        pb::OperationState::Confirmed as i32
+    );
+}
+
+/// Waits until the operation is in `state` (moved there by the sweeper or another party).
+pub async fn wait_for_state(client: &LedgerClient<Channel>, id: &str, state: pb::OperationState) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("{id} to become {state:?}"),
+        || {
+            let mut client = client.clone();
+            let id = id.to_owned();
+            async move { (state_of(&mut client, &id).await == state).then_some(()) }
+        },
+    )
+    .await
+}
+
+/// The `ErrorInfo.reason` of a status.
+pub fn reason(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt as _;
+    status
+        .get_error_details()
+        .error_info()
+        .map(|info| info.reason.clone())
+        .unwrap_or_default()
+}
+
+/// The field an INVALID_ARGUMENT status names.
+pub fn field(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt as _;
+    status
+        .get_error_details()
+        .error_info()
+        .and_then(|info| info.metadata.get("field").cloned())
+        .unwrap_or_default()
+}
+
+/// Sends `n` Begins for `id` at once, spread over `clients`, each with its own attempt id.
+/// Returns how many were EXECUTE and IN_PROGRESS, failing on any other decision.
+pub async fn race(clients: &[LedgerClient<Channel>], id: &str, n: usize) -> (usize, usize) {
+    let begins = (0..n).map(|i| {
+        let mut client = clients[i % clients.len()].clone();
+        let request = begin(id, ARGS);
+        async move { client.begin(request).await.expect("begin").into_inner() }
+    });
+    let responses = futures::future::join_all(begins).await;
+    let count = |name: &str| {
+        responses
+            .iter()
+            .filter(|r| decision_name(r) == name)
+            .count()
+    };
+    let (executes, in_progress) = (count("EXECUTE"), count("IN_PROGRESS"));
+    assert_eq!(
+        executes + in_progress,
+        n,
+        "unexpected decisions: {responses:?}"
+    );
+    (executes, in_progress)
+}
+
+/// Serves `router` on a fresh loopback port; returns its base URL.
+pub async fn serve(router: axum::Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    base
+}
+
+/// Writes an `onced --config` file beside the database; returns its path.
+pub fn config_file(db: &TestDb, contents: String) -> String {
+    let path = db
+        .scratch_dir()
+        .join(format!("onced-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, contents).expect("write config");
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
