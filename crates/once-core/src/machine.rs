@@ -1,4 +1,4 @@
-//! The operation state machine (SPEC §4) as pure functions.
+//! The operation state machine (docs/semantics.md §2–5) as pure functions.
 //!
 //! Each function takes what is stored, a command and `now`, and returns the caller's answer and
 //! a [`Plan`]: the writes that must commit in one transaction for that answer to be true. A store

@@ -1,4 +1,4 @@
-//! What a reconciler's verdict allows (SPEC §4, door 2).
+//! What a reconciler's verdict allows (docs/semantics.md §5).
 //!
 //! A reconciler looks up provider truth; the ledger, not the reconciler, decides what that truth
 //! permits. A confirmed match settles the operation CONFIRMED. A miss settles it ABSENT only

@@ -157,11 +157,7 @@ impl TryFrom<OperationRow> for Operation {
             fencing_token: token(row.fencing_token)?,
             life: token(row.life)?,
             attempt_id: row.attempt_id,
-            attempt_context: AttemptContext {
-                client_name: row.client_name,
-                session_id: row.session_id,
-                request_id: row.request_id,
-            },
+            attempt_context: context(row.client_name, row.session_id, row.request_id),
             executor: actor(&row.executor)?,
             lease_started_at: row.lease_started_at,
             lease_deadline: row.lease_deadline,
@@ -211,11 +207,7 @@ impl TryFrom<AttemptRow> for Attempt {
             started_at: row.started_at,
             lease_deadline: row.lease_deadline,
             actor: actor(&row.actor)?,
-            context: AttemptContext {
-                client_name: row.client_name,
-                session_id: row.session_id,
-                request_id: row.request_id,
-            },
+            context: context(row.client_name, row.session_id, row.request_id),
         })
     }
 }
@@ -311,6 +303,19 @@ pub(crate) fn token(value: i64) -> Result<FencingToken, StoreError> {
     u64::try_from(value)
         .map(FencingToken)
         .map_err(|_| corrupt(format!("fencing token {value} out of range")))
+}
+
+/// The transport context of an attempt, from its three columns.
+fn context(
+    client_name: Option<String>,
+    session_id: Option<String>,
+    request_id: Option<String>,
+) -> AttemptContext {
+    AttemptContext {
+        client_name,
+        session_id,
+        request_id,
+    }
 }
 
 fn actor(value: &str) -> Result<Actor, StoreError> {
