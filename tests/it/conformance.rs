@@ -673,3 +673,22 @@ async fn the_store_answers_pings<B: Backend>(backend: B) {
     backend.close().await;
     assert!(backend.ping().await.unwrap_err().is_retryable());
 }
+
+/// SQLite serialises the guard with its write lock, so it takes a token only for a claim that
+/// is clear: Begins blocked behind an open operation of their intent write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_guard_in_sqlite_takes_no_token() {
+    use crate::support::{Store, TestDb};
+    let db = TestDb::new(Store::Sqlite).await;
+    let backend = once_store::SqliteBackend::connect(&db.url).await.unwrap();
+    claimed(&backend, "blocker", "refund", 1).await;
+    let before = db.scalar("SELECT last FROM fencing_tokens").await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let guard = backend
+        .guard(&mut tx, &command("blocked", "refund", 1))
+        .await
+        .unwrap();
+    backend.commit(tx).await.unwrap();
+    assert!(matches!(guard, Guard::Blocked(_)), "{guard:?}");
+    assert_eq!(db.scalar("SELECT last FROM fencing_tokens").await, before);
+}

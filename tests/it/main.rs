@@ -10,7 +10,8 @@
 //!   sends and logs, not about the store;
 //! - `reconcile::stripe_lookups_that_cannot_tell_are_unknown_never_absent` and `fakepay`: a
 //!   reconciler and the fake provider alone, without a ledger;
-//! - `conformance` runs the store's trait on both backends itself.
+//! - `conformance` runs the store's trait on both backends itself, and checks one thing only
+//!   SQLite does: a blocked guard takes no token (PostgreSQL takes it with its intent lock).
 //!
 //! The client's tests are `once-client`'s own (`cargo test -p once-client`).
 

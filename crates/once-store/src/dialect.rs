@@ -30,13 +30,14 @@ pub trait Dialect: Database {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, StoreError>> + Send;
 
-    /// Serialises the fresh-id guard of `cmd`'s intent until the transaction ends and issues the
-    /// token a clear claim would use (a blocked claim leaves it unused: tokens may skip, never
-    /// repeat).
+    /// Serialises the fresh-id guard of `cmd`'s intent until the transaction ends. Where that
+    /// takes a statement, the same statement may issue the token a clear claim would use (a
+    /// blocked claim leaves it unused: tokens may skip, never repeat); `None` when the guard
+    /// should take one only if nothing blocks the claim.
     fn serialise_intent(
         tx: &mut Self::Connection,
         cmd: &BeginCommand,
-    ) -> impl Future<Output = Result<i64, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
 
     /// How many rows a statement wrote.
     fn rows_affected(result: &Self::QueryResult) -> u64;

@@ -51,7 +51,7 @@ impl Dialect for Postgres {
     async fn serialise_intent(
         tx: &mut PgConnection,
         cmd: &BeginCommand,
-    ) -> Result<i64, StoreError> {
+    ) -> Result<Option<i64>, StoreError> {
         // One statement takes the intent's advisory lock, held until the transaction ends, and
         // the token. Row locks cannot serialise the guard: the other Begin's row may not exist
         // yet, or not be committed.
@@ -60,7 +60,8 @@ impl Dialect for Postgres {
         )
         .bind(intent_key(cmd))
         .fetch_one(tx)
-        .await?)
+        .await
+        .map(Some)?)
     }
 
     fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {

@@ -124,12 +124,12 @@ where
             .bind(cmd.operation_id.as_str())
             .fetch_optional(&mut **tx)
             .await?;
-        Ok(match blocking {
-            Some(row) => Guard::Blocked(Blocking::try_from(row)?),
-            None => Guard::Clear {
-                token: rows::token(token)?,
-            },
-        })
+        let token = match (blocking, token) {
+            (Some(row), _) => return Ok(Guard::Blocked(Blocking::try_from(row)?)),
+            (None, Some(token)) => rows::token(token)?,
+            (None, None) => self.next_token(tx).await?,
+        };
+        Ok(Guard::Clear { token })
     }
 
     async fn next_token(&self, tx: &mut Self::Tx) -> Result<FencingToken, StoreError> {
