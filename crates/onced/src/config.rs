@@ -94,12 +94,12 @@ pub enum ConfigError {
     RetentionOverMax,
     #[error("sweep intervals must be positive")]
     ZeroInterval,
-    #[error("--config {}: {source}", path.display())]
+    #[error("--config {}: cannot read it", path.display())]
     ReadReconcilers {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
-    #[error("--config {}: {source}", path.display())]
+    #[error("--config {}: not a valid reconciler configuration", path.display())]
     Reconcilers {
         path: std::path::PathBuf,
         source: once_reconcile::config::ConfigError,

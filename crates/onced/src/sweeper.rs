@@ -41,11 +41,14 @@ where
     }
 }
 
-/// Logs what one sweep did: nothing when it found nothing, `done` with the count otherwise.
-fn logged(swept: Result<u64, StoreError>, done: &str, what: &str) {
+/// Logs what one sweep did: nothing when it found nothing, `done(count)` otherwise.
+fn logged<N>(swept: Result<N, StoreError>, done: impl FnOnce(N), what: &str)
+where
+    N: PartialEq + Default,
+{
     match swept {
-        Ok(0) => {}
-        Ok(count) => tracing::info!(count, "{done}"),
+        Ok(count) if count == N::default() => {}
+        Ok(count) => done(count),
         Err(error) => tracing::warn!(%error, "{what} sweep failed; will retry"),
     }
 }
@@ -54,8 +57,9 @@ fn logged(swept: Result<u64, StoreError>, done: &str, what: &str) {
 pub async fn leases<B: Backend>(ledger: Ledger<B>, interval: Duration, stop: CancellationToken) {
     let ledger = &ledger;
     every(interval, &stop, || async move {
-        let moved = ledger.sweep_leases(LEASE_BATCH).await.map(|n| n as u64);
-        logged(moved, "leases expired: operations are now UNKNOWN", "lease");
+        let moved = ledger.sweep_leases(LEASE_BATCH).await;
+        let done = |moved| tracing::info!(moved, "leases expired: operations are now UNKNOWN");
+        logged(moved, done, "lease");
     })
     .await;
 }
@@ -71,13 +75,14 @@ pub async fn retention<B: Backend>(
     let ledger = &ledger;
     every(interval, &stop, || async move {
         let deleted = ledger.sweep_retention(RETENTION_BATCH).await;
+        let done = |deleted| tracing::info!(deleted, "settled operations past retention deleted");
+        logged(deleted, done, "retention");
+        let deleted = ledger.sweep_events(event_age_ms, RETENTION_BATCH).await;
         logged(
             deleted,
-            "settled operations past retention deleted",
-            "retention",
+            |deleted| tracing::info!(deleted, "old events deleted"),
+            "event",
         );
-        let deleted = ledger.sweep_events(event_age_ms, RETENTION_BATCH).await;
-        logged(deleted, "old events deleted", "event");
     })
     .await;
 }
