@@ -14,7 +14,8 @@ pub struct OperationView {
     /// The latest attempt's number in this life.
     pub attempt: u32,
     pub fencing_token: u64,
-    /// The stored result of a CONFIRMED operation.
+    /// The stored result: a CONFIRMED operation's, or, for one held for an operator, the result
+    /// of the effect already proven.
     pub result: Option<Vec<u8>>,
     pub provider_ref: Option<String>,
     pub provider_key: String,
