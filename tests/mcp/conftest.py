@@ -141,8 +141,12 @@ class Stack:
                 f"endpoint = \"{self.provider_url}\"\nsettle_time = \"500ms\"\n"
             )
             args += ["--config", str(config)]
+        log = self.tmp / "onced.log"
+        served = log.read_text().count("onced serving") if log.exists() else 0
         self.ledger = self.spawn("onced", args)
-        wait_for("onced", lambda: port_open(self.ledger_port))
+        # Its port opens before the store is ready (a PostgreSQL database is connected to and
+        # migrated first): the ledger says in its log when it serves.
+        wait_for("onced", lambda: log.read_text().count("onced serving") > served)
 
     def refund_args(self) -> list[str]:
         return [

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import duration_pb2
 from grpc_tools import protoc
 
-from conftest import BIN, ROOT, free_port, port_open, wait_for
+from conftest import BIN, ROOT, free_port, wait_for
 
 sys.path.insert(0, str(ROOT / "examples"))
 import reconciler_plugin  # noqa: E402  (the example plugin, as a plugin author would write it)
@@ -51,7 +51,7 @@ def test_a_python_plugin_settles_operations(tmp_path, ledger_stubs):
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "onced.log", "wb"),
     )
     try:
-        wait_for("onced", lambda: port_open(ledger_port))
+        wait_for("onced", lambda: "onced serving" in (tmp_path / "onced.log").read_text())
         ledger = rpc.LedgerStub(grpc.insecure_channel(f"127.0.0.1:{ledger_port}"))
 
         def begin(operation_id: str):
