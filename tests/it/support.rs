@@ -33,8 +33,9 @@ impl OncedProcess {
             probe.local_addr().unwrap().port()
         };
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let log = std::fs::File::create(log).expect("log file");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+        let log_path = log;
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_onced"))
             .args(["--database-url", url, "--listen", &addr.to_string()])
             .args(TEST_FLAGS)
             .args(extra)
@@ -44,7 +45,14 @@ impl OncedProcess {
             .kill_on_drop(true)
             .spawn()
             .expect("start onced");
-        wait_serving(addr).await;
+        // An onced that exits before it serves says why in its log: fail with that.
+        tokio::select! {
+            _ = wait_serving(addr) => {}
+            exited = child.wait() => panic!(
+                "onced exited before serving ({exited:?}): {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            ),
+        }
         OncedProcess { addr, child }
     }
 

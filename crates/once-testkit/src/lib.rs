@@ -343,22 +343,27 @@ pub async fn client(addr: SocketAddr) -> LedgerClient<Channel> {
 
 /// Waits until the gRPC health service at `addr` says SERVING.
 pub async fn wait_serving(addr: SocketAddr) {
-    eventually(Duration::from_secs(30), "ledger serving", || async move {
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .ok()?;
-        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-        let reply = health
-            .check(tonic_health::pb::HealthCheckRequest {
+    eventually(Duration::from_secs(60), "ledger serving", || async move {
+        // Each look is bounded: a port that is open before its server serves (the store is
+        // still being opened) holds a request rather than refusing it.
+        let look = async {
+            let channel = Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .ok()?;
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let request = tonic_health::pb::HealthCheckRequest {
                 service: String::new(),
-            })
+            };
+            let reply = health.check(request).await.ok()?;
+            let serving = tonic_health::pb::health_check_response::ServingStatus::Serving;
+            (reply.into_inner().status == serving as i32).then_some(())
+        };
+        tokio::time::timeout(Duration::from_secs(2), look)
             .await
-            .ok()?;
-        (reply.into_inner().status
-            == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
-            .then_some(())
+            .ok()
+            .flatten()
     })
     .await;
 }
@@ -642,12 +647,28 @@ pub fn field(status: &tonic::Status) -> String {
 }
 
 /// Sends `n` Begins for `id` at once, spread over `clients`, each with its own attempt id.
-/// Returns how many were EXECUTE and IN_PROGRESS, failing on any other decision.
+/// Returns how many were EXECUTE and IN_PROGRESS, failing on any other decision. A Begin
+/// answered UNAVAILABLE (a replica out of database connections) is sent again as it was, as
+/// clients do: with the same attempt id, it can only get the answer it would have got.
 pub async fn race(clients: &[LedgerClient<Channel>], id: &str, n: usize) -> (usize, usize) {
     let begins = (0..n).map(|i| {
         let mut client = clients[i % clients.len()].clone();
         let request = begin(id, ARGS);
-        async move { client.begin(request).await.expect("begin").into_inner() }
+        async move {
+            let deadline = tokio::time::Instant::now() + patient(Duration::from_secs(10));
+            loop {
+                match client.begin(request.clone()).await {
+                    Ok(response) => return response.into_inner(),
+                    Err(status)
+                        if status.code() == tonic::Code::Unavailable
+                            && tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(status) => panic!("begin: {status:?}"),
+                }
+            }
+        }
     });
     let responses = futures::future::join_all(begins).await;
     let count = |name: &str| {
