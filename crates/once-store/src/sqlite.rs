@@ -23,6 +23,8 @@ pub type SqliteBackend = Store<Sqlite>;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often start-up migration is retried when another process migrates the same file.
 const MIGRATION_TRIES: u64 = 5;
+/// How often opening is retried while another process holds a new file's exclusive lock.
+const OPEN_TRIES: u64 = 10;
 
 impl Dialect for Sqlite {
     const KIND: &'static str = "sqlite";
@@ -74,13 +76,32 @@ impl Store<Sqlite> {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(BUSY_TIMEOUT)
-            .connect_with(options)
-            .await?;
+        let pool = open(&options).await?;
         migrate(&pool).await?;
         Ok(Self { pool })
+    }
+}
+
+/// Opens the pool. A new file that another process is opening at the same moment may be locked
+/// for a while (switching it to WAL takes SQLite's exclusive lock, which no busy timeout waits
+/// for); opening is then tried again.
+async fn open(options: &SqliteConnectOptions) -> Result<SqlitePool, StoreError> {
+    let mut tries = 0;
+    loop {
+        let opened = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(BUSY_TIMEOUT)
+            .connect_with(options.clone())
+            .await;
+        match opened.map_err(StoreError::from) {
+            Ok(pool) => return Ok(pool),
+            Err(error) if error.is_retryable() && tries < OPEN_TRIES => {
+                tries += 1;
+                tracing::debug!(%error, tries, "the database file is locked by another process; trying again");
+                tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+            }
+            Err(error) => return Err(error),
+        }
     }
 }
 
