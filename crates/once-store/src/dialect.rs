@@ -25,6 +25,9 @@ pub trait Dialect: Database {
     /// issued before.
     const NEXT_TOKEN: &'static str;
 
+    /// The statements built from the constants above, once.
+    fn statements() -> &'static crate::store::Statements;
+
     /// Starts a write transaction.
     fn begin_write(
         pool: &Pool<Self>,

@@ -27,4 +27,4 @@ pub use error::StoreError;
 pub use ledger::Ledger;
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
-pub use store::Store;
+pub use store::{Statements, Store};

@@ -11,6 +11,9 @@ use once_core::BeginCommand;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
+use std::sync::LazyLock;
+
+use crate::store::Statements;
 use crate::{Dialect, Store, StoreError};
 
 /// The ledger in a PostgreSQL database.
@@ -43,6 +46,12 @@ impl Dialect for Postgres {
 
     /// A sequence never hands out a value twice, committed or not.
     const NEXT_TOKEN: &'static str = "SELECT nextval('fencing_tokens')";
+
+    fn statements() -> &'static Statements {
+        static STATEMENTS: LazyLock<Statements> =
+            LazyLock::new(|| Statements::new(Postgres::NOW, Postgres::ROW_LOCK));
+        &STATEMENTS
+    }
 
     async fn begin_write(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, StoreError> {
         Ok(pool.begin().await?)

@@ -95,6 +95,13 @@ pub(crate) static UPDATE_OPERATION: LazyLock<String> = LazyLock::new(|| {
 pub(crate) const ATTEMPT_COLUMNS: &str = "number, fencing_token, attempt_id, started_at, \
      lease_deadline, actor, client_name, session_id, request_id";
 
+pub(crate) static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+    )
+});
+
 /// The columns of `events` a reader sees, as [`EventRow`] reads them.
 pub(crate) const EVENT_COLUMNS: &str =
     "sequence, at, kind, from_state, to_state, attempt, actor, reason, details";
@@ -102,6 +109,16 @@ pub(crate) const EVENT_COLUMNS: &str =
 /// The columns the fresh-id guard reads, as [`BlockingRow`] reads them.
 pub(crate) const BLOCKING_COLUMNS: &str =
     "operation_id, state, attempt, lease_deadline, updated_at";
+
+/// The fresh-id guard: an open operation of the same intent under another id. UNKNOWN ones
+/// come first: they block whatever their lease says.
+pub(crate) static FIND_BLOCKING: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {BLOCKING_COLUMNS} FROM operations WHERE tenant = $1 AND tool = $2 \
+         AND fingerprint = $3 AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4 \
+         ORDER BY state DESC, created_at LIMIT 1"
+    )
+});
 
 #[derive(sqlx::FromRow)]
 pub(crate) struct OperationRow {

@@ -14,6 +14,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{Pool, Sqlite, Transaction};
 
+use std::sync::LazyLock;
+
+use crate::store::Statements;
 use crate::{Dialect, Store, StoreError};
 
 /// The ledger in a SQLite file.
@@ -41,6 +44,12 @@ impl Dialect for Sqlite {
     /// any committed transaction used.
     const NEXT_TOKEN: &'static str =
         "UPDATE fencing_tokens SET last = last + 1 WHERE id = 1 RETURNING last";
+
+    fn statements() -> &'static Statements {
+        static STATEMENTS: LazyLock<Statements> =
+            LazyLock::new(|| Statements::new(Sqlite::NOW, Sqlite::ROW_LOCK));
+        &STATEMENTS
+    }
 
     async fn begin_write(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, StoreError> {
         Ok(pool.begin_with("BEGIN IMMEDIATE").await?)

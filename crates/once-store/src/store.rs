@@ -13,8 +13,8 @@ use sqlx::{
 
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, OperationRow, ATTEMPT_COLUMNS,
-    BLOCKING_COLUMNS, EVENT_COLUMNS, INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS,
-    UPDATE_OPERATION,
+    EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS,
+    OPERATION_COLUMNS, UPDATE_OPERATION,
 };
 use crate::{Backend, Dialect, StoreError};
 
@@ -82,8 +82,7 @@ where
         tenant: &str,
         id: &OperationId,
     ) -> Result<Clocked, StoreError> {
-        let sql = clocked_read(D::NOW, D::ROW_LOCK);
-        let row = sqlx::query(&sql)
+        let row = sqlx::query(&D::statements().lock)
             .bind(tenant)
             .bind(id.as_str())
             .fetch_one(&mut **tx)
@@ -92,8 +91,7 @@ where
     }
 
     async fn read(&self, tenant: &str, id: &OperationId) -> Result<Clocked, StoreError> {
-        let sql = clocked_read(D::NOW, "");
-        let row = sqlx::query(&sql)
+        let row = sqlx::query(&D::statements().read)
             .bind(tenant)
             .bind(id.as_str())
             .fetch_one(&self.pool)
@@ -112,12 +110,7 @@ where
         let token = D::serialise_intent(&mut **tx, cmd).await?;
         // A new statement, so a new snapshot: it sees what the intent's previous holder
         // committed. UNKNOWN operations come first: they block whatever their lease says.
-        let sql = format!(
-            "SELECT {BLOCKING_COLUMNS} FROM operations WHERE tenant = $1 AND tool = $2 \
-             AND fingerprint = $3 AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4 \
-             ORDER BY state DESC, created_at LIMIT 1"
-        );
-        let blocking: Option<BlockingRow> = sqlx::query_as(&sql)
+        let blocking: Option<BlockingRow> = sqlx::query_as(&FIND_BLOCKING)
             .bind(cmd.tenant.as_str())
             .bind(cmd.tool.as_str())
             .bind(&cmd.fingerprint.0[..])
@@ -243,11 +236,7 @@ where
                 .await?;
         }
         if let Some(attempt) = &plan.attempt {
-            let sql = format!(
-                "INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-            );
-            sqlx::query(&sql)
+            sqlx::query(&INSERT_ATTEMPT)
                 .bind(tenant)
                 .bind(id.as_str())
                 .bind(i64::from(attempt.number))
@@ -499,16 +488,33 @@ impl<'a, D: Database> Binds<'a, D> {
     }
 }
 
-/// The operation with the store's clock beside it, in one row even when there is no operation.
-fn clocked_read(now: &str, row_lock: &str) -> String {
-    format!(
-        "SELECT {now} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN \
-         (SELECT {} FROM operations WHERE tenant = $1 AND operation_id = $2{row_lock}) AS o ON TRUE",
-        OPERATION_COLUMNS.as_str()
-    )
+/// The statements whose text depends on the dialect and is the same for every call, built once
+/// per dialect (see [`Dialect::statements`]).
+#[derive(Debug)]
+pub struct Statements {
+    /// The operation with the store's clock beside it, in one row even when there is none.
+    read: String,
+    /// The same, locking the row until the transaction ends.
+    lock: String,
 }
 
-/// Reads a row of [`clocked_read`]: the operation's columns are all NULL when there is none.
+impl Statements {
+    pub fn new(now: &str, row_lock: &str) -> Self {
+        let clocked = |lock: &str| {
+            format!(
+                "SELECT {now} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN \
+                 (SELECT {} FROM operations WHERE tenant = $1 AND operation_id = $2{lock}) AS o ON TRUE",
+                OPERATION_COLUMNS.as_str()
+            )
+        };
+        Self {
+            read: clocked(""),
+            lock: clocked(row_lock),
+        }
+    }
+}
+
+/// Reads a row of [`Statements::read`]: the operation's columns are all NULL when there is none.
 fn clocked<R>(row: &R) -> Result<Clocked, StoreError>
 where
     R: Row,
