@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "once/ledger/v1/ledger.proto",
         "once/reconciler/v1/reconciler.proto",
+        "once/admin/v1/admin.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());

@@ -549,7 +549,7 @@ async fn lookups_are_due_only_when_unknown_due_and_unclaimed<B: Backend>(backend
         .unwrap()
         .unwrap();
     let due: Vec<String> = backend
-        .due_lookups(10, &["stripe"])
+        .due_lookups(10, &[(TENANT, "stripe")])
         .await
         .unwrap()
         .into_iter()

@@ -17,6 +17,7 @@
 
 mod support;
 
+mod access;
 mod concurrency;
 mod conformance;
 mod decisions;

@@ -285,14 +285,17 @@ async fn replicas_never_claim_one_operation_at_once(store: Store) {
                 let ledger = once_store::Ledger::new(
                     once_store::SqliteBackend::connect(&url).await.unwrap(),
                 );
-                ledger.claim_lookups(50, 60_000, &["stripe"]).await.unwrap()
+                ledger
+                    .claim_lookups(50, 60_000, &[("default", "stripe")])
+                    .await
+                    .unwrap()
             }
             Store::Postgres => {
                 let backend = once_store::PgBackend::connect(&url, &Default::default())
                     .await
                     .unwrap();
                 once_store::Ledger::new(backend)
-                    .claim_lookups(50, 60_000, &["stripe"])
+                    .claim_lookups(50, 60_000, &[("default", "stripe")])
                     .await
                     .unwrap()
             }

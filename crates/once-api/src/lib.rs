@@ -22,5 +22,11 @@ pub mod reconciler_pb {
     tonic::include_proto!("once.reconciler.v1");
 }
 
+/// Generated messages, client and server for `once.admin.v1`: tenants and credentials.
+#[allow(missing_debug_implementations, clippy::all)]
+pub mod admin_pb {
+    tonic::include_proto!("once.admin.v1");
+}
+
 /// The encoded descriptors of every file of the API, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

@@ -2,16 +2,16 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::error::ClientError;
 
-/// How to reach the ledger.
-#[derive(Debug, Clone)]
+/// How to reach the ledger. `Debug` never shows the API key or the client key.
+#[derive(Clone)]
 pub struct ClientConfig {
     /// One or several `onced` endpoints (`http://host:port`); calls are spread over them.
     pub endpoints: Vec<String>,
-    /// Sent as `authorization: Bearer <token>` when set.
+    /// The API key, sent as `authorization: Bearer <token>` when set. It names the tenant.
     pub token: Option<String>,
     /// Deadline of one RPC attempt.
     pub rpc_timeout: Duration,
@@ -24,6 +24,27 @@ pub struct ClientConfig {
     /// For `https://` endpoints: a PEM bundle of extra certificate authorities to trust (a
     /// private CA) besides the public web roots.
     pub tls_ca_pem: Option<Vec<u8>>,
+    /// For `https://` endpoints of a ledger that verifies client certificates (mTLS): the PEM
+    /// certificate and private key to present.
+    pub tls_identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("endpoints", &self.endpoints)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("rpc_timeout", &self.rpc_timeout)
+            .field("tries", &self.tries)
+            .field("backoff", &self.backoff)
+            .field("client_name", &self.client_name)
+            .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(Vec::len))
+            .field(
+                "tls_identity_pem",
+                &self.tls_identity_pem.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 impl ClientConfig {
@@ -36,6 +57,7 @@ impl ClientConfig {
             backoff: Duration::from_millis(100),
             client_name: "once-client".into(),
             tls_ca_pem: None,
+            tls_identity_pem: None,
         }
     }
 
@@ -52,6 +74,9 @@ impl ClientConfig {
             let mut tls = ClientTlsConfig::new().with_webpki_roots();
             if let Some(pem) = &self.tls_ca_pem {
                 tls = tls.ca_certificate(Certificate::from_pem(pem));
+            }
+            if let Some((cert, key)) = &self.tls_identity_pem {
+                tls = tls.identity(Identity::from_pem(cert, key));
             }
             endpoint = endpoint.tls_config(tls).map_err(invalid)?;
         }

@@ -6,6 +6,7 @@
 //! where the current time comes from. Callers hand it the stored [`Operation`], a command and
 //! `now`, and get back a decision plus the [`Plan`] of writes that must commit together.
 
+pub mod access;
 pub mod error;
 pub mod identity;
 pub mod jcs;

@@ -18,6 +18,17 @@
 //! timeout = "5s"
 //! settle_time = "2s"
 //! ```
+//!
+//! A reconciler serves the tenants it is configured for (`default` unless it says), each with
+//! its own credential: an operation is only ever looked up with its own tenant's.
+//!
+//! ```toml
+//! [[reconciler]]
+//! name = "stripe"
+//! kind = "stripe"
+//! endpoint = "https://api.stripe.com"
+//! api_key_env = { acme = "ACME_STRIPE_KEY", globex = "GLOBEX_STRIPE_KEY" }
+//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +83,9 @@ struct ReconcilerFile {
     name: String,
     kind: String,
     endpoint: String,
-    api_key_env: Option<String>,
+    api_key_env: Option<ApiKeyEnv>,
+    /// The tenants served, when no credential names them (default: `default`).
+    tenants: Option<Vec<String>>,
     timeout: Option<String>,
     settle_time: Option<String>,
     // The `http` kind's settings.
@@ -84,6 +97,66 @@ struct ReconcilerFile {
     miss_is_authoritative: Option<bool>,
     dedupes_by_provider_key: Option<bool>,
 }
+
+/// Where a reconciler's credential comes from: one variable (for one tenant), or one per tenant.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ApiKeyEnv {
+    One(String),
+    PerTenant(std::collections::BTreeMap<String, String>),
+}
+
+/// The tenants a reconciler serves, each with the variable holding its credential.
+fn served(
+    r: &ReconcilerFile,
+    field: &dyn Fn(&str) -> String,
+) -> Result<Vec<(String, Option<String>)>, ConfigError> {
+    let named = r.tenants.clone();
+    let served: Vec<(String, Option<String>)> = match &r.api_key_env {
+        Some(ApiKeyEnv::PerTenant(by_tenant)) => {
+            if let Some(named) = &named {
+                let keys: Vec<&String> = by_tenant.keys().collect();
+                let mut sorted: Vec<&String> = named.iter().collect();
+                sorted.sort();
+                if keys != sorted {
+                    return Err(invalid(
+                        field("tenants"),
+                        "must name exactly the tenants api_key_env has a variable for",
+                    ));
+                }
+            }
+            by_tenant
+                .iter()
+                .map(|(t, v)| (t.clone(), Some(v.clone())))
+                .collect()
+        }
+        Some(ApiKeyEnv::One(variable)) => {
+            let tenants = named.unwrap_or_else(|| vec![DEFAULT_TENANT.to_owned()]);
+            if tenants.len() != 1 {
+                return Err(invalid(
+                    field("api_key_env"),
+                    "one credential cannot serve several tenants: give one variable per tenant, api_key_env = { tenant = \"VARIABLE\" }",
+                ));
+            }
+            vec![(tenants[0].clone(), Some(variable.clone()))]
+        }
+        None => named
+            .unwrap_or_else(|| vec![DEFAULT_TENANT.to_owned()])
+            .into_iter()
+            .map(|t| (t, None))
+            .collect(),
+    };
+    if served.is_empty() {
+        return Err(invalid(field("tenants"), "must name at least one tenant"));
+    }
+    for (tenant, _) in &served {
+        once_core::access::check_tenant_name(tenant).map_err(|m| invalid(field("tenants"), m))?;
+    }
+    Ok(served)
+}
+
+/// The tenant a reconciler serves when its configuration names none.
+pub const DEFAULT_TENANT: &str = "default";
 
 /// How the reconciliation workers run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,7 +269,7 @@ pub fn parse(
     let mut registry = Registry::default();
     for (i, r) in file.reconciler.iter().enumerate() {
         let field = |name: &str| format!("reconciler[{i}].{name}");
-        if r.name.is_empty() || registry.get(&r.name).is_some() {
+        if r.name.is_empty() || registry.names().any(|(_, name)| name == r.name) {
             return Err(invalid(field("name"), "must be present and unique"));
         }
         let timeout = duration(
@@ -219,59 +292,76 @@ pub fn parse(
                 ),
             ));
         }
-        let api_key = match &r.api_key_env {
-            None => None,
-            Some(variable) => Some(env(variable).ok_or_else(|| {
-                invalid(
-                    field("api_key_env"),
-                    format!("the environment has no {variable}"),
-                )
-            })?),
-        };
-        let reconciler: Arc<dyn crate::Reconciler> = match r.kind.as_str() {
-            "stripe" => Arc::new(
-                StripeReconciler::new(&r.endpoint, api_key, settle_time, timeout)
-                    .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
-            ),
-            "http" => Arc::new(HttpReconciler {
-                endpoint: r.endpoint.clone(),
-                url: http_url(r.url.as_deref()).map_err(|m| invalid(field("url"), m))?,
-                found_status: r.found_status.clone().unwrap_or_else(|| vec![200]),
-                not_found_status: r.not_found_status.clone().unwrap_or_else(|| vec![404]),
-                provider_ref_pointer: r
-                    .provider_ref_pointer
-                    .clone()
-                    .unwrap_or_else(|| "/id".into()),
-                result_pointer: r.result_pointer.clone().unwrap_or_default(),
-                capabilities: Capabilities {
-                    miss_is_authoritative: r.miss_is_authoritative.unwrap_or(false),
-                    settle_time_ms: millis(settle_time),
-                    dedupes_by_provider_key: r.dedupes_by_provider_key.unwrap_or(false),
+        for (tenant, variable) in served(r, &field)? {
+            let api_key = match &variable {
+                None => None,
+                Some(variable) => Some(env(variable).ok_or_else(|| {
+                    invalid(
+                        field("api_key_env"),
+                        format!("the environment has no {variable}"),
+                    )
+                })?),
+            };
+            let reconciler = build(r, &field, api_key, settle_time, timeout)?;
+            registry.insert(
+                &tenant,
+                Registered {
+                    name: r.name.clone(),
+                    reconciler,
+                    backoff: settings.backoff,
+                    escalation: settings.escalation,
+                    timeout,
                 },
-                api_key,
-                http: HttpReconciler::client(timeout)
-                    .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
-            }),
-            "grpc" => Arc::new(
-                GrpcReconciler::new(&r.endpoint, timeout)
-                    .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
-            ),
-            other => {
-                return Err(invalid(
-                    field("kind"),
-                    format!("unknown kind {other:?}; known: stripe, http, grpc"),
-                ))
-            }
-        };
-        registry.insert(Registered {
-            name: r.name.clone(),
-            reconciler,
-            backoff: settings.backoff,
-            escalation: settings.escalation,
-            timeout,
-        });
+            );
+        }
     }
     Ok(Reconciliation { settings, registry })
+}
+
+/// One reconciler of `r`'s kind, with one tenant's credential.
+fn build(
+    r: &ReconcilerFile,
+    field: &dyn Fn(&str) -> String,
+    api_key: Option<String>,
+    settle_time: Duration,
+    timeout: Duration,
+) -> Result<Arc<dyn crate::Reconciler>, ConfigError> {
+    let reconciler: Arc<dyn crate::Reconciler> = match r.kind.as_str() {
+        "stripe" => Arc::new(
+            StripeReconciler::new(&r.endpoint, api_key, settle_time, timeout)
+                .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
+        ),
+        "http" => Arc::new(HttpReconciler {
+            endpoint: r.endpoint.clone(),
+            url: http_url(r.url.as_deref()).map_err(|m| invalid(field("url"), m))?,
+            found_status: r.found_status.clone().unwrap_or_else(|| vec![200]),
+            not_found_status: r.not_found_status.clone().unwrap_or_else(|| vec![404]),
+            provider_ref_pointer: r
+                .provider_ref_pointer
+                .clone()
+                .unwrap_or_else(|| "/id".into()),
+            result_pointer: r.result_pointer.clone().unwrap_or_default(),
+            capabilities: Capabilities {
+                miss_is_authoritative: r.miss_is_authoritative.unwrap_or(false),
+                settle_time_ms: millis(settle_time),
+                dedupes_by_provider_key: r.dedupes_by_provider_key.unwrap_or(false),
+            },
+            api_key,
+            http: HttpReconciler::client(timeout)
+                .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
+        }),
+        "grpc" => Arc::new(
+            GrpcReconciler::new(&r.endpoint, timeout)
+                .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
+        ),
+        other => {
+            return Err(invalid(
+                field("kind"),
+                format!("unknown kind {other:?}; known: stripe, http, grpc"),
+            ))
+        }
+    };
+    Ok(reconciler)
 }
 
 #[cfg(test)]
@@ -298,7 +388,7 @@ mod tests {
         .unwrap();
         assert_eq!(parsed.settings.interval, Duration::from_millis(250));
         assert_eq!(parsed.settings.backoff.max_ms, 60_000);
-        let stripe = parsed.registry.get("payments").unwrap();
+        let stripe = parsed.registry.get("default", "payments").unwrap();
         assert_eq!(stripe.policy(64).capabilities.settle_time_ms, 2_000);
         let shown = format!("{:?}", parsed.registry);
         assert!(

@@ -87,26 +87,33 @@ impl Registered {
     }
 }
 
-/// The reconcilers of one ledger, by name (the `provider` an operation names).
+/// The reconcilers of one ledger, by the tenant they serve and their name (the `provider` an
+/// operation names). Each tenant's reconciler holds that tenant's credential only.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
-    reconcilers: HashMap<String, Registered>,
+    reconcilers: HashMap<(String, String), Registered>,
 }
 
 impl Registry {
-    pub fn insert(&mut self, registered: Registered) {
-        self.reconcilers.insert(registered.name.clone(), registered);
+    /// Registers a reconciler for one tenant.
+    pub fn insert(&mut self, tenant: &str, registered: Registered) {
+        self.reconcilers
+            .insert((tenant.to_owned(), registered.name.clone()), registered);
     }
 
-    pub fn get(&self, name: &str) -> Option<&Registered> {
-        self.reconcilers.get(name)
+    /// The reconciler named `name` that serves `tenant`.
+    pub fn get(&self, tenant: &str, name: &str) -> Option<&Registered> {
+        self.reconcilers.get(&(tenant.to_owned(), name.to_owned()))
     }
 
     pub fn is_empty(&self) -> bool {
         self.reconcilers.is_empty()
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.reconcilers.keys().map(String::as_str)
+    /// Every (tenant, reconciler name) served.
+    pub fn names(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.reconcilers
+            .keys()
+            .map(|(tenant, name)| (tenant.as_str(), name.as_str()))
     }
 }

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::{
@@ -111,13 +112,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
-    /// Up to `limit` UNKNOWN operations, naming one of `providers`, due for a reconciler lookup
+    /// Up to `limit` UNKNOWN operations of a (tenant, provider) in `served`, due for a reconciler lookup
     /// that no lookup holds, most overdue first. Nothing is claimed: see
     /// [`Backend::claim_lookup`].
     fn due_lookups(
         &self,
         limit: u32,
-        providers: &[&str],
+        served: &[(&str, &str)],
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
     /// Claims one UNKNOWN operation for a lookup lasting at most `claim_ms`: no other claim
@@ -143,6 +144,48 @@ pub trait Backend: Clone + Send + Sync + 'static {
         age_ms: i64,
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Creates a tenant, or changes the limits of the one with its name; returns it as stored.
+    fn put_tenant(
+        &self,
+        tenant: &Tenant,
+    ) -> impl Future<Output = Result<Tenant, StoreError>> + Send;
+
+    /// Every tenant, by name.
+    fn tenants(&self) -> impl Future<Output = Result<Vec<Tenant>, StoreError>> + Send;
+
+    /// Stores a credential. [`StoreError::NotFound`] when its tenant does not exist;
+    /// [`StoreError::Duplicate`] when its key id or secret is already stored.
+    fn create_credential(
+        &self,
+        credential: &NewCredential,
+    ) -> impl Future<Output = Result<Credential, StoreError>> + Send;
+
+    /// The credentials of `tenant` (of every tenant when `None`), oldest first, revoked ones
+    /// included. Never a secret: the store holds none.
+    fn credentials(
+        &self,
+        tenant: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<Credential>, StoreError>> + Send;
+
+    /// Revokes a credential (a revoked one stays revoked as it was); `None` when there is no
+    /// credential with that id.
+    fn revoke_credential(
+        &self,
+        key_id: &str,
+    ) -> impl Future<Output = Result<Option<Credential>, StoreError>> + Send;
+
+    /// The credential whose secret hashes to `hash`, revoked or not, with its tenant.
+    fn credential_by_hash(
+        &self,
+        hash: &SecretHash,
+    ) -> impl Future<Output = Result<Option<(Credential, Tenant)>, StoreError>> + Send;
+
+    /// Whether any credential was ever stored: from then on every caller must present one.
+    fn has_credentials(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// How many operations of `tenant` are IN_FLIGHT.
+    fn in_flight(&self, tenant: &str) -> impl Future<Output = Result<i64, StoreError>> + Send;
 
     /// Checks that the database answers and accepts writes.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

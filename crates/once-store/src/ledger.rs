@@ -224,17 +224,17 @@ impl<B: Backend> Ledger<B> {
         Ok((operations, next))
     }
 
-    /// Claims up to `limit` operations due for a lookup by one of `providers` (the reconcilers
-    /// this replica has: it never holds one it cannot look up), each for `claim_ms`, and returns
+    /// Claims up to `limit` operations due for a lookup by one of `served` (the tenants and
+    /// reconcilers this replica has: it never holds one it cannot look up), each for `claim_ms`, and returns
     /// them as claimed, with their claims. See [`Backend::claim_lookup`].
     pub async fn claim_lookups(
         &self,
         limit: u32,
         claim_ms: i64,
-        providers: &[&str],
+        served: &[(&str, &str)],
     ) -> Result<Vec<(Operation, reconcile::Lookup)>, StoreError> {
         let mut claimed = Vec::new();
-        for (tenant, id) in self.backend.due_lookups(limit, providers).await? {
+        for (tenant, id) in self.backend.due_lookups(limit, served).await? {
             // Another replica may claim it first: then this one finds it held and skips it.
             if let Some(found) = self
                 .backend

@@ -5,6 +5,7 @@
 
 use std::sync::LazyLock;
 
+use once_core::access::{Credential, CredentialKind, Tenant};
 use once_core::{
     Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Millis,
     Operation, OperationId, Source, State,
@@ -296,6 +297,62 @@ impl TryFrom<KeyRow> for (String, OperationId) {
 
     fn try_from(row: KeyRow) -> Result<Self, StoreError> {
         Ok((row.tenant, operation_id(row.operation_id)?))
+    }
+}
+
+/// The columns of `tenants`, as [`TenantRow`] reads them.
+pub(crate) const TENANT_COLUMNS: &str = "name, created_at, max_in_flight, requests_per_second";
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct TenantRow {
+    name: String,
+    created_at: i64,
+    max_in_flight: Option<i64>,
+    requests_per_second: Option<i64>,
+}
+
+impl TryFrom<TenantRow> for Tenant {
+    type Error = StoreError;
+
+    fn try_from(row: TenantRow) -> Result<Self, StoreError> {
+        Ok(Tenant {
+            name: row.name,
+            created_at: row.created_at,
+            max_in_flight: row.max_in_flight,
+            requests_per_second: row.requests_per_second,
+        })
+    }
+}
+
+/// The columns of `credentials` but the secret's hash, as [`CredentialRow`] reads them.
+pub(crate) const CREDENTIAL_COLUMNS: &str =
+    "key_id, tenant, name, roles, kind, created_at, revoked_at";
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct CredentialRow {
+    key_id: String,
+    tenant: String,
+    name: String,
+    roles: String,
+    kind: String,
+    created_at: i64,
+    revoked_at: Option<i64>,
+}
+
+impl TryFrom<CredentialRow> for Credential {
+    type Error = StoreError;
+
+    fn try_from(row: CredentialRow) -> Result<Self, StoreError> {
+        Ok(Credential {
+            roles: row.roles.parse().map_err(corrupt)?,
+            kind: CredentialKind::parse(&row.kind)
+                .ok_or_else(|| corrupt(format!("unknown credential kind {:?}", row.kind)))?,
+            key_id: row.key_id,
+            tenant: row.tenant,
+            name: row.name,
+            created_at: row.created_at,
+            revoked_at: row.revoked_at,
+        })
     }
 }
 

@@ -1,5 +1,6 @@
 //! The ledger's SQL, written once for every [`Dialect`].
 
+use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
 use once_core::{
@@ -12,9 +13,10 @@ use sqlx::{
 };
 
 use crate::rows::{
-    self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, OperationRow, ATTEMPT_COLUMNS,
-    EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS,
-    OPERATION_COLUMNS, UPDATE_OPERATION,
+    self, AttemptRow, BlockingRow, Clocked, CredentialRow, EventRow, KeyRow, OperationRow,
+    TenantRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT,
+    INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
+    UPDATE_OPERATION,
 };
 use crate::{Backend, Dialect, StoreError};
 
@@ -62,6 +64,9 @@ where
     for<'r> EventRow: FromRow<'r, D::Row>,
     for<'r> BlockingRow: FromRow<'r, D::Row>,
     for<'r> KeyRow: FromRow<'r, D::Row>,
+    for<'r> TenantRow: FromRow<'r, D::Row>,
+    for<'r> CredentialRow: FromRow<'r, D::Row>,
+    for<'q> Option<i64>: Decode<'q, D>,
     for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
     for<'n> &'n str: ColumnIndex<D::Row>,
@@ -361,24 +366,26 @@ where
     async fn due_lookups(
         &self,
         limit: u32,
-        providers: &[&str],
+        served: &[(&str, &str)],
     ) -> Result<Vec<(String, OperationId)>, StoreError> {
-        if providers.is_empty() {
+        if served.is_empty() {
             return Ok(Vec::new());
         }
         let now = D::NOW;
-        let names: Vec<String> = (1..=providers.len()).map(|n| format!("${n}")).collect();
+        let pairs: Vec<String> = (0..served.len())
+            .map(|n| format!("(${}, ${})", 2 * n + 1, 2 * n + 2))
+            .collect();
         let sql = format!(
             "SELECT tenant, operation_id FROM operations WHERE state = 'UNKNOWN' \
              AND provider IS NOT NULL AND reconcile_next_at <= {now} \
              AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= {now}) \
-             AND provider IN ({}) ORDER BY reconcile_next_at LIMIT ${}",
-            names.join(", "),
-            providers.len() + 1
+             AND (tenant, provider) IN (VALUES {}) ORDER BY reconcile_next_at LIMIT ${}",
+            pairs.join(", "),
+            2 * served.len() + 1
         );
         let mut due = sqlx::query_as(&sql);
-        for provider in providers {
-            due = due.bind(*provider);
+        for (tenant, provider) in served {
+            due = due.bind(*tenant).bind(*provider);
         }
         let due: Vec<KeyRow> = due.bind(i64::from(limit)).fetch_all(&self.pool).await?;
         rows::convert(due)
@@ -449,6 +456,120 @@ where
             .execute(&self.pool)
             .await?;
         Ok(D::rows_affected(&deleted))
+    }
+
+    async fn put_tenant(&self, tenant: &Tenant) -> Result<Tenant, StoreError> {
+        let sql = format!(
+            "INSERT INTO tenants ({TENANT_COLUMNS}) VALUES ($1, {}, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET max_in_flight = $2, requests_per_second = $3 \
+             RETURNING {TENANT_COLUMNS}",
+            D::NOW
+        );
+        let row: TenantRow = sqlx::query_as(&sql)
+            .bind(tenant.name.as_str())
+            .bind(tenant.max_in_flight)
+            .bind(tenant.requests_per_second)
+            .fetch_one(&self.pool)
+            .await?;
+        Tenant::try_from(row)
+    }
+
+    async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        let sql = format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY name");
+        let rows: Vec<TenantRow> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+        rows::convert(rows)
+    }
+
+    async fn create_credential(&self, new: &NewCredential) -> Result<Credential, StoreError> {
+        // Inserted only beside an existing tenant: no row means there is none.
+        let sql = format!(
+            "INSERT INTO credentials (key_id, tenant, name, roles, kind, secret_hash, created_at) \
+             SELECT $1, name, $3, $4, $5, $6, {} FROM tenants WHERE name = $2 \
+             RETURNING {CREDENTIAL_COLUMNS}",
+            D::NOW
+        );
+        let row: Option<CredentialRow> = sqlx::query_as(&sql)
+            .bind(new.key_id.as_str())
+            .bind(new.tenant.as_str())
+            .bind(new.name.as_str())
+            .bind(new.roles.to_string())
+            .bind(new.kind.as_str())
+            .bind(&new.secret_hash.0[..])
+            .fetch_optional(&self.pool)
+            .await?;
+        Credential::try_from(row.ok_or(StoreError::NotFound)?)
+    }
+
+    async fn credentials(&self, tenant: Option<&str>) -> Result<Vec<Credential>, StoreError> {
+        let sql = format!(
+            "SELECT {CREDENTIAL_COLUMNS} FROM credentials WHERE $1 IS NULL OR tenant = $1 \
+             ORDER BY created_at, key_id"
+        );
+        let rows: Vec<CredentialRow> = sqlx::query_as(&sql)
+            .bind(tenant)
+            .fetch_all(&self.pool)
+            .await?;
+        rows::convert(rows)
+    }
+
+    async fn revoke_credential(&self, key_id: &str) -> Result<Option<Credential>, StoreError> {
+        let sql = format!(
+            "UPDATE credentials SET revoked_at = COALESCE(revoked_at, {}) WHERE key_id = $1 \
+             RETURNING {CREDENTIAL_COLUMNS}",
+            D::NOW
+        );
+        let row: Option<CredentialRow> = sqlx::query_as(&sql)
+            .bind(key_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(Credential::try_from).transpose()
+    }
+
+    async fn credential_by_hash(
+        &self,
+        hash: &SecretHash,
+    ) -> Result<Option<(Credential, Tenant)>, StoreError> {
+        let sql = format!(
+            "SELECT {}, t.created_at AS tenant_created_at, t.max_in_flight, t.requests_per_second \
+             FROM credentials c JOIN tenants t ON t.name = c.tenant WHERE c.secret_hash = $1",
+            CREDENTIAL_COLUMNS
+                .split(", ")
+                .map(|c| format!("c.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let row = sqlx::query(&sql)
+            .bind(&hash.0[..])
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let credential = Credential::try_from(CredentialRow::from_row(&row)?)?;
+        let tenant = Tenant {
+            name: credential.tenant.clone(),
+            created_at: row.try_get("tenant_created_at")?,
+            max_in_flight: row.try_get("max_in_flight")?,
+            requests_per_second: row.try_get("requests_per_second")?,
+        };
+        Ok(Some((credential, tenant)))
+    }
+
+    async fn has_credentials(&self) -> Result<bool, StoreError> {
+        let (count,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM credentials LIMIT 1) AS any_credential",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(count > 0)
+    }
+
+    async fn in_flight(&self, tenant: &str) -> Result<i64, StoreError> {
+        let (count,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM operations WHERE tenant = $1 AND state = 'IN_FLIGHT'",
+        )
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(count)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

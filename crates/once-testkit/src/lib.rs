@@ -292,6 +292,14 @@ impl TestLedger {
     }
 
     pub async fn spawn_url(url: &str, extra: &[&str]) -> Self {
+        let ledger = Self::start(url, extra).await;
+        wait_serving(ledger.addr).await;
+        ledger
+    }
+
+    /// Starts a ledger without waiting for it to serve: for one that serves TLS, which
+    /// [`wait_serving_on`] waits for.
+    pub async fn start(url: &str, extra: &[&str]) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -299,13 +307,11 @@ impl TestLedger {
         let task = tokio::spawn(onced::run(config, listener, async {
             let _ = stopped.await;
         }));
-        let ledger = TestLedger {
+        TestLedger {
             addr,
             stop: Some(stop),
             task: Some(task),
-        };
-        wait_serving(addr).await;
-        ledger
+        }
     }
 
     pub async fn client(&self) -> LedgerClient<Channel> {
@@ -343,15 +349,17 @@ pub async fn client(addr: SocketAddr) -> LedgerClient<Channel> {
 
 /// Waits until the gRPC health service at `addr` says SERVING.
 pub async fn wait_serving(addr: SocketAddr) {
+    wait_serving_on(Channel::from_shared(format!("http://{addr}")).unwrap()).await
+}
+
+/// Waits until the ledger at `endpoint` (TLS settings included) reports SERVING.
+pub async fn wait_serving_on(endpoint: tonic::transport::Endpoint) {
+    let endpoint = &endpoint;
     eventually(Duration::from_secs(60), "ledger serving", || async move {
         // Each look is bounded: a port that is open before its server serves (the store is
         // still being opened) holds a request rather than refusing it.
         let look = async {
-            let channel = Channel::from_shared(format!("http://{addr}"))
-                .unwrap()
-                .connect()
-                .await
-                .ok()?;
+            let channel = endpoint.connect().await.ok()?;
             let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
             let request = tonic_health::pb::HealthCheckRequest {
                 service: String::new(),

@@ -2,6 +2,7 @@
 //! explicitly to everything that needs it.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -16,9 +17,19 @@ use once_core::Limits;
     args_override_self = true
 )]
 pub struct Config {
+    /// Administration of tenants and credentials, straight on the database; without one,
+    /// `onced` serves.
+    #[command(subcommand)]
+    pub command: Option<crate::cli::Command>,
+
     /// Where operations are stored: `sqlite://PATH` (created if missing) or
     /// `postgres://USER@HOST/DB`.
-    #[arg(long, env = "ONCE_DATABASE_URL", default_value = "sqlite://once.db")]
+    #[arg(
+        long,
+        env = "ONCE_DATABASE_URL",
+        default_value = "sqlite://once.db",
+        global = true
+    )]
     pub database_url: String,
 
     /// A TOML file configuring reconcilers (see the plugin guide). Without one, UNKNOWN
@@ -29,6 +40,39 @@ pub struct Config {
     /// Address the gRPC API listens on.
     #[arg(long, env = "ONCE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+
+    /// A PEM certificate chain to serve TLS with (with --tls-key). Re-read on SIGHUP and
+    /// when the file changes; connections already open keep theirs.
+    #[arg(long, env = "ONCE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "ONCE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM certificate authorities whose client certificates are accepted: every connection
+    /// must then present one (mTLS). A client certificate registered with
+    /// `onced keys create --certificate` stands in for an API key.
+    #[arg(long, env = "ONCE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// How often the TLS files are checked for changes.
+    #[arg(long, env = "ONCE_TLS_RELOAD_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+
+    /// A file holding the admin API key to store at start (also ONCE_ADMIN_KEY, the key
+    /// itself). Stored once, as a hash, for tenant `default`; at least 32 characters.
+    #[arg(long, env = "ONCE_ADMIN_KEY_FILE")]
+    pub admin_key_file: Option<PathBuf>,
+
+    /// How long a credential lookup is cached: a key created or revoked on any replica takes
+    /// effect on every replica within this.
+    #[arg(long, env = "ONCE_CREDENTIAL_TTL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub credential_ttl: Duration,
+
+    /// Serve beyond loopback without TLS, or without credentials. Never in production.
+    #[arg(long, env = "ONCE_INSECURE")]
+    pub insecure: bool,
 
     /// Lease granted when a Begin names none.
     #[arg(long, env = "ONCE_DEFAULT_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -94,6 +138,24 @@ pub enum ConfigError {
     RetentionOverMax,
     #[error("sweep intervals must be positive")]
     ZeroInterval,
+    #[error("--credential-ttl and --tls-reload-interval must be positive")]
+    ZeroTtl,
+    #[error("{}: cannot read it", path.display())]
+    ReadFile {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("ONCE_ADMIN_KEY and --admin-key-file: {0}")]
+    AdminKey(String),
+    #[error(
+        "refusing to listen on {listen} {why}: anyone who reaches it could call the ledger. \
+         Listen on loopback, turn on TLS (--tls-cert, --tls-key) and credentials (create a key, \
+         or ONCE_ADMIN_KEY), or pass --insecure"
+    )]
+    Exposed {
+        listen: SocketAddr,
+        why: &'static str,
+    },
     #[error("--config {}: cannot read it", path.display())]
     ReadReconcilers {
         path: std::path::PathBuf,
@@ -124,6 +186,9 @@ impl Config {
             || self.retention_explicit > self.max_retention
         {
             return Err(ConfigError::RetentionOverMax);
+        }
+        if self.credential_ttl.is_zero() || self.tls_reload_interval.is_zero() {
+            return Err(ConfigError::ZeroTtl);
         }
         if self.lease_sweep_interval.is_zero()
             || self.retention_sweep_interval.is_zero()
@@ -162,6 +227,44 @@ impl Config {
                 path: path.clone(),
                 source,
             }
+        })
+    }
+
+    /// The admin key to bootstrap: the ONCE_ADMIN_KEY variable, or the file it names.
+    pub fn admin_key(&self) -> Result<Option<once_core::access::ApiKey>, ConfigError> {
+        let supplied = match (&self.admin_key_file, std::env::var("ONCE_ADMIN_KEY").ok()) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::AdminKey("give one of them, not both".into()))
+            }
+            (Some(path), None) => {
+                std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+            (None, Some(key)) => key,
+            (None, None) => return Ok(None),
+        };
+        once_core::access::ApiKey::supplied(supplied)
+            .map(Some)
+            .map_err(ConfigError::AdminKey)
+    }
+
+    /// Refuses to expose an unprotected ledger beyond loopback, unless `--insecure`.
+    pub fn check_exposure(&self, authenticated: bool) -> Result<(), ConfigError> {
+        if self.insecure || self.listen.ip().is_loopback() {
+            return Ok(());
+        }
+        let why = if self.tls_cert.is_none() {
+            "without TLS"
+        } else if !authenticated {
+            "without credentials"
+        } else {
+            return Ok(());
+        };
+        Err(ConfigError::Exposed {
+            listen: self.listen,
+            why,
         })
     }
 

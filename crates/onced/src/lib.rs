@@ -5,16 +5,21 @@
 //! with gRPC health checking and reflection, runs the sweepers, and on shutdown stops
 //! accepting, lets in-flight requests finish, stops the sweepers and closes the pool.
 
+pub mod access;
+pub mod admin;
+pub mod cli;
 pub mod config;
 mod reconciliation;
 mod service;
 mod status;
 mod sweeper;
+mod tls;
 mod wait;
 
 use std::future::Future;
 
 use anyhow::Context as _;
+use once_api::admin_pb::admin_server::AdminServer;
 use once_api::pb::ledger_server::LedgerServer;
 use once_store::postgres::PgSettings;
 use once_store::{Backend, Ledger, PgBackend, SqliteBackend};
@@ -22,8 +27,9 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+pub use access::DEFAULT_TENANT;
 pub use config::{Config, ConfigError, StoreKind};
-pub use service::{LedgerService, DEFAULT_TENANT};
+pub use service::LedgerService;
 pub use status::ERROR_DOMAIN;
 
 /// Serves the ledger on `listener` until `shutdown` completes.
@@ -34,41 +40,85 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     match config.store_kind()? {
-        StoreKind::Sqlite => {
-            let backend = SqliteBackend::connect(&config.database_url)
-                .await
-                .context("opening the SQLite database")?;
-            serve(Ledger::new(backend), &config, listener, shutdown).await
-        }
-        StoreKind::Postgres => {
-            let settings = PgSettings {
-                max_connections: config.db_max_connections,
-                acquire_timeout: config.db_acquire_timeout,
-            };
-            let backend = PgBackend::connect(&config.database_url, &settings)
-                .await
-                .context("connecting to PostgreSQL")?;
-            serve(Ledger::new(backend), &config, listener, shutdown).await
-        }
+        StoreKind::Sqlite => serve(sqlite(&config).await?, &config, listener, shutdown).await,
+        StoreKind::Postgres => serve(postgres(&config).await?, &config, listener, shutdown).await,
     }
 }
 
+/// Runs `onced tenants …` or `onced keys …` on the database the configuration names.
+pub async fn administer(config: Config, command: cli::Command) -> anyhow::Result<()> {
+    match config.store_kind()? {
+        StoreKind::Sqlite => cli::run(sqlite(&config).await?, command).await,
+        StoreKind::Postgres => cli::run(postgres(&config).await?, command).await,
+    }
+}
+
+async fn sqlite(config: &Config) -> anyhow::Result<SqliteBackend> {
+    SqliteBackend::connect(&config.database_url)
+        .await
+        .context("opening the SQLite database")
+}
+
+async fn postgres(config: &Config) -> anyhow::Result<PgBackend> {
+    let settings = PgSettings {
+        max_connections: config.db_max_connections,
+        acquire_timeout: config.db_acquire_timeout,
+    };
+    PgBackend::connect(&config.database_url, &settings)
+        .await
+        .context("connecting to PostgreSQL")
+}
+
 async fn serve<B: Backend>(
-    ledger: Ledger<B>,
+    backend: B,
     config: &Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let ledger = Ledger::new(backend.clone());
+    let admin_key = config.admin_key()?;
+    if let Some(key) = &admin_key {
+        admin::Admin::new(backend.clone())
+            .bootstrap(key, DEFAULT_TENANT)
+            .await
+            .context("storing the bootstrap admin key")?;
+    }
+    let access = access::Access::new(backend.clone(), config.credential_ttl, admin_key.is_some())
+        .await
+        .context("reading the credentials")?;
+    config.check_exposure(!access.is_open())?;
+    if access.is_open() {
+        tracing::warn!(
+            "authentication is off: no credential exists, so every caller is tenant `default` with every role; \
+             create a key (onced keys create) or set ONCE_ADMIN_KEY to turn it on"
+        );
+    }
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            tls::Tls::load(tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: config.tls_client_ca.clone(),
+            })
+            .context("loading TLS")?,
+        ),
+        _ => None,
+    };
     let configured = config.reconciliation()?;
     if !configured.registry.is_empty() {
-        let names: Vec<&str> = configured.registry.names().collect();
+        let names: Vec<String> = configured
+            .registry
+            .names()
+            .map(|(tenant, name)| format!("{tenant}/{name}"))
+            .collect();
         tracing::info!(reconcilers = ?names, "reconciliation on");
     }
     let limits = config.limits();
     // Room for the largest result and everything around it; a larger request is refused before
     // it is decoded (RESOURCE_EXHAUSTED), so it costs no more memory than this.
     let max_request_bytes = (limits.max_result_bytes + 64 * 1024).max(1024 * 1024);
-    let service = LedgerService::new(ledger.clone(), limits, &configured);
+    let service = LedgerService::new(ledger.clone(), access.clone(), limits, &configured);
+    let admin_service = admin::AdminService::new(backend, access);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LedgerServer<LedgerService<B>>>().await;
     // Both reflection versions: grpcurl and newer tools ask v1, older clients v1alpha.
@@ -108,16 +158,35 @@ async fn serve<B: Backend>(
     ];
 
     let address = listener.local_addr()?;
-    tracing::info!(%address, store = ledger.backend().kind(), "onced serving");
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .layer(status::TooLargeLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(LedgerServer::new(service).max_decoding_message_size(max_request_bytes))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
-        .context("serving gRPC")?;
+        .add_service(AdminServer::new(admin_service))
+        .add_service(LedgerServer::new(service).max_decoding_message_size(max_request_bytes));
+    match tls {
+        None => {
+            tracing::info!(%address, store = ledger.backend().kind(), tls = false, "onced serving");
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+        }
+        Some(tls) => {
+            let stop_accepting = CancellationToken::new();
+            let incoming = tls.incoming(listener, stop_accepting.clone());
+            let watcher = tokio::spawn(
+                tls.clone()
+                    .watch(config.tls_reload_interval, stop_accepting.clone()),
+            );
+            tracing::info!(%address, store = ledger.backend().kind(), tls = true, client_certificates = config.tls_client_ca.is_some(), "onced serving");
+            let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
+            stop_accepting.cancel();
+            let _ = watcher.await;
+            served
+        }
+    }
+    .context("serving gRPC")?;
 
     tracing::info!("stopped accepting; in-flight requests finished");
     stop_sweepers.cancel();

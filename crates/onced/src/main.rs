@@ -12,7 +12,10 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let config = Config::parse();
+    let mut config = Config::parse();
+    if let Some(command) = config.command.take() {
+        return onced::administer(config, command).await;
+    }
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     onced::run(config, listener, shutdown_signal()).await
 }

@@ -80,7 +80,9 @@ impl<B: Backend> Reconciliation<B> {
 
     /// The reconciler `op` names, if this replica has it.
     fn reconciler_of(&self, op: &Operation) -> Option<&Registered> {
-        op.provider.as_deref().and_then(|p| self.reconcilers.get(p))
+        op.provider
+            .as_deref()
+            .and_then(|p| self.reconcilers.get(&op.tenant, p))
     }
 
     /// Looks `op` up under the claim `lookup` and applies the verdict. The one path every
@@ -183,7 +185,7 @@ impl<B: Backend> Reconciliation<B> {
         // The reconciler the operation names as claimed (a new attempt may have named another
         // since it was read).
         let reconciler = op.provider.clone().unwrap_or_default();
-        let Some(registered) = self.reconcilers.get(&reconciler) else {
+        let Some(registered) = self.reconcilers.get(tenant, &reconciler) else {
             return Err(Refused::NoReconciler(reconciler));
         };
         let (verdict, applied) = self.look_up(registered, &op, &lookup).await;
@@ -231,10 +233,10 @@ impl<B: Backend> Reconciliation<B> {
     /// One round: claims up to [`LOOKUP_CONCURRENCY`] due operations and looks them up together.
     /// Returns how many it claimed.
     async fn round(&self, http: &reqwest::Client) -> u32 {
-        let providers: Vec<&str> = self.reconcilers.names().collect();
+        let served: Vec<(&str, &str)> = self.reconcilers.names().collect();
         let claimed = self
             .ledger
-            .claim_lookups(LOOKUP_CONCURRENCY, self.claim_ms, &providers)
+            .claim_lookups(LOOKUP_CONCURRENCY, self.claim_ms, &served)
             .await;
         let claimed = match claimed {
             Ok(claimed) => claimed,
@@ -254,7 +256,7 @@ impl<B: Backend> Reconciliation<B> {
     /// a threshold.
     async fn reconcile_one(&self, http: &reqwest::Client, op: &Operation, lookup: &Lookup) {
         let provider = op.provider.clone().unwrap_or_default();
-        let Some(registered) = self.reconcilers.get(&provider) else {
+        let Some(registered) = self.reconcilers.get(&op.tenant, &provider) else {
             tracing::warn!(operation_id = %op.operation_id, %provider, "no reconciler of that name is configured");
             return;
         };

@@ -5,20 +5,19 @@ use std::time::Duration;
 
 use once_api::convert::{self, Caller, ReportRequest};
 use once_api::pb;
-use once_core::{Actor, Limits};
+use once_core::Limits;
 use once_store::{Backend, Ledger};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
+use crate::access::{Access, Allowed, Principal};
 use crate::reconciliation::Reconciliation;
 use crate::status;
 use crate::wait::{self, Settled};
 
-/// The tenant every caller belongs to while authentication is off.
-pub const DEFAULT_TENANT: &str = "default";
-
 pub struct LedgerService<B> {
     ledger: Ledger<B>,
+    access: Access<B>,
     limits: Limits,
     /// The configured reconcilers, for the Reconcile RPC and a waiting Begin's lookup.
     reconciliation: Reconciliation<B>,
@@ -36,6 +35,7 @@ impl<B> std::fmt::Debug for LedgerService<B> {
 impl<B: Backend> LedgerService<B> {
     pub fn new(
         ledger: Ledger<B>,
+        access: Access<B>,
         limits: Limits,
         configured: &once_reconcile::config::Reconciliation,
     ) -> Self {
@@ -48,6 +48,7 @@ impl<B: Backend> LedgerService<B> {
         );
         Self {
             ledger,
+            access,
             limits,
             reconciliation,
             settled,
@@ -61,16 +62,11 @@ impl<B: Backend> LedgerService<B> {
     }
 }
 
-/// Establishes who is calling. Authentication is off: every caller is tenant `default`, and
-/// an executor is named after the client it says it is (reports are recorded under the
-/// executor of the attempt they report on).
-fn caller<T>(_request: &Request<T>, client_name: Option<&str>) -> Caller {
-    let name = client_name
-        .filter(|n| !n.is_empty())
-        .unwrap_or(DEFAULT_TENANT);
+/// The caller as the domain records it.
+fn caller(principal: &Principal, client_name: Option<&str>) -> Caller {
     Caller {
-        tenant: DEFAULT_TENANT.to_owned(),
-        actor: Actor::Executor(name.to_owned()),
+        tenant: principal.tenant.clone(),
+        actor: principal.executor(client_name),
     }
 }
 
@@ -81,15 +77,19 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::BeginRequest>,
     ) -> Result<Response<pb::BeginResponse>, Status> {
+        let principal = self.access.admit(&request, Allowed::EXECUTOR).await?;
         let client_name = request
             .get_ref()
             .context
             .as_ref()
             .map(|c| c.client_name.clone());
-        let caller = caller(&request, client_name.as_deref());
+        let caller = caller(&principal, client_name.as_deref());
         let input =
             convert::begin(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
         let cmd = input.command;
+        self.access
+            .check_in_flight(&principal, &cmd.operation_id)
+            .await?;
         let span = tracing::Span::current();
         span.record("operation_id", cmd.operation_id.as_str());
         span.record("tool", cmd.tool.as_str());
@@ -140,13 +140,13 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        let caller = caller(&request, None);
+        let principal = self.access.admit(&request, Allowed::EXECUTOR).await?;
         let (id, token, ttl) =
             convert::heartbeat(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         let deadline = self
             .ledger
-            .heartbeat(&caller.tenant, &id, token, ttl)
+            .heartbeat(&principal.tenant, &id, token, ttl)
             .await
             .map_err(status::store)?;
         Ok(Response::new(pb::HeartbeatResponse {
@@ -159,12 +159,12 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetOperationRequest>,
     ) -> Result<Response<pb::GetOperationResponse>, Status> {
-        let caller = caller(&request, None);
+        let principal = self.access.admit(&request, Allowed::READ_ONE).await?;
         let id = convert::get_operation(request.into_inner()).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         let (op, attempts, events) = self
             .ledger
-            .get(&caller.tenant, &id)
+            .get(&principal.tenant, &id)
             .await
             .map_err(status::store)?;
         Ok(Response::new(pb::GetOperationResponse {
@@ -179,11 +179,11 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ListOperationsRequest>,
     ) -> Result<Response<pb::ListOperationsResponse>, Status> {
-        let caller = caller(&request, None);
+        let principal = self.access.admit(&request, Allowed::READ).await?;
         let query = convert::list_operations(request.into_inner()).map_err(status::invalid)?;
         let (operations, next) = self
             .ledger
-            .list(&caller.tenant, &query)
+            .list(&principal.tenant, &query)
             .await
             .map_err(status::store)?;
         Ok(Response::new(pb::ListOperationsResponse {
@@ -199,12 +199,12 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let caller = caller(&request, None);
+        let principal = self.access.admit(&request, Allowed::OPERATOR).await?;
         let id = convert::reconcile(request.into_inner()).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         let reconciled = self
             .reconciliation
-            .now(&caller.tenant, &id)
+            .now(&principal.tenant, &id)
             .await
             .map_err(status::refused)?;
         Ok(Response::new(pb::ReconcileResponse {
@@ -220,15 +220,18 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ResolveRequest>,
     ) -> Result<Response<pb::ResolveResponse>, Status> {
-        let caller = caller(&request, None);
-        let (id, cmd) =
+        let principal = self.access.admit(&request, Allowed::OPERATOR).await?;
+        let (id, mut cmd) =
             convert::resolve(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        if let once_core::Actor::Operator(given) = &cmd.actor {
+            cmd.actor = principal.operator(given);
+        }
         let span = tracing::Span::current();
         span.record("operation_id", id.as_str());
         span.record("actor", cmd.actor.to_string());
         let state = self
             .ledger
-            .resolve(&caller.tenant, &id, &cmd)
+            .resolve(&principal.tenant, &id, &cmd)
             .await
             .map_err(status::store)?;
         self.settled.notify();
@@ -245,11 +248,11 @@ impl<B: Backend> LedgerService<B> {
         &self,
         request: Request<R>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let caller = caller(&request, None);
+        let principal = self.access.admit(&request, Allowed::EXECUTOR).await?;
         let (id, cmd) =
             convert::report(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
-        let state = self.ledger.report(&caller.tenant, &id, &cmd).await;
+        let state = self.ledger.report(&principal.tenant, &id, &cmd).await;
         self.settled.notify();
         let state = state.map_err(status::store)?;
         Ok(Response::new(pb::ReportResponse {

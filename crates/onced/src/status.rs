@@ -251,3 +251,47 @@ where
         })
     }
 }
+
+/// The call carries no credential, or one the ledger does not accept.
+pub fn unauthenticated(reason: &str, message: &str) -> Status {
+    status(Code::Unauthenticated, reason, message.to_owned(), vec![])
+}
+
+/// The caller's credential holds none of the roles the call needs.
+pub fn permission_denied(needed: &str, held: &str) -> Status {
+    status(
+        Code::PermissionDenied,
+        "ROLE_NOT_ALLOWED",
+        format!("this call needs a credential with the role {needed}; this one holds {held}"),
+        vec![
+            ("needed".into(), needed.to_owned()),
+            ("held".into(), held.to_owned()),
+        ],
+    )
+}
+
+/// A tenant or credential limit is reached; the call changed nothing and may be sent again
+/// after `retry_after`.
+pub fn exhausted(reason: &str, message: String, retry_after: std::time::Duration) -> Status {
+    let mut details = ErrorDetails::with_error_info(
+        reason,
+        ERROR_DOMAIN,
+        [(
+            "retry_after_ms".to_owned(),
+            retry_after.as_millis().to_string(),
+        )]
+        .into_iter()
+        .collect::<std::collections::HashMap<_, _>>(),
+    );
+    details.set_retry_info(Some(retry_after));
+    let mut status = Status::with_error_details(Code::ResourceExhausted, message, details);
+    if let Ok(value) = retry_after.as_secs().max(1).to_string().parse() {
+        status.metadata_mut().insert("retry-after", value);
+    }
+    status
+}
+
+/// Something an administrative call names does not exist.
+pub fn not_found(reason: &str, message: &str) -> Status {
+    status(Code::NotFound, reason, message.to_owned(), vec![])
+}

@@ -12,8 +12,8 @@ use clap::Parser;
 use once_client::{ClientConfig, LedgerClient};
 use rmcp::ServiceExt;
 
-/// The demo refund MCP server.
-#[derive(Debug, Clone, Parser)]
+/// The demo refund MCP server. `Debug` never shows the ledger key.
+#[derive(Clone, Parser)]
 #[command(name = "refund-mcp", version)]
 pub struct Args {
     /// The once-ledger endpoint.
@@ -23,6 +23,13 @@ pub struct Args {
         default_value = "http://127.0.0.1:50051"
     )]
     ledger: String,
+    /// The API key this server presents to the ledger; it names the tenant whose operations
+    /// the server sees. Needed when the ledger requires credentials.
+    #[arg(long, env = "ONCE_LEDGER_KEY", hide_env_values = true)]
+    ledger_key: Option<String>,
+    /// A PEM file of certificate authorities to trust for an `https://` ledger (a private CA).
+    #[arg(long, env = "REFUND_MCP_LEDGER_CA")]
+    ledger_ca: Option<std::path::PathBuf>,
     /// The payment provider's base URL.
     #[arg(
         long,
@@ -48,6 +55,22 @@ pub struct Args {
     wait: Duration,
 }
 
+impl std::fmt::Debug for Args {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Args")
+            .field("ledger", &self.ledger)
+            .field(
+                "ledger_key",
+                &self.ledger_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("ledger_ca", &self.ledger_ca)
+            .field("provider", &self.provider)
+            .field("http", &self.http)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // stdout carries the MCP protocol in stdio mode: logs go to stderr.
@@ -62,6 +85,13 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(instance = %args.instance, ledger = %args.ledger, provider = %args.provider, "refund-mcp starting");
     let mut config = ClientConfig::new(args.ledger.clone());
     config.client_name = args.instance.clone();
+    config.token = args.ledger_key.clone();
+    if let Some(path) = &args.ledger_ca {
+        config.tls_ca_pem = Some(
+            std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("--ledger-ca {}: {e}", path.display()))?,
+        );
+    }
     let ledger = LedgerClient::connect(config)?;
     let provider = provider::Provider::new(&args.provider, args.provider_timeout)?;
     let server = tools::RefundServer::new(ledger, provider, &args);

@@ -407,27 +407,35 @@ async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_los
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_endpoints_verify_the_ledger_certificate() {
-    use tonic::transport::{Identity, Server, ServerTlsConfig};
-
-    // A ledger serving TLS with a certificate from a private authority.
+    // The ledger serving TLS with a certificate from a private authority.
     let db = TestDb::new(Store::Sqlite).await;
-    let backend = once_store::SqliteBackend::connect(&db.url).await.unwrap();
-    let service = onced::LedgerService::new(
-        once_store::Ledger::new(backend),
-        once_core::Limits::default(),
-        &Default::default(),
-    );
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(
-        Server::builder()
-            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(&cert, &key)))
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, &cert).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    let ledger = TestLedger::start(
+        &db.url,
+        &[
+            "--tls-cert",
+            cert_file.to_str().unwrap(),
+            "--tls-key",
+            key_file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let port = ledger.addr.port();
+    once_testkit::wait_serving_on(
+        tonic::transport::Endpoint::from_shared(format!("https://localhost:{port}"))
             .unwrap()
-            .add_service(once_api::pb::ledger_server::LedgerServer::new(service))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(&cert)),
+            )
+            .unwrap(),
+    )
+    .await;
 
     let mut trusting = ClientConfig::new(format!("https://localhost:{port}"));
     trusting.tls_ca_pem = Some(cert.into_bytes());

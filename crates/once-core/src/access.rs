@@ -1,0 +1,320 @@
+//! Who may call the ledger: tenants, the credentials bound to them, and the roles a credential
+//! holds.
+//!
+//! A credential is an API key (a random secret the caller sends as a bearer token) or a client
+//! certificate (when the ledger verifies them). Either is stored only as the SHA-256 of its
+//! bytes, so the store never holds anything that lets someone call the ledger.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::Millis;
+
+/// What a credential allows. A credential may hold several roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// An MCP server: Begin, the reports, Heartbeat, and GetOperation, in its tenant.
+    Executor,
+    /// Dashboards and status tools: GetOperation and ListOperations, in its tenant.
+    Reader,
+    /// On-call staff: what a reader may, plus Resolve and Reconcile, in its tenant.
+    Operator,
+    /// Whoever runs the ledger: tenants and credentials, of every tenant. Not operations.
+    Admin,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Executor, Role::Reader, Role::Operator, Role::Admin];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Executor => "executor",
+            Role::Reader => "reader",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown role {s:?}; roles: executor, reader, operator, admin"))
+    }
+}
+
+/// A set of roles, written `executor,reader` where a column or a flag holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Roles(u8);
+
+impl Roles {
+    pub fn of(roles: impl IntoIterator<Item = Role>) -> Self {
+        Roles(roles.into_iter().fold(0, |bits, r| bits | Self::bit(r)))
+    }
+
+    /// Every role: the caller of a ledger that runs without authentication.
+    pub fn all() -> Self {
+        Self::of(Role::ALL)
+    }
+
+    fn bit(role: Role) -> u8 {
+        1 << role as u8
+    }
+
+    pub fn contains(self, role: Role) -> bool {
+        self.0 & Self::bit(role) != 0
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Role> {
+        Role::ALL.into_iter().filter(move |r| self.contains(*r))
+    }
+}
+
+impl fmt::Display for Roles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.iter().map(Role::as_str).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl std::str::FromStr for Roles {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let roles = s
+            .split(',')
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(str::parse)
+            .collect::<Result<Vec<Role>, String>>()?;
+        if roles.is_empty() {
+            return Err("at least one role is needed".to_owned());
+        }
+        Ok(Roles::of(roles))
+    }
+}
+
+/// A tenant name: 1 to 63 characters of `a-z`, `0-9`, `-` and `_`, starting with a letter or a
+/// digit. Names are chosen by whoever runs the ledger; callers never send one.
+pub fn check_tenant_name(name: &str) -> Result<(), String> {
+    let well_formed = (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if well_formed {
+        Ok(())
+    } else {
+        Err(format!(
+            "tenant {name:?} must be 1 to 63 characters of a-z, 0-9, - and _, starting with a letter or digit"
+        ))
+    }
+}
+
+/// A tenant and the limits that keep it from starving the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub name: String,
+    pub created_at: Millis,
+    /// The most operations of this tenant that may be IN_FLIGHT at once; `None` for no cap.
+    pub max_in_flight: Option<i64>,
+    /// The most requests per second each of its credentials may send; `None` for no cap.
+    pub requests_per_second: Option<i64>,
+}
+
+/// What a credential is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialKind {
+    /// A secret sent as `authorization: Bearer <key>`.
+    Key,
+    /// A client certificate presented in the TLS handshake, known by its SHA-256 fingerprint.
+    Certificate,
+}
+
+impl CredentialKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::Key => "key",
+            CredentialKind::Certificate => "certificate",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "key" => Some(CredentialKind::Key),
+            "certificate" => Some(CredentialKind::Certificate),
+            _ => None,
+        }
+    }
+}
+
+/// A stored credential: everything but the secret, which is never stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// Public and stable: names the credential in listings, revocations and recorded actors.
+    pub key_id: String,
+    pub tenant: String,
+    /// Who it was given to, e.g. `refund-mcp-prod`.
+    pub name: String,
+    pub roles: Roles,
+    pub kind: CredentialKind,
+    pub created_at: Millis,
+    pub revoked_at: Option<Millis>,
+}
+
+/// A credential to store: its record and the hash of its secret.
+#[derive(Debug, Clone)]
+pub struct NewCredential {
+    pub key_id: String,
+    pub tenant: String,
+    pub name: String,
+    pub roles: Roles,
+    pub kind: CredentialKind,
+    pub secret_hash: SecretHash,
+}
+
+/// The SHA-256 of a key or of a certificate's DER bytes: what the store keeps and looks up by.
+/// Keys are random and at least 128 bits long, so a plain hash cannot be reversed by guessing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SecretHash(pub [u8; 32]);
+
+impl SecretHash {
+    pub fn of(secret: &[u8]) -> Self {
+        SecretHash(Sha256::digest(secret).into())
+    }
+
+    /// The first bytes in hex, to tell certificates apart in listings.
+    pub fn short_hex(&self) -> String {
+        hex::encode(&self.0[..8])
+    }
+}
+
+impl fmt::Debug for SecretHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretHash({}…)", self.short_hex())
+    }
+}
+
+/// An API key as it is handed out, once: `once_<key id>_<secret>`. The key id is public; the
+/// whole string is the secret. `Debug` shows only the key id.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+/// The prefix of every key the ledger generates, so secret scanners and people recognise one.
+pub const API_KEY_PREFIX: &str = "once_";
+
+/// Fewest characters a key may have: a generated key has 32 random bytes; a key supplied by
+/// whoever runs the ledger (the bootstrap admin key) must have at least 128 bits in hex.
+pub const MIN_KEY_CHARS: usize = 32;
+
+impl ApiKey {
+    /// A new key from 32 random bytes (`random`), with a 12-hex-digit key id from 6 more.
+    pub fn generate(random: [u8; 38]) -> Self {
+        let (id, secret) = random.split_at(6);
+        ApiKey(format!(
+            "{API_KEY_PREFIX}{}_{}",
+            hex::encode(id),
+            hex::encode(secret)
+        ))
+    }
+
+    /// A key supplied from outside (the bootstrap key), checked for length.
+    pub fn supplied(secret: String) -> Result<Self, String> {
+        let secret = secret.trim().to_owned();
+        if secret.len() < MIN_KEY_CHARS
+            || secret.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(format!(
+                "an API key must be at least {MIN_KEY_CHARS} characters with no spaces (e.g. 32 random bytes in hex)"
+            ));
+        }
+        Ok(ApiKey(secret))
+    }
+
+    /// The key id a generated key carries; a supplied key's id comes from its hash.
+    pub fn key_id(&self) -> String {
+        let generated = self
+            .0
+            .strip_prefix(API_KEY_PREFIX)
+            .and_then(|rest| rest.split_once('_'))
+            .map(|(id, _)| id)
+            .filter(|id| id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()));
+        match generated {
+            Some(id) => id.to_owned(),
+            None => SecretHash::of(self.0.as_bytes()).short_hex()[..12].to_owned(),
+        }
+    }
+
+    pub fn hash(&self) -> SecretHash {
+        SecretHash::of(self.0.as_bytes())
+    }
+
+    /// The secret itself, to hand to its holder once or to send as a bearer token.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ApiKey({}, <redacted>)", self.key_id())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_read_and_write_as_a_list() {
+        let roles: Roles = "reader, operator".parse().unwrap();
+        assert!(roles.contains(Role::Operator) && roles.contains(Role::Reader));
+        assert!(!roles.contains(Role::Executor));
+        assert_eq!(roles.to_string(), "reader,operator");
+        assert_eq!(roles.to_string().parse::<Roles>().unwrap(), roles);
+        assert!("".parse::<Roles>().is_err());
+        assert!("root".parse::<Roles>().is_err());
+    }
+
+    #[test]
+    fn generated_keys_carry_their_id_and_never_show_their_secret() {
+        let key = ApiKey::generate([7; 38]);
+        assert!(key.expose().starts_with("once_070707070707_"));
+        assert_eq!(key.expose().len(), 5 + 12 + 1 + 64);
+        assert_eq!(key.key_id(), "070707070707");
+        let shown = format!("{key:?}");
+        assert!(!shown.contains(&key.expose()[18..]), "{shown}");
+        assert_ne!(key.hash(), ApiKey::generate([8; 38]).hash());
+    }
+
+    #[test]
+    fn a_supplied_key_must_be_long_enough() {
+        assert!(ApiKey::supplied("short".into()).is_err());
+        let key = ApiKey::supplied(format!("{}\n", "ab".repeat(16))).unwrap();
+        assert_eq!(key.expose(), "ab".repeat(16));
+        assert_eq!(key.key_id().len(), 12);
+    }
+
+    #[test]
+    fn tenant_names_are_plain() {
+        assert!(check_tenant_name("acme-prod_1").is_ok());
+        for bad in ["", "Acme", "-x", "a b", &"a".repeat(64)] {
+            assert!(check_tenant_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! Who is calling, and what they may do.
+//!
+//! Every RPC is admitted here before anything else runs: the caller's credential (a bearer API
+//! key, or a client certificate the TLS handshake verified) is hashed and looked up, and the
+//! caller becomes a [`Principal`]: the tenant the credential is bound to, its roles, and its
+//! tenant's limits. The tenant is never read from a request.
+//!
+//! Lookups are cached for [`Access::ttl`], positive and negative alike, so a credential created
+//! or revoked through any replica takes effect on every replica within that bound, and a flood
+//! of bad keys costs one query each per bound.
+//!
+//! While no credential exists and none is bootstrapped, the ledger is open: every caller is
+//! tenant `default` with every role (local development; `onced` refuses to listen open beyond
+//! loopback unless told `--insecure`). The first credential stored closes it for good, on every
+//! replica within the same bound.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use once_core::access::{Credential, CredentialKind, Role, Roles, SecretHash, Tenant};
+use once_core::Actor;
+use once_store::{Backend, StoreError};
+use tokio::time::Instant;
+use tonic::{Request, Status};
+
+use crate::status;
+
+/// The tenant every caller belongs to while the ledger is open.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Most cached lookups kept before the cache starts over, so random keys cannot grow it.
+const MAX_CACHED: usize = 10_000;
+
+/// An admitted caller.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub tenant: String,
+    pub roles: Roles,
+    /// The credential it presented; `None` while the ledger is open.
+    pub credential: Option<Credential>,
+    /// Its tenant's cap on IN_FLIGHT operations.
+    pub max_in_flight: Option<i64>,
+}
+
+impl Principal {
+    fn open() -> Self {
+        Principal {
+            tenant: DEFAULT_TENANT.to_owned(),
+            roles: Roles::all(),
+            credential: None,
+            max_in_flight: None,
+        }
+    }
+
+    /// The executor recorded for this caller's attempts: the name its credential was given,
+    /// which the caller cannot choose, or while the ledger is open the client name it sends.
+    pub fn executor(&self, client_name: Option<&str>) -> Actor {
+        let name = match &self.credential {
+            Some(credential) => credential.name.as_str(),
+            None => client_name
+                .filter(|n| !n.is_empty())
+                .unwrap_or(DEFAULT_TENANT),
+        };
+        Actor::Executor(name.to_owned())
+    }
+
+    /// The operator recorded for a resolution: the name given, and the credential it came with.
+    pub fn operator(&self, given: &str) -> Actor {
+        match &self.credential {
+            Some(credential) if credential.name != given => {
+                Actor::Operator(format!("{given}@{}", credential.name))
+            }
+            _ => Actor::Operator(given.to_owned()),
+        }
+    }
+}
+
+/// Which roles may make a call: any one of them suffices.
+#[derive(Debug, Clone, Copy)]
+pub struct Allowed(pub &'static [Role]);
+
+impl Allowed {
+    pub const EXECUTOR: Allowed = Allowed(&[Role::Executor]);
+    pub const READ_ONE: Allowed = Allowed(&[Role::Executor, Role::Reader, Role::Operator]);
+    pub const READ: Allowed = Allowed(&[Role::Reader, Role::Operator]);
+    pub const OPERATOR: Allowed = Allowed(&[Role::Operator]);
+    pub const ADMIN: Allowed = Allowed(&[Role::Admin]);
+
+    fn describe(self) -> String {
+        let names: Vec<&str> = self.0.iter().map(|r| r.as_str()).collect();
+        names.join(" or ")
+    }
+}
+
+/// Admits callers. Cheap to clone; clones share the caches.
+#[derive(Clone)]
+pub struct Access<B> {
+    inner: Arc<Inner<B>>,
+}
+
+impl<B> std::fmt::Debug for Access<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("ttl", &self.inner.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<B> {
+    backend: B,
+    ttl: Duration,
+    /// Whether the ledger is still open, and when the store was last asked.
+    open: Mutex<(bool, Instant)>,
+    known: Mutex<HashMap<SecretHash, (Instant, Option<Known>)>>,
+    buckets: Mutex<HashMap<String, Bucket>>,
+    in_flight: Mutex<HashMap<String, (Instant, i64)>>,
+}
+
+#[derive(Clone)]
+struct Known {
+    credential: Credential,
+    tenant: Tenant,
+}
+
+impl<B: Backend> Access<B> {
+    /// Starts open when the store holds no credential and none is bootstrapped.
+    pub async fn new(backend: B, ttl: Duration, bootstrapped: bool) -> Result<Self, StoreError> {
+        let open = !bootstrapped && !backend.has_credentials().await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend,
+                ttl,
+                open: Mutex::new((open, Instant::now())),
+                known: Mutex::default(),
+                buckets: Mutex::default(),
+                in_flight: Mutex::default(),
+            }),
+        })
+    }
+
+    /// How long a credential's creation or revocation may take to reach this replica.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// Whether callers are admitted without a credential right now.
+    pub fn is_open(&self) -> bool {
+        self.inner.open.lock().expect("not poisoned").0
+    }
+
+    /// Admits the caller of `request` if it may make a call `allowed` names.
+    pub async fn admit<T>(
+        &self,
+        request: &Request<T>,
+        allowed: Allowed,
+    ) -> Result<Principal, Status> {
+        if self.still_open().await? {
+            return Ok(Principal::open());
+        }
+        let (hash, kind) = presented(request)?;
+        let Some(known) = self.look_up(hash).await.map_err(status::store)? else {
+            return Err(status::unauthenticated(
+                "CREDENTIALS_INVALID",
+                "the credential is not one this ledger knows",
+            ));
+        };
+        let Known { credential, tenant } = known;
+        if credential.kind != kind {
+            return Err(status::unauthenticated(
+                "CREDENTIALS_INVALID",
+                "the credential is not one this ledger knows",
+            ));
+        }
+        if credential.revoked_at.is_some() {
+            return Err(status::unauthenticated(
+                "CREDENTIALS_REVOKED",
+                "the credential was revoked; ask for a new one",
+            ));
+        }
+        if !allowed.0.iter().any(|r| credential.roles.contains(*r)) {
+            return Err(status::permission_denied(
+                &allowed.describe(),
+                &credential.roles.to_string(),
+            ));
+        }
+        if let Some(rate) = tenant.requests_per_second {
+            self.take_token(&credential.key_id, rate)?;
+        }
+        Ok(Principal {
+            tenant: tenant.name,
+            roles: credential.roles,
+            max_in_flight: tenant.max_in_flight,
+            credential: Some(credential),
+        })
+    }
+
+    /// Refuses a Begin that would start a new execution while its tenant holds its cap of
+    /// IN_FLIGHT operations. A Begin of an operation that exists goes on: it replays, waits or
+    /// is told the state, which costs the tenant nothing. The count is read at most every
+    /// 250 ms per replica and counts what this replica lets through meanwhile, so the cap can
+    /// be passed only by what other replicas begin within that time.
+    pub async fn check_in_flight(
+        &self,
+        principal: &Principal,
+        id: &once_core::OperationId,
+    ) -> Result<(), Status> {
+        let Some(cap) = principal.max_in_flight else {
+            return Ok(());
+        };
+        let count = self
+            .in_flight(&principal.tenant)
+            .await
+            .map_err(status::store)?;
+        if count < cap {
+            // Counted as begun until the next reading, so a burst cannot pass the cap by more
+            // than other replicas begin meanwhile.
+            if let Some((_, cached)) = self
+                .inner
+                .in_flight
+                .lock()
+                .expect("not poisoned")
+                .get_mut(&principal.tenant)
+            {
+                *cached += 1;
+            }
+            return Ok(());
+        }
+        let (op, _) = self
+            .inner
+            .backend
+            .read(&principal.tenant, id)
+            .await
+            .map_err(status::store)?;
+        if op.is_some_and(|op| op.state != once_core::State::Absent) {
+            return Ok(());
+        }
+        Err(status::exhausted(
+            "TOO_MANY_IN_FLIGHT",
+            format!(
+                "the tenant has {count} operations in flight, its cap is {cap}; nothing was done and the call is safe to send again later"
+            ),
+            self.inner.ttl.max(Duration::from_secs(1)),
+        ))
+    }
+
+    async fn still_open(&self) -> Result<bool, Status> {
+        let stale = {
+            let (open, checked) = *self.inner.open.lock().expect("not poisoned");
+            if !open {
+                return Ok(false);
+            }
+            checked.elapsed() >= self.inner.ttl
+        };
+        if stale {
+            let closed = self
+                .inner
+                .backend
+                .has_credentials()
+                .await
+                .map_err(status::store)?;
+            if closed {
+                tracing::warn!("a credential now exists: every caller must present one");
+            }
+            *self.inner.open.lock().expect("not poisoned") = (!closed, Instant::now());
+            return Ok(!closed);
+        }
+        Ok(true)
+    }
+
+    async fn look_up(&self, hash: SecretHash) -> Result<Option<Known>, StoreError> {
+        if let Some((at, known)) = self.inner.known.lock().expect("not poisoned").get(&hash) {
+            if at.elapsed() < self.inner.ttl {
+                return Ok(known.clone());
+            }
+        }
+        let found = self
+            .inner
+            .backend
+            .credential_by_hash(&hash)
+            .await?
+            .map(|(credential, tenant)| Known { credential, tenant });
+        let mut known = self.inner.known.lock().expect("not poisoned");
+        if known.len() >= MAX_CACHED {
+            known.clear();
+        }
+        known.insert(hash, (Instant::now(), found.clone()));
+        Ok(found)
+    }
+
+    fn take_token(&self, key_id: &str, rate: i64) -> Result<(), Status> {
+        let mut buckets = self.inner.buckets.lock().expect("not poisoned");
+        let bucket = buckets
+            .entry(key_id.to_owned())
+            .or_insert_with(|| Bucket::full(rate));
+        bucket.take(rate, Instant::now()).map_err(|wait| {
+            status::exhausted(
+                "RATE_LIMITED",
+                format!(
+                    "this credential may send {rate} requests a second; nothing was done and the call is safe to send again after {} ms",
+                    wait.as_millis()
+                ),
+                wait,
+            )
+        })
+    }
+
+    async fn in_flight(&self, tenant: &str) -> Result<i64, StoreError> {
+        if let Some((at, count)) = self
+            .inner
+            .in_flight
+            .lock()
+            .expect("not poisoned")
+            .get(tenant)
+        {
+            if at.elapsed() < self.inner.ttl.min(Duration::from_millis(250)) {
+                return Ok(*count);
+            }
+        }
+        let count = self.inner.backend.in_flight(tenant).await?;
+        self.inner
+            .in_flight
+            .lock()
+            .expect("not poisoned")
+            .insert(tenant.to_owned(), (Instant::now(), count));
+        Ok(count)
+    }
+}
+
+/// The hash of the credential a request presents: its bearer key, or else the client
+/// certificate its connection was verified with.
+fn presented<T>(request: &Request<T>) -> Result<(SecretHash, CredentialKind), Status> {
+    if let Some(value) = request.metadata().get("authorization") {
+        let key = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                let (scheme, key) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+            })
+            .filter(|key| !key.is_empty())
+            .ok_or_else(|| {
+                status::unauthenticated(
+                    "CREDENTIALS_INVALID",
+                    "the authorization header must be `Bearer <API key>`",
+                )
+            })?;
+        return Ok((SecretHash::of(key.as_bytes()), CredentialKind::Key));
+    }
+    if let Some(certificate) = request
+        .peer_certs()
+        .as_ref()
+        .and_then(|c| c.first().cloned())
+    {
+        return Ok((
+            SecretHash::of(certificate.as_ref()),
+            CredentialKind::Certificate,
+        ));
+    }
+    Err(status::unauthenticated(
+        "CREDENTIALS_MISSING",
+        "this ledger requires a credential: send `authorization: Bearer <API key>` or a client certificate",
+    ))
+}
+
+/// A token bucket: `rate` requests a second, in bursts of at most `rate`.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(rate: i64) -> Self {
+        Bucket {
+            tokens: rate.max(1) as f64,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes one token, or says how long until one is there.
+    fn take(&mut self, rate: i64, now: Instant) -> Result<(), Duration> {
+        let rate = rate.max(1) as f64;
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(rate);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_allows_its_rate_and_says_when_to_come_back() {
+        let start = Instant::now();
+        let mut bucket = Bucket {
+            tokens: 2.0,
+            at: start,
+        };
+        assert!(bucket.take(2, start).is_ok());
+        assert!(bucket.take(2, start).is_ok());
+        let wait = bucket.take(2, start).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(500));
+        assert!(bucket.take(2, start + wait).is_ok());
+        // Idle time refills no more than one second's worth.
+        assert!(bucket.take(2, start + Duration::from_secs(60)).is_ok());
+        assert!(bucket.take(2, start + Duration::from_secs(60)).is_ok());
+        assert!(bucket.take(2, start + Duration::from_secs(60)).is_err());
+    }
+}

@@ -1,0 +1,714 @@
+//! Tenants, credentials and roles: who may call what, and that no tenant can see, change or
+//! detect another's operations.
+
+use std::time::Duration;
+
+use once_api::admin_pb::admin_client::AdminClient;
+use once_api::admin_pb::{self as apb};
+use once_api::pb;
+use once_api::pb::ledger_client::LedgerClient;
+use prost::Message;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+
+use crate::support::*;
+
+/// A credential a call is made with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Who {
+    Nobody,
+    /// A key no ledger ever issued.
+    Stranger,
+    /// A key of tenant `acme` that was revoked.
+    Revoked,
+    /// A key of tenant `globex` with one role.
+    Other(&'static str),
+}
+
+const ROLES: [&str; 4] = ["executor", "reader", "operator", "admin"];
+
+/// Every RPC, and the roles that may make it.
+const RPCS: &[(&str, &[&str])] = &[
+    ("Begin", &["executor"]),
+    ("Confirm", &["executor"]),
+    ("ReportAbsent", &["executor"]),
+    ("ReportUnknown", &["executor"]),
+    ("Heartbeat", &["executor"]),
+    ("GetOperation", &["executor", "reader", "operator"]),
+    ("ListOperations", &["reader", "operator"]),
+    ("Reconcile", &["operator"]),
+    ("Resolve", &["operator"]),
+    ("PutTenant", &["admin"]),
+    ("ListTenants", &["admin"]),
+    ("CreateKey", &["admin"]),
+    ("ListKeys", &["admin"]),
+    ("RevokeKey", &["admin"]),
+];
+
+/// The RPCs that name an operation: a foreign one must answer as a missing one does.
+const NAMES_AN_OPERATION: &[&str] = &[
+    "Confirm",
+    "ReportAbsent",
+    "ReportUnknown",
+    "Heartbeat",
+    "GetOperation",
+    "Reconcile",
+    "Resolve",
+];
+
+/// The RPCs of the admin service.
+const ADMINISTRATION: &[&str] = &[
+    "PutTenant",
+    "ListTenants",
+    "CreateKey",
+    "ListKeys",
+    "RevokeKey",
+];
+
+struct Keys {
+    admin: String,
+    own: Vec<(&'static str, String)>,
+    other: Vec<(&'static str, String)>,
+    revoked: String,
+}
+
+impl Keys {
+    fn of(&self, who: &Who) -> Option<String> {
+        match who {
+            Who::Nobody => None,
+            Who::Stranger => Some(format!("once_000000000000_{}", "0".repeat(64))),
+            Who::Revoked => Some(self.revoked.clone()),
+            Who::Other(role) => Some(find(&self.other, role)),
+        }
+    }
+}
+
+fn find(keys: &[(&'static str, String)], role: &str) -> String {
+    keys.iter()
+        .find(|(r, _)| *r == role)
+        .expect("a key")
+        .1
+        .clone()
+}
+
+fn with_key<T>(message: T, key: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    }
+    request
+}
+
+/// A ledger that requires credentials, bootstrapped with an admin key from a file.
+async fn guarded_ledger(db: &TestDb, extra: &[&str]) -> (TestLedger, String) {
+    let admin_key = format!("test-admin-{}", "9f".repeat(20));
+    let file = db.scratch_dir().join("admin.key");
+    std::fs::write(&file, &admin_key).unwrap();
+    let mut flags = vec!["--admin-key-file", file.to_str().unwrap()];
+    flags.extend_from_slice(extra);
+    (TestLedger::spawn_with(db, &flags).await, admin_key)
+}
+
+async fn admin_client(ledger: &TestLedger) -> AdminClient<Channel> {
+    AdminClient::new(
+        Channel::from_shared(format!("http://{}", ledger.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
+async fn create_key(
+    admin: &mut AdminClient<Channel>,
+    admin_key: &str,
+    tenant: &str,
+    roles: &[&str],
+) -> apb::CreateKeyResponse {
+    admin
+        .create_key(with_key(
+            apb::CreateKeyRequest {
+                tenant: tenant.into(),
+                name: format!("{tenant}-{}", roles.join("-")),
+                roles: roles.iter().map(|r| r.to_string()).collect(),
+                certificate_pem: String::new(),
+            },
+            Some(admin_key),
+        ))
+        .await
+        .expect("create key")
+        .into_inner()
+}
+
+async fn put_tenant(admin: &mut AdminClient<Channel>, admin_key: &str, name: &str) {
+    admin
+        .put_tenant(with_key(
+            apb::PutTenantRequest {
+                name: name.into(),
+                ..Default::default()
+            },
+            Some(admin_key),
+        ))
+        .await
+        .expect("put tenant");
+}
+
+async fn keys_for_matrix(admin: &mut AdminClient<Channel>, admin_key: &str) -> Keys {
+    for tenant in ["acme", "globex"] {
+        put_tenant(admin, admin_key, tenant).await;
+    }
+    let mut own = Vec::new();
+    let mut other = Vec::new();
+    for role in ROLES {
+        own.push((
+            role,
+            create_key(admin, admin_key, "acme", &[role]).await.secret,
+        ));
+        other.push((
+            role,
+            create_key(admin, admin_key, "globex", &[role]).await.secret,
+        ));
+    }
+    let revoked = create_key(admin, admin_key, "acme", &ROLES).await;
+    admin
+        .revoke_key(with_key(
+            apb::RevokeKeyRequest {
+                key_id: revoked.key.unwrap().key_id,
+            },
+            Some(admin_key),
+        ))
+        .await
+        .expect("revoke");
+    Keys {
+        admin: admin_key.to_owned(),
+        own,
+        other,
+        revoked: revoked.secret,
+    }
+}
+
+/// What a call answered, as bytes: the encoded response, or the status's code, message and
+/// details.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Ok(Vec<u8>),
+    Refused(Code, String, Vec<u8>),
+}
+
+impl Answer {
+    fn of<T: Message>(result: Result<tonic::Response<T>, Status>) -> Self {
+        match result {
+            Ok(response) => Answer::Ok(response.into_inner().encode_to_vec()),
+            Err(status) => Answer::Refused(
+                status.code(),
+                status.message().to_owned(),
+                status.details().to_vec(),
+            ),
+        }
+    }
+
+    fn code(&self) -> Code {
+        match self {
+            Answer::Ok(_) => Code::Ok,
+            Answer::Refused(code, ..) => *code,
+        }
+    }
+}
+
+/// Makes `rpc` as `key` about operation `id` (attempt `token`).
+async fn call(
+    ledger: &mut LedgerClient<Channel>,
+    admin: &mut AdminClient<Channel>,
+    rpc: &str,
+    key: Option<&str>,
+    id: &str,
+    token: u64,
+) -> Answer {
+    match rpc {
+        "Begin" => Answer::of(ledger.begin(with_key(begin(id, ARGS), key)).await),
+        "Confirm" => Answer::of(
+            ledger
+                .confirm(with_key(
+                    pb::ConfirmRequest {
+                        operation_id: id.into(),
+                        fencing_token: token,
+                        result: b"{}".to_vec(),
+                        provider_ref: "re_x".into(),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "ReportAbsent" => Answer::of(
+            ledger
+                .report_absent(with_key(
+                    pb::ReportAbsentRequest {
+                        operation_id: id.into(),
+                        fencing_token: token,
+                        reason: "declined".into(),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "ReportUnknown" => Answer::of(
+            ledger
+                .report_unknown(with_key(
+                    pb::ReportUnknownRequest {
+                        operation_id: id.into(),
+                        fencing_token: token,
+                        reason: "timeout".into(),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "Heartbeat" => Answer::of(
+            ledger
+                .heartbeat(with_key(
+                    pb::HeartbeatRequest {
+                        operation_id: id.into(),
+                        fencing_token: token,
+                        lease_ttl: Some(ms(30_000)),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "GetOperation" => Answer::of(
+            ledger
+                .get_operation(with_key(
+                    pb::GetOperationRequest {
+                        operation_id: id.into(),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "ListOperations" => Answer::of(
+            ledger
+                .list_operations(with_key(pb::ListOperationsRequest::default(), key))
+                .await,
+        ),
+        "Reconcile" => Answer::of(
+            ledger
+                .reconcile(with_key(
+                    pb::ReconcileRequest {
+                        operation_id: id.into(),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "Resolve" => Answer::of(
+            ledger
+                .resolve(with_key(
+                    pb::ResolveRequest {
+                        operation_id: id.into(),
+                        outcome: pb::OperationState::Absent as i32,
+                        reason: "checked the dashboard".into(),
+                        operator: "alice".into(),
+                        resolution_id: format!("res-{id}"),
+                        fencing_token: token,
+                        ..Default::default()
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "PutTenant" => Answer::of(
+            admin
+                .put_tenant(with_key(
+                    apb::PutTenantRequest {
+                        name: "initech".into(),
+                        ..Default::default()
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "ListTenants" => Answer::of(
+            admin
+                .list_tenants(with_key(apb::ListTenantsRequest {}, key))
+                .await,
+        ),
+        "CreateKey" => Answer::of(
+            admin
+                .create_key(with_key(
+                    apb::CreateKeyRequest {
+                        tenant: "acme".into(),
+                        name: "made-in-the-matrix".into(),
+                        roles: vec!["reader".into()],
+                        certificate_pem: String::new(),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "ListKeys" => Answer::of(
+            admin
+                .list_keys(with_key(apb::ListKeysRequest::default(), key))
+                .await,
+        ),
+        "RevokeKey" => Answer::of(
+            admin
+                .revoke_key(with_key(
+                    apb::RevokeKeyRequest {
+                        key_id: "no-such-key".into(),
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        other => panic!("no RPC {other}"),
+    }
+}
+
+/// What acme's operation looks like to acme, every field.
+async fn snapshot(ledger: &mut LedgerClient<Channel>, keys: &Keys, id: &str) -> Vec<u8> {
+    ledger
+        .get_operation(with_key(
+            pb::GetOperationRequest {
+                operation_id: id.into(),
+            },
+            Some(&find(&keys.own, "reader")),
+        ))
+        .await
+        .expect("acme reads its operation")
+        .into_inner()
+        .encode_to_vec()
+}
+
+fn reason_of(answer: &Answer) -> String {
+    match answer {
+        Answer::Refused(code, message, details) => {
+            let status = Status::with_details(*code, message.clone(), details.clone().into());
+            reason(&status)
+        }
+        Answer::Ok(_) => String::new(),
+    }
+}
+
+on_both_backends!(isolation_matrix_leaks_nothing_across_tenants);
+
+/// Every RPC × {own tenant with each role, other tenant with each role, no key, an unknown key,
+/// a revoked key}, generated from [`RPCS`]. Nothing of tenant acme is visible to or changed by
+/// anyone else, and a foreign operation answers byte for byte as a missing one.
+async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &[]).await;
+    let mut ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    let keys = keys_for_matrix(&mut admin, &admin_key).await;
+
+    // acme's operation, IN_FLIGHT.
+    let acme = Some(find(&keys.own, "executor"));
+    let grant = expect_execute(
+        &ledger
+            .begin(with_key(begin("order-1", ARGS), acme.as_deref()))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    let token = grant.fencing_token;
+    let before = snapshot(&mut ledger, &keys, "order-1").await;
+
+    let mut outsiders = vec![Who::Nobody, Who::Stranger, Who::Revoked];
+    outsiders.extend(ROLES.map(Who::Other));
+    // Begin comes last, for everyone: another tenant's Begin of the same id creates that
+    // tenant's own operation, after which the id is no longer missing for it.
+    let mut cells: Vec<(&Who, &str, &[&str])> = Vec::new();
+    for last in [false, true] {
+        for who in &outsiders {
+            for (rpc, allowed) in RPCS {
+                if (*rpc == "Begin") == last {
+                    cells.push((who, rpc, allowed));
+                }
+            }
+        }
+    }
+    let mut checked = 0;
+    for (who, rpc, allowed) in cells {
+        let rpc = &rpc;
+        let key = keys.of(who);
+        {
+            let answer = call(
+                &mut ledger,
+                &mut admin,
+                rpc,
+                key.as_deref(),
+                "order-1",
+                token,
+            )
+            .await;
+            let expected = match who {
+                Who::Nobody => Some((Code::Unauthenticated, "CREDENTIALS_MISSING")),
+                Who::Stranger => Some((Code::Unauthenticated, "CREDENTIALS_INVALID")),
+                Who::Revoked => Some((Code::Unauthenticated, "CREDENTIALS_REVOKED")),
+                Who::Other(role) if !allowed.contains(role) => {
+                    Some((Code::PermissionDenied, "ROLE_NOT_ALLOWED"))
+                }
+                _ => None,
+            };
+            match expected {
+                Some((code, why)) => {
+                    assert_eq!(
+                        (answer.code(), reason_of(&answer).as_str()),
+                        (code, why),
+                        "{rpc} as {who:?}: {answer:?}"
+                    );
+                }
+                None if NAMES_AN_OPERATION.contains(rpc) => {
+                    let missing = call(
+                        &mut ledger,
+                        &mut admin,
+                        rpc,
+                        key.as_deref(),
+                        "never-begun",
+                        token,
+                    )
+                    .await;
+                    assert_eq!(answer, missing, "{rpc} as {who:?}: foreign ≠ missing");
+                    assert_eq!(answer.code(), Code::NotFound, "{rpc} as {who:?}");
+                }
+                None if *rpc == "ListOperations" => {
+                    let Answer::Ok(bytes) = &answer else {
+                        panic!("{rpc} as {who:?}: {answer:?}")
+                    };
+                    let listed = pb::ListOperationsResponse::decode(&bytes[..]).unwrap();
+                    assert!(
+                        listed
+                            .operations
+                            .iter()
+                            .all(|o| o.operation_id != "order-1" || o.fencing_token != token),
+                        "{who:?} listed acme's operation"
+                    );
+                }
+                None if *rpc == "Begin" => {
+                    // The same id in another tenant is another operation.
+                    let Answer::Ok(bytes) = &answer else {
+                        panic!("{rpc} as {who:?}: {answer:?}")
+                    };
+                    let response = pb::BeginResponse::decode(&bytes[..]).unwrap();
+                    let ours = expect_execute(&response);
+                    assert_ne!(ours.provider_key, grant.provider_key);
+                }
+                None if ADMINISTRATION.contains(rpc) => {
+                    // The admin role is the ledger's, not a tenant's: whoever runs the ledger
+                    // holds it, whichever tenant the key is recorded under.
+                    assert!(
+                        !matches!(
+                            answer.code(),
+                            Code::Unauthenticated | Code::PermissionDenied
+                        ),
+                        "{rpc} as {who:?}: {answer:?}"
+                    );
+                }
+                None => panic!("{rpc} as {who:?}: no expectation"),
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(
+        snapshot(&mut ledger, &keys, "order-1").await,
+        before,
+        "acme's operation changed"
+    );
+
+    // acme's own keys: a role that may not make the call is refused; one that may is not.
+    for role in ROLES {
+        let key = Some(find(&keys.own, role));
+        for (rpc, allowed) in RPCS {
+            if *rpc == "Begin" || NAMES_AN_OPERATION.contains(rpc) && allowed.contains(&role) {
+                // Covered below on an operation of its own, so this loop changes nothing.
+                continue;
+            }
+            let answer = call(
+                &mut ledger,
+                &mut admin,
+                rpc,
+                key.as_deref(),
+                "order-1",
+                token,
+            )
+            .await;
+            if allowed.contains(&role) {
+                assert!(
+                    !matches!(
+                        answer.code(),
+                        Code::Unauthenticated | Code::PermissionDenied
+                    ),
+                    "{rpc} as acme {role}: {answer:?}"
+                );
+            } else {
+                assert_eq!(
+                    (answer.code(), reason_of(&answer).as_str()),
+                    (Code::PermissionDenied, "ROLE_NOT_ALLOWED"),
+                    "{rpc} as acme {role}: {answer:?}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(snapshot(&mut ledger, &keys, "order-1").await, before);
+    // …and acme's executor and operator settle their own operation.
+    let executor = find(&keys.own, "executor");
+    let beat = call(
+        &mut ledger,
+        &mut admin,
+        "Heartbeat",
+        Some(&executor),
+        "order-1",
+        token,
+    )
+    .await;
+    assert_eq!(beat.code(), Code::Ok, "{beat:?}");
+    let unknown = call(
+        &mut ledger,
+        &mut admin,
+        "ReportUnknown",
+        Some(&executor),
+        "order-1",
+        token,
+    )
+    .await;
+    assert_eq!(unknown.code(), Code::Ok, "{unknown:?}");
+    let operator = find(&keys.own, "operator");
+    let resolved = call(
+        &mut ledger,
+        &mut admin,
+        "Resolve",
+        Some(&operator),
+        "order-1",
+        token,
+    )
+    .await;
+    assert_eq!(resolved.code(), Code::Ok, "{resolved:?}");
+    let history =
+        pb::GetOperationResponse::decode(&snapshot(&mut ledger, &keys, "order-1").await[..])
+            .unwrap();
+    assert!(
+        history
+            .events
+            .iter()
+            .any(|e| e.actor == "operator:alice@acme-operator"),
+        "the resolution names the operator and the key it came with: {:?}",
+        history.events
+    );
+    assert!(
+        history
+            .attempts
+            .iter()
+            .all(|a| a.actor == "executor:acme-executor"),
+        "attempts are recorded under the key's name: {:?}",
+        history.attempts
+    );
+    assert!(checked > 100, "{checked} cells");
+    let _ = keys.admin;
+    server.stop().await;
+}
+
+on_both_backends!(an_open_ledger_closes_when_its_first_key_is_created);
+
+/// Without credentials the ledger is open (tenant `default`); once one exists, it is required.
+async fn an_open_ledger_closes_when_its_first_key_is_created(store: Store) {
+    let db = TestDb::new(store).await;
+    let server = TestLedger::spawn_with(&db, &["--credential-ttl", "100ms"]).await;
+    let mut ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    claim(&mut ledger, begin("open-1", ARGS)).await;
+    // Open: the admin API answers too, so the first tenant and key can be made over gRPC.
+    put_tenant(&mut admin, "", "acme").await;
+    let key = create_key(&mut admin, "", "acme", &["executor", "reader"]).await;
+    let refused = eventually(Duration::from_secs(10), "the ledger closes", || {
+        let mut ledger = ledger.clone();
+        async move { ledger.begin(begin("open-2", ARGS)).await.err() }
+    })
+    .await;
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert_eq!(reason(&refused), "CREDENTIALS_MISSING");
+    // The key works, in its own tenant: `default`'s operation is not acme's.
+    let missing = ledger
+        .get_operation(with_key(
+            pb::GetOperationRequest {
+                operation_id: "open-1".into(),
+            },
+            Some(&key.secret),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    server.stop().await;
+}
+
+on_both_backends!(tenant_limits_refuse_with_retry_after);
+
+/// A tenant over its in-flight cap or its request rate is told RESOURCE_EXHAUSTED with when to
+/// come back; other tenants are not.
+async fn tenant_limits_refuse_with_retry_after(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &["--credential-ttl", "100ms"]).await;
+    let mut ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    for (name, max_in_flight, rate) in [("capped", 2, 0), ("slow", 0, 1), ("free", 0, 0)] {
+        admin
+            .put_tenant(with_key(
+                apb::PutTenantRequest {
+                    name: name.into(),
+                    max_in_flight,
+                    requests_per_second: rate,
+                },
+                Some(&admin_key),
+            ))
+            .await
+            .unwrap();
+    }
+    let capped = create_key(&mut admin, &admin_key, "capped", &["executor"])
+        .await
+        .secret;
+    let slow = create_key(&mut admin, &admin_key, "slow", &["executor"])
+        .await
+        .secret;
+    let free = create_key(&mut admin, &admin_key, "free", &["executor"])
+        .await
+        .secret;
+
+    for i in 0..2 {
+        let request = with_key(begin(&format!("cap-{i}"), ARGS), Some(&capped));
+        expect_execute(&ledger.begin(request).await.unwrap().into_inner());
+    }
+    let over = ledger
+        .begin(with_key(begin("cap-2", ARGS), Some(&capped)))
+        .await
+        .unwrap_err();
+    assert_eq!(over.code(), Code::ResourceExhausted, "{over:?}");
+    assert_eq!(reason(&over), "TOO_MANY_IN_FLIGHT");
+    assert!(over.metadata().get("retry-after").is_some());
+    // A Begin of an operation it holds is not a new execution: it goes on (IN_PROGRESS).
+    let again = ledger
+        .begin(with_key(begin("cap-0", ARGS), Some(&capped)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision_name(&again), "IN_PROGRESS");
+
+    // One request a second: the second at once is refused.
+    let first = ledger
+        .begin(with_key(begin("slow-0", ARGS), Some(&slow)))
+        .await;
+    assert!(first.is_ok(), "{first:?}");
+    let second = ledger
+        .begin(with_key(begin("slow-1", ARGS), Some(&slow)))
+        .await
+        .unwrap_err();
+    assert_eq!(second.code(), Code::ResourceExhausted);
+    assert_eq!(reason(&second), "RATE_LIMITED");
+    // Other tenants are untouched.
+    for i in 0..5 {
+        let request = with_key(begin(&format!("free-{i}"), ARGS), Some(&free));
+        expect_execute(&ledger.begin(request).await.unwrap().into_inner());
+    }
+    server.stop().await;
+}
