@@ -9,10 +9,13 @@ run:
 
 # Unit tests, the Rust integration suite (SQLite and the PostgreSQL on 127.0.0.1:5432), then
 # the MCP tests with the official Python MCP SDK against the built binaries.
+# Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials).
 test: $(VENV)/installed
 	cargo build --workspace
-	cargo test --workspace
-	$(VENV)/bin/python -m pytest -q tests/mcp
+	rm -rf target/test-logs
+	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs cargo test --workspace
+	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(VENV)/bin/python -m pytest -q tests/mcp
+	tests/scan-logs target/test-logs
 
 build:
 	cargo build --workspace --release

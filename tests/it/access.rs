@@ -712,3 +712,223 @@ async fn tenant_limits_refuse_with_retry_after(store: Store) {
     }
     server.stop().await;
 }
+
+/// Creates tenants `acme` and `globex` and an executor key for each through `onced keys` and
+/// `onced tenants`, the binary's own commands on the database; returns the keys.
+fn keys_by_command(url: &str) -> Vec<(String, String)> {
+    let onced = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+            .args(["--database-url", url])
+            .args(args)
+            .output()
+            .expect("run onced");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        out
+    };
+    let mut keys = Vec::new();
+    for tenant in ["acme", "globex"] {
+        onced(&["tenants", "put", tenant]);
+        let out = onced(&[
+            "keys",
+            "create",
+            "--tenant",
+            tenant,
+            "--name",
+            &format!("{tenant}-mcp"),
+            "--role",
+            "executor,operator",
+            "--json",
+        ]);
+        let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let secret = created["secret"].as_str().unwrap().to_owned();
+        assert!(
+            secret.starts_with("once_") && secret.len() >= 64,
+            "{created}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains(&secret),
+            "the key reached the log"
+        );
+        keys.push((tenant.to_owned(), secret));
+    }
+    let listed = onced(&["keys", "list", "--json"]);
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    for (_, secret) in &keys {
+        assert!(
+            !listed.contains(secret.as_str()),
+            "a listing showed a secret"
+        );
+    }
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&listed)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    keys
+}
+
+on_both_backends!(revocation_reaches_every_replica_within_the_credential_ttl);
+
+/// A key revoked through one replica is refused by another that has just admitted it, within
+/// the credential TTL (2 s by default).
+async fn revocation_reaches_every_replica_within_the_credential_ttl(store: Store) {
+    let db = TestDb::new(store).await;
+    let keys = keys_by_command(&db.url);
+    let (_, acme) = &keys[0];
+    let dir = db.scratch_dir();
+    let first = OncedProcess::spawn(&db.url, dir.join("first.log"), &[]).await;
+    let second = OncedProcess::spawn(&db.url, dir.join("second.log"), &[]).await;
+    let mut on_second = second.client().await;
+    on_second
+        .begin(with_key(begin("rev-1", ARGS), Some(acme)))
+        .await
+        .expect("the key works on the second replica");
+
+    let key_id = acme[5..17].to_owned();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+        .args(["--database-url", &db.url, "keys", "revoke", &key_id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let revoked_at = tokio::time::Instant::now();
+    let refused = eventually(
+        Duration::from_secs(2) + Duration::from_millis(1500),
+        "the second replica refuses the revoked key",
+        || {
+            let mut on_second = on_second.clone();
+            async move {
+                on_second
+                    .begin(with_key(begin("rev-2", ARGS), Some(acme)))
+                    .await
+                    .err()
+            }
+        },
+    )
+    .await;
+    assert_eq!(reason(&refused), "CREDENTIALS_REVOKED");
+    let mut on_first = first.client().await;
+    let refused = on_first
+        .get_operation(with_key(
+            pb::GetOperationRequest {
+                operation_id: "rev-1".into(),
+            },
+            Some(acme),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    println!("revocation seen after {:?}", revoked_at.elapsed());
+    for onced in [first, second] {
+        assert!(onced.terminate().await.success());
+    }
+}
+
+on_both_backends!(each_tenant_is_looked_up_with_its_own_credentials);
+
+/// One reconciler configured for two tenants looks each tenant's operations up with that
+/// tenant's credential only.
+async fn each_tenant_is_looked_up_with_its_own_credentials(store: Store) {
+    use std::sync::{Arc, Mutex};
+
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let recorder = seen.clone();
+    let tickets = axum::Router::new().route(
+        "/tickets/{key}",
+        axum::routing::get(
+            move |axum::extract::Path(key): axum::extract::Path<String>,
+                  headers: axum::http::HeaderMap| {
+                let recorder = recorder.clone();
+                async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    recorder.lock().unwrap().push((key.clone(), auth));
+                    axum::Json(serde_json::json!({ "id": format!("T-{key}") }))
+                }
+            },
+        ),
+    );
+    let endpoint = serve(tickets).await;
+    let db = TestDb::new(store).await;
+    let keys = keys_by_command(&db.url);
+    let config = config_file(
+        &db,
+        format!(
+            "[reconciliation]\ninterval = \"50ms\"\n\n[[reconciler]]\nname = \"tickets\"\nkind = \"http\"\n\
+             endpoint = \"{endpoint}\"\nurl = \"{{endpoint}}/tickets/{{provider_key}}\"\n\
+             api_key_env = {{ acme = \"ONCE_IT_ACME_TICKETS\", globex = \"ONCE_IT_GLOBEX_TICKETS\" }}\n\
+             miss_is_authoritative = true\ndedupes_by_provider_key = true\nsettle_time = \"0s\"\n"
+        ),
+    );
+    let onced = OncedProcess::spawn_with_env(
+        &db.url,
+        db.scratch_dir().join("tenants-reconcile.log"),
+        &["--config", config.as_str()],
+        &[
+            ("ONCE_IT_ACME_TICKETS", "acme-ticket-secret"),
+            ("ONCE_IT_GLOBEX_TICKETS", "globex-ticket-secret"),
+        ],
+    )
+    .await;
+    let mut grpc = onced.client().await;
+    let mut provider_keys = Vec::new();
+    for (tenant, key) in &keys {
+        let mut request = begin("ticket-1", ARGS);
+        request.lease_ttl = Some(ms(200));
+        request.provider = "tickets".into();
+        let grant = expect_execute(
+            &grpc
+                .begin(with_key(request, Some(key)))
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+        grpc.report_unknown(with_key(
+            pb::ReportUnknownRequest {
+                operation_id: "ticket-1".into(),
+                fencing_token: grant.fencing_token,
+                reason: "timeout".into(),
+            },
+            Some(key),
+        ))
+        .await
+        .unwrap();
+        provider_keys.push((tenant.clone(), grant.provider_key));
+    }
+    for (_, key) in &keys {
+        eventually(Duration::from_secs(20), "reconciled", || {
+            let mut grpc = grpc.clone();
+            async move {
+                let op = grpc
+                    .get_operation(with_key(
+                        pb::GetOperationRequest {
+                            operation_id: "ticket-1".into(),
+                        },
+                        Some(key),
+                    ))
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .operation?;
+                (op.state == pb::OperationState::Confirmed as i32).then_some(())
+            }
+        })
+        .await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.is_empty());
+    for (provider_key, auth) in &seen {
+        let tenant = &provider_keys
+            .iter()
+            .find(|(_, k)| k == provider_key)
+            .expect("a lookup of a known operation")
+            .0;
+        assert_eq!(auth, &format!("Bearer {tenant}-ticket-secret"), "{seen:?}");
+    }
+    assert!(onced.terminate().await.success());
+}

@@ -30,4 +30,5 @@ mod outage;
 mod reconcile;
 mod retention;
 mod service;
+mod tls;
 mod validation;

@@ -14,6 +14,23 @@ use tonic::transport::Channel;
 pub struct OncedProcess {
     pub addr: SocketAddr,
     child: tokio::process::Child,
+    log: PathBuf,
+}
+
+/// Keeps the log where `make test` scans every log of the suite for secrets.
+impl Drop for OncedProcess {
+    fn drop(&mut self) {
+        if let Some(kept) = std::env::var_os("ONCE_TEST_LOG_DIR") {
+            let kept = PathBuf::from(kept);
+            let _ = std::fs::create_dir_all(&kept);
+            let name = format!(
+                "it-{}-{}",
+                uuid::Uuid::new_v4().simple(),
+                self.log.file_name().unwrap_or_default().to_string_lossy()
+            );
+            let _ = std::fs::copy(&self.log, kept.join(name));
+        }
+    }
 }
 
 impl OncedProcess {
@@ -27,6 +44,21 @@ impl OncedProcess {
         log: PathBuf,
         extra: &[&str],
         env: &[(&str, &str)],
+    ) -> Self {
+        Self::launch(url, log, extra, env, |addr| {
+            Channel::from_shared(format!("http://{addr}")).unwrap()
+        })
+        .await
+    }
+
+    /// Starts `onced`, waiting until the endpoint `ready` makes of its address serves (an
+    /// `https` one for a ledger serving TLS).
+    pub async fn launch(
+        url: &str,
+        log: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        ready: impl FnOnce(SocketAddr) -> tonic::transport::Endpoint,
     ) -> Self {
         let port = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -47,17 +79,31 @@ impl OncedProcess {
             .expect("start onced");
         // An onced that exits before it serves says why in its log: fail with that.
         tokio::select! {
-            _ = wait_serving(addr) => {}
+            _ = wait_serving_on(ready(addr)) => {}
             exited = child.wait() => panic!(
                 "onced exited before serving ({exited:?}): {}",
                 std::fs::read_to_string(&log_path).unwrap_or_default()
             ),
         }
-        OncedProcess { addr, child }
+        OncedProcess {
+            addr,
+            child,
+            log: log_path,
+        }
     }
 
     pub async fn client(&self) -> LedgerClient<Channel> {
         client(self.addr).await
+    }
+
+    /// Sends SIGHUP: re-read the TLS files.
+    pub fn hang_up(&self) {
+        let pid = self.child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("kill -HUP");
+        assert!(sent.success());
     }
 
     /// SIGKILL: no chance to finish anything.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,6 +52,16 @@ def wait_for(what: str, probe, limit: float = 20.0):
         pause = min(pause * 2, 0.2)
 
 
+def keep_logs(directory: Path) -> None:
+    """Copies a test's logs where `make test` scans them for secrets after the suite."""
+    kept = os.environ.get("ONCE_TEST_LOG_DIR")
+    if not kept:
+        return
+    Path(kept).mkdir(parents=True, exist_ok=True)
+    for log in directory.glob("*.log"):
+        shutil.copyfile(log, Path(kept) / f"mcp-{uuid.uuid4().hex[:8]}-{log.name}")
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -68,10 +79,10 @@ def psql(sql: str) -> None:
 
 
 class Process:
-    def __init__(self, args: list[str], log: Path):
+    def __init__(self, args: list[str], log: Path, env: dict | None = None):
         self.args = args
         self.log = log
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "ab"), stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "ab"), stdin=subprocess.DEVNULL, env=env)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -91,7 +102,7 @@ class Stack:
     """One ledger, one payment provider, and the refund MCP server, on fresh ports and a fresh
     database."""
 
-    def __init__(self, tmp: Path, backend: str, transport: str, reconcile: bool = False):
+    def __init__(self, tmp: Path, backend: str, transport: str, reconcile: bool = False, tenants: tuple[str, ...] = ()):
         self.tmp = tmp
         self.reconcile = reconcile
         self.backend = backend
@@ -112,6 +123,9 @@ class Stack:
         self.mcp_port = free_port()
         self.ledger: Process | None = None
         self.refund_http: Process | None = None
+        # Tenants and an executor key each, made with `onced` on the database before it serves:
+        # the ledger then requires a key from every caller.
+        self.keys = {tenant: self.create_tenant(tenant) for tenant in tenants}
         self.start_ledger()
         self.provider = self.spawn("fakepay", ["--listen", f"127.0.0.1:{self.provider_port}"])
         wait_for("fakepay", lambda: http("GET", f"{self.provider_url}/_fakepay/stats"))
@@ -147,6 +161,43 @@ class Stack:
         # Its port opens before the store is ready (a PostgreSQL database is connected to and
         # migrated first): the ledger says in its log when it serves.
         wait_for("onced", lambda: log.read_text().count("onced serving") > served)
+
+    def onced_command(self, *args: str) -> str:
+        done = subprocess.run(
+            [str(BIN / "onced"), "--database-url", self.database_url, *args],
+            capture_output=True, text=True, check=True,
+        )
+        with open(self.tmp / "onced-commands.log", "a") as log:
+            log.write(done.stderr)
+        return done.stdout
+
+    def create_tenant(self, tenant: str) -> str:
+        self.onced_command("tenants", "put", tenant)
+        created = json.loads(self.onced_command(
+            "keys", "create", "--tenant", tenant, "--name", f"{tenant}-refund-mcp",
+            "--role", "executor,reader", "--json",
+        ))
+        return created["secret"]
+
+    def start_tenant_refund_http(self, tenant: str | None, port: int) -> Process:
+        """A refund-mcp over Streamable HTTP on `port`, presenting `tenant`'s key (none for None)."""
+        env = {**os.environ}
+        env.pop("ONCE_LEDGER_KEY", None)
+        if tenant is not None:
+            env["ONCE_LEDGER_KEY"] = self.keys[tenant]
+        args = [*self.refund_args(), "--http", f"127.0.0.1:{port}"]
+        args[args.index("--instance") + 1] = f"{self.instance}-{tenant}"
+        process = Process([str(BIN / "refund-mcp"), *args], self.tmp / f"refund-mcp-{tenant}.log", env=env)
+        self.processes.append(process)
+        wait_for("refund-mcp", lambda: port_open(port))
+        return process
+
+    @contextlib.asynccontextmanager
+    async def session_at(self, port: int):
+        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                yield session
 
     def refund_args(self) -> list[str]:
         return [
@@ -192,6 +243,7 @@ class Stack:
         for process in self.processes:
             process.stop()
         subprocess.run(["pkill", "-KILL", "-f", self.instance], check=False)
+        keep_logs(self.tmp)
         if self.pg_name:
             psql(f"DROP DATABASE IF EXISTS {self.pg_name} WITH (FORCE)")
 
@@ -211,10 +263,10 @@ def transport(request):
     return request.param
 
 
-def make_stack(tmp_path, backend, transport, reconcile):
+def make_stack(tmp_path, backend, transport, reconcile, tenants=()):
     for binary in ("onced", "fakepay", "refund-mcp"):
         assert (BIN / binary).exists(), f"{BIN / binary} is missing: run cargo build --workspace first"
-    return Stack(tmp_path, backend, transport, reconcile)
+    return Stack(tmp_path, backend, transport, reconcile, tenants)
 
 
 @pytest.fixture
@@ -231,6 +283,16 @@ def stack(tmp_path, backend, transport):
 def reconciled_stack(tmp_path, backend, transport):
     """With the stripe reconciler pointed at fakepay."""
     stack = make_stack(tmp_path, backend, transport, reconcile=True)
+    try:
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture
+def tenant_stack(tmp_path, backend):
+    """Two tenants, acme and globex, each with an executor key; the ledger requires keys."""
+    stack = make_stack(tmp_path, backend, "none", reconcile=False, tenants=("acme", "globex"))
     try:
         yield stack
     finally:
