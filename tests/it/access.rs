@@ -705,6 +705,20 @@ async fn tenant_limits_refuse_with_retry_after(store: Store) {
         .unwrap_err();
     assert_eq!(second.code(), Code::ResourceExhausted);
     assert_eq!(reason(&second), "RATE_LIMITED");
+    // A report is never refused for the rate: a known outcome must not be lost to UNKNOWN.
+    let grant = expect_execute(&first.unwrap().into_inner());
+    ledger
+        .confirm(with_key(
+            pb::ConfirmRequest {
+                operation_id: "slow-0".into(),
+                fencing_token: grant.fencing_token,
+                result: b"{}".to_vec(),
+                provider_ref: "re_slow".into(),
+            },
+            Some(&slow),
+        ))
+        .await
+        .expect("a rate-limited key's Confirm is taken");
     // Other tenants are untouched.
     for i in 0..5 {
         let request = with_key(begin(&format!("free-{i}"), ARGS), Some(&free));

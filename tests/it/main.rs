@@ -10,6 +10,9 @@
 //!   sends and logs, not about the store;
 //! - `reconcile::stripe_lookups_that_cannot_tell_are_unknown_never_absent` and `fakepay`: a
 //!   reconciler and the fake provider alone, without a ledger;
+//! - `tls::a_certificate_rotated_by_sighup_reaches_new_connections_while_old_ones_finish` and
+//!   `tls::an_exposed_listener_needs_tls_and_credentials_or_insecure` (SQLite): about the
+//!   listener, not the store;
 //! - `conformance` runs the store's trait on both backends itself, and checks one thing only
 //!   SQLite does: a blocked guard takes no token (PostgreSQL takes it with its intent lock).
 //!

@@ -728,6 +728,7 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
     )
     .unwrap();
     let lookup = |payment_intent: &str| LookupRequest {
+        tenant: "default".into(),
         operation_id: "op-1".into(),
         tool: "issue_refund".into(),
         provider_key: "once_k".into(),

@@ -28,5 +28,14 @@ pub mod admin_pb {
     tonic::include_proto!("once.admin.v1");
 }
 
+impl std::fmt::Debug for admin_pb::CreateKeyResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateKeyResponse")
+            .field("key", &self.key)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
 /// The encoded descriptors of every file of the API, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

@@ -39,6 +39,13 @@ impl Transport {
                 "at least one ledger endpoint is required".into(),
             ));
         }
+        if let Some(token) = &config.token {
+            if MetadataValue::try_from(format!("Bearer {token}")).is_err() {
+                return Err(ClientError::Invalid(
+                    "the API key holds characters a header cannot carry".into(),
+                ));
+            }
+        }
         let endpoints = config
             .endpoints
             .iter()
@@ -80,7 +87,8 @@ impl Transport {
             let mut request = Request::new(message.clone());
             request.set_timeout(self.config.rpc_timeout + extra);
             if let Some(token) = &self.config.token {
-                if let Ok(value) = MetadataValue::try_from(format!("Bearer {token}")) {
+                if let Ok(mut value) = MetadataValue::try_from(format!("Bearer {token}")) {
+                    value.set_sensitive(true);
                     request.metadata_mut().insert("authorization", value);
                 }
             }

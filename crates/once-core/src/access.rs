@@ -213,7 +213,12 @@ impl fmt::Debug for SecretHash {
 /// An API key as it is handed out, once: `once_<key id>_<secret>`. The key id is public; the
 /// whole string is the secret. `Debug` shows only the key id.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
+pub struct ApiKey {
+    secret: String,
+    /// Supplied from outside rather than generated: its id comes from its hash, never from
+    /// its text, which may not carry an id.
+    supplied: bool,
+}
 
 /// The prefix of every key the ledger generates, so secret scanners and people recognise one.
 pub const API_KEY_PREFIX: &str = "once_";
@@ -226,11 +231,14 @@ impl ApiKey {
     /// A new key from 32 random bytes (`random`), with a 12-hex-digit key id from 6 more.
     pub fn generate(random: [u8; 38]) -> Self {
         let (id, secret) = random.split_at(6);
-        ApiKey(format!(
-            "{API_KEY_PREFIX}{}_{}",
-            hex::encode(id),
-            hex::encode(secret)
-        ))
+        ApiKey {
+            secret: format!(
+                "{API_KEY_PREFIX}{}_{}",
+                hex::encode(id),
+                hex::encode(secret)
+            ),
+            supplied: false,
+        }
     }
 
     /// A key supplied from outside (the bootstrap key), checked for length.
@@ -243,30 +251,33 @@ impl ApiKey {
                 "an API key must be at least {MIN_KEY_CHARS} characters with no spaces (e.g. 32 random bytes in hex)"
             ));
         }
-        Ok(ApiKey(secret))
+        Ok(ApiKey {
+            secret,
+            supplied: true,
+        })
     }
 
     /// The key id a generated key carries; a supplied key's id comes from its hash.
     pub fn key_id(&self) -> String {
-        let generated = self
-            .0
-            .strip_prefix(API_KEY_PREFIX)
+        let generated = Some(self.secret.as_str())
+            .filter(|_| !self.supplied)
+            .and_then(|s| s.strip_prefix(API_KEY_PREFIX))
             .and_then(|rest| rest.split_once('_'))
             .map(|(id, _)| id)
             .filter(|id| id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()));
         match generated {
             Some(id) => id.to_owned(),
-            None => SecretHash::of(self.0.as_bytes()).short_hex()[..12].to_owned(),
+            None => self.hash().short_hex()[..12].to_owned(),
         }
     }
 
     pub fn hash(&self) -> SecretHash {
-        SecretHash::of(self.0.as_bytes())
+        SecretHash::of(self.secret.as_bytes())
     }
 
     /// The secret itself, to hand to its holder once or to send as a bearer token.
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.secret
     }
 }
 
@@ -308,6 +319,10 @@ mod tests {
         let key = ApiKey::supplied(format!("{}\n", "ab".repeat(16))).unwrap();
         assert_eq!(key.expose(), "ab".repeat(16));
         assert_eq!(key.key_id().len(), 12);
+        // A supplied key shaped like a generated one still gets its id from its hash, so no
+        // part of its text reaches a listing or a log.
+        let lookalike = ApiKey::supplied(format!("once_0123456789ab_{}", "cd".repeat(16))).unwrap();
+        assert_ne!(lookalike.key_id(), "0123456789ab");
     }
 
     #[test]

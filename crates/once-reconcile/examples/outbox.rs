@@ -62,6 +62,7 @@ mod tests {
 
     fn request(key: &str) -> LookupRequest {
         LookupRequest {
+            tenant: "default".into(),
             operation_id: "send:welcome:c-9".into(),
             tool: "send_email".into(),
             provider_key: key.into(),

@@ -351,7 +351,7 @@ fn build(
                 .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
         }),
         "grpc" => Arc::new(
-            GrpcReconciler::new(&r.endpoint, timeout)
+            GrpcReconciler::new(&r.endpoint, api_key, timeout)
                 .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
         ),
         other => {

@@ -28,16 +28,30 @@ const UNDECLARED: Capabilities = Capabilities {
     dedupes_by_provider_key: false,
 };
 
-#[derive(Debug)]
 pub struct GrpcReconciler {
     client: ReconcilerClient<Channel>,
     /// The plugin's declared capabilities, once it has declared them.
     declared: Mutex<Option<Capabilities>>,
+    /// The credential of the one tenant this instance serves, sent as a bearer token.
+    api_key: Option<String>,
+}
+
+impl std::fmt::Debug for GrpcReconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcReconciler")
+            .field("declared", &self.declared)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
 }
 
 impl GrpcReconciler {
     /// Prepares the connection; nothing is dialled until the first lookup.
-    pub fn new(endpoint: &str, timeout: Duration) -> Result<Self, tonic::transport::Error> {
+    pub fn new(
+        endpoint: &str,
+        api_key: Option<String>,
+        timeout: Duration,
+    ) -> Result<Self, tonic::transport::Error> {
         let channel = Endpoint::from_shared(endpoint.to_owned())?
             .connect_timeout(timeout)
             .timeout(timeout)
@@ -45,6 +59,7 @@ impl GrpcReconciler {
         Ok(Self {
             client: ReconcilerClient::new(channel),
             declared: Mutex::new(None),
+            api_key,
         })
     }
 
@@ -96,7 +111,22 @@ impl Reconciler for GrpcReconciler {
             attempt: request.attempt,
             attempt_started_at: Some(once_api::convert::timestamp(request.attempt_started_at_ms)),
             fencing_token: request.fencing_token,
+            tenant: request.tenant.clone(),
         };
+        let mut message = tonic::Request::new(message);
+        if let Some(key) = &self.api_key {
+            match tonic::metadata::MetadataValue::try_from(format!("Bearer {key}")) {
+                Ok(mut value) => {
+                    value.set_sensitive(true);
+                    message.metadata_mut().insert("authorization", value);
+                }
+                Err(_) => {
+                    return Verdict::Unknown {
+                        why: "the configured credential cannot be sent as a header".into(),
+                    }
+                }
+            }
+        }
         let answer = match self.client.clone().lookup(message).await {
             Ok(answer) => answer.into_inner(),
             Err(status) => {

@@ -179,6 +179,7 @@ mod tests {
 
     fn request() -> LookupRequest {
         LookupRequest {
+            tenant: "default".into(),
             operation_id: "refund:a b".into(),
             tool: "issue_refund".into(),
             provider_key: "once_1".into(),

@@ -28,6 +28,8 @@ use serde_json::Value;
 /// The operation a reconciler is asked about.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LookupRequest {
+    /// The tenant the operation belongs to; a reconciler only ever gets its own tenants'.
+    pub tenant: String,
     pub operation_id: String,
     pub tool: String,
     /// The key the executor passed to the provider's idempotency mechanism. It names this life

@@ -70,8 +70,7 @@ async fn quiet_latencies(channel: Channel, key: &str, seconds: u64) -> Vec<Durat
         let response = ledger.begin(keyed(begin(&id), key)).await;
         latencies.push(started.elapsed());
         let Ok(response) = response else { continue };
-        if let Some(pb::begin_response::Decision::Execute(grant)) = response.into_inner().decision
-        {
+        if let Some(pb::begin_response::Decision::Execute(grant)) = response.into_inner().decision {
             let confirm = pb::ConfirmRequest {
                 operation_id: id,
                 fencing_token: grant.fencing_token,
@@ -85,7 +84,11 @@ async fn quiet_latencies(channel: Channel, key: &str, seconds: u64) -> Vec<Durat
 }
 
 /// Floods as `noisy` until `stop`; returns (answered, refused).
-async fn flood(channel: Channel, key: String, stop: tokio_util::sync::CancellationToken) -> (u64, u64) {
+async fn flood(
+    channel: Channel,
+    key: String,
+    stop: tokio_util::sync::CancellationToken,
+) -> (u64, u64) {
     let mut ledger = LedgerClient::new(channel);
     let (mut answered, mut refused) = (0, 0);
     while !stop.is_cancelled() {
@@ -127,9 +130,16 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let stop_server = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(onced::run(config, listener, stop_server.clone().cancelled_owned()));
+    let server = tokio::spawn(onced::run(
+        config,
+        listener,
+        stop_server.clone().cancelled_owned(),
+    ));
     let channel = loop {
-        if let Ok(channel) = Channel::from_shared(format!("http://{addr}"))?.connect().await {
+        if let Ok(channel) = Channel::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await
+        {
             break channel;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -177,7 +187,10 @@ async fn main() -> anyhow::Result<()> {
     for (phase, limits) in [
         ("quiet alone", None),
         ("noisy floods, no limits", Some((0, 0))),
-        ("noisy floods under its limits", Some((args.rate, args.max_in_flight))),
+        (
+            "noisy floods under its limits",
+            Some((args.rate, args.max_in_flight)),
+        ),
     ] {
         let stop = tokio_util::sync::CancellationToken::new();
         let mut flooders = Vec::new();
@@ -195,7 +208,11 @@ async fn main() -> anyhow::Result<()> {
             // The new limits reach the cached credential within its TTL.
             tokio::time::sleep(Duration::from_secs(3)).await;
             for _ in 0..args.flooders {
-                flooders.push(tokio::spawn(flood(channel.clone(), noisy.clone(), stop.clone())));
+                flooders.push(tokio::spawn(flood(
+                    channel.clone(),
+                    noisy.clone(),
+                    stop.clone(),
+                )));
             }
         }
         let mut latencies = quiet_latencies(channel.clone(), &quiet, args.seconds).await;

@@ -76,19 +76,36 @@ impl Principal {
     }
 }
 
-/// Which roles may make a call: any one of them suffices.
+/// Which roles may make a call (any one of them suffices), and whether the call counts against
+/// its credential's request rate.
 #[derive(Debug, Clone, Copy)]
-pub struct Allowed(pub &'static [Role]);
+pub struct Allowed {
+    roles: &'static [Role],
+    rate_limited: bool,
+}
 
 impl Allowed {
-    pub const EXECUTOR: Allowed = Allowed(&[Role::Executor]);
-    pub const READ_ONE: Allowed = Allowed(&[Role::Executor, Role::Reader, Role::Operator]);
-    pub const READ: Allowed = Allowed(&[Role::Reader, Role::Operator]);
-    pub const OPERATOR: Allowed = Allowed(&[Role::Operator]);
-    pub const ADMIN: Allowed = Allowed(&[Role::Admin]);
+    pub const EXECUTOR: Allowed = Allowed::limited(&[Role::Executor]);
+    /// Reports and heartbeats settle or keep alive an effect already under way: refusing one
+    /// would turn a known outcome UNKNOWN, so they never count against the rate.
+    pub const SETTLE: Allowed = Allowed {
+        roles: &[Role::Executor],
+        rate_limited: false,
+    };
+    pub const READ_ONE: Allowed = Allowed::limited(&[Role::Executor, Role::Reader, Role::Operator]);
+    pub const READ: Allowed = Allowed::limited(&[Role::Reader, Role::Operator]);
+    pub const OPERATOR: Allowed = Allowed::limited(&[Role::Operator]);
+    pub const ADMIN: Allowed = Allowed::limited(&[Role::Admin]);
+
+    const fn limited(roles: &'static [Role]) -> Self {
+        Allowed {
+            roles,
+            rate_limited: true,
+        }
+    }
 
     fn describe(self) -> String {
-        let names: Vec<&str> = self.0.iter().map(|r| r.as_str()).collect();
+        let names: Vec<&str> = self.roles.iter().map(|r| r.as_str()).collect();
         names.join(" or ")
     }
 }
@@ -178,13 +195,13 @@ impl<B: Backend> Access<B> {
                 "the credential was revoked; ask for a new one",
             ));
         }
-        if !allowed.0.iter().any(|r| credential.roles.contains(*r)) {
+        if !allowed.roles.iter().any(|r| credential.roles.contains(*r)) {
             return Err(status::permission_denied(
                 &allowed.describe(),
                 &credential.roles.to_string(),
             ));
         }
-        if let Some(rate) = tenant.requests_per_second {
+        if let Some(rate) = tenant.requests_per_second.filter(|_| allowed.rate_limited) {
             self.take_token(&credential.key_id, rate)?;
         }
         Ok(Principal {
@@ -345,6 +362,13 @@ fn presented<T>(request: &Request<T>) -> Result<(SecretHash, CredentialKind), St
                     "the authorization header must be `Bearer <API key>`",
                 )
             })?;
+        // Shorter than any key the ledger accepts: refused without a lookup.
+        if key.len() < once_core::access::MIN_KEY_CHARS {
+            return Err(status::unauthenticated(
+                "CREDENTIALS_INVALID",
+                "the credential is not one this ledger knows",
+            ));
+        }
         return Ok((SecretHash::of(key.as_bytes()), CredentialKind::Key));
     }
     if let Some(certificate) = request

@@ -223,6 +223,10 @@ fn refused(error: AdminError) -> Status {
         }
         AdminError::NoTenant(_) => status::not_found("TENANT_NOT_FOUND", &error.to_string()),
         AdminError::NoKey(_) => status::not_found("KEY_NOT_FOUND", &error.to_string()),
+        AdminError::Store(StoreError::Duplicate) => status::already_exists(
+            "CREDENTIAL_EXISTS",
+            "that certificate (or key) is already registered; revoke it to register it again under a new id",
+        ),
         AdminError::Store(error) => status::store(error),
     }
 }

@@ -140,6 +140,8 @@ pub enum ConfigError {
     ZeroInterval,
     #[error("--credential-ttl and --tls-reload-interval must be positive")]
     ZeroTtl,
+    #[error("--credential-ttl must be at most 60s: a revoked key must be refused within seconds")]
+    LongTtl,
     #[error("{}: cannot read it", path.display())]
     ReadFile {
         path: std::path::PathBuf,
@@ -189,6 +191,9 @@ impl Config {
         }
         if self.credential_ttl.is_zero() || self.tls_reload_interval.is_zero() {
             return Err(ConfigError::ZeroTtl);
+        }
+        if self.credential_ttl > Duration::from_secs(60) {
+            return Err(ConfigError::LongTtl);
         }
         if self.lease_sweep_interval.is_zero()
             || self.retention_sweep_interval.is_zero()

@@ -350,6 +350,7 @@ fn jitter(operation_id: &str, lookups: u32) -> f64 {
 /// What a reconciler is told about an operation.
 fn lookup_request(op: &Operation) -> LookupRequest {
     LookupRequest {
+        tenant: op.tenant.clone(),
         operation_id: op.operation_id.to_string(),
         tool: op.tool.clone(),
         provider_key: op.provider_key.clone(),

@@ -140,7 +140,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        let principal = self.access.admit(&request, Allowed::EXECUTOR).await?;
+        let principal = self.access.admit(&request, Allowed::SETTLE).await?;
         let (id, token, ttl) =
             convert::heartbeat(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
@@ -248,7 +248,7 @@ impl<B: Backend> LedgerService<B> {
         &self,
         request: Request<R>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let principal = self.access.admit(&request, Allowed::EXECUTOR).await?;
+        let principal = self.access.admit(&request, Allowed::SETTLE).await?;
         let (id, cmd) =
             convert::report(request.into_inner(), &self.limits).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());

@@ -295,3 +295,8 @@ pub fn exhausted(reason: &str, message: String, retry_after: std::time::Duration
 pub fn not_found(reason: &str, message: &str) -> Status {
     status(Code::NotFound, reason, message.to_owned(), vec![])
 }
+
+/// What an administrative call would create exists already.
+pub fn already_exists(reason: &str, message: &str) -> Status {
+    status(Code::AlreadyExists, reason, message.to_owned(), vec![])
+}

@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 /// How long a client has to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most handshakes under way at once; further connections wait to be accepted.
+const MAX_HANDSHAKES: usize = 256;
+
 /// The PEM files TLS is served from.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -135,8 +138,13 @@ impl Tls {
     ) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> {
         let (ready, connections) = tokio::sync::mpsc::channel(64);
         let tls = self.clone();
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
         tokio::spawn(async move {
             loop {
+                let permit = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    permit = handshakes.clone().acquire_owned() => permit.expect("never closed"),
+                };
                 let accepted = tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = ready.closed() => return,
@@ -154,6 +162,7 @@ impl Tls {
                 let acceptor = tls.acceptor();
                 let ready = ready.clone();
                 tokio::spawn(async move {
+                    let _permit = permit;
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
                             let _ = ready.send(Ok(stream)).await;

@@ -30,6 +30,21 @@ pub struct Args {
     /// A PEM file of certificate authorities to trust for an `https://` ledger (a private CA).
     #[arg(long, env = "REFUND_MCP_LEDGER_CA")]
     ledger_ca: Option<std::path::PathBuf>,
+    /// For a ledger that verifies client certificates (mTLS): this server's PEM certificate
+    /// (with --ledger-client-key).
+    #[arg(
+        long,
+        env = "REFUND_MCP_LEDGER_CLIENT_CERT",
+        requires = "ledger_client_key"
+    )]
+    ledger_client_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --ledger-client-cert.
+    #[arg(
+        long,
+        env = "REFUND_MCP_LEDGER_CLIENT_KEY",
+        requires = "ledger_client_cert"
+    )]
+    ledger_client_key: Option<std::path::PathBuf>,
     /// The payment provider's base URL.
     #[arg(
         long,
@@ -86,6 +101,12 @@ async fn main() -> anyhow::Result<()> {
     let mut config = ClientConfig::new(args.ledger.clone());
     config.client_name = args.instance.clone();
     config.token = args.ledger_key.clone();
+    if let (Some(cert), Some(key)) = (&args.ledger_client_cert, &args.ledger_client_key) {
+        let read = |path: &std::path::PathBuf| {
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        };
+        config.tls_identity_pem = Some((read(cert)?, read(key)?));
+    }
     if let Some(path) = &args.ledger_ca {
         config.tls_ca_pem = Some(
             std::fs::read(path)
