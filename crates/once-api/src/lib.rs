@@ -4,6 +4,7 @@
 //! validated domain command (refusing malformed input with the field it is about) and each
 //! domain answer back into its message, so a generated type never reaches the core.
 
+pub mod admin;
 pub mod codec;
 pub mod convert;
 

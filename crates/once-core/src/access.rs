@@ -63,11 +63,6 @@ impl Roles {
         Roles(roles.into_iter().fold(0, |bits, r| bits | Self::bit(r)))
     }
 
-    /// Every role: the caller of a ledger that runs without authentication.
-    pub fn all() -> Self {
-        Self::of(Role::ALL)
-    }
-
     fn bit(role: Role) -> u8 {
         1 << role as u8
     }
@@ -108,6 +103,10 @@ impl std::str::FromStr for Roles {
         Ok(Roles::of(roles))
     }
 }
+
+/// The tenant of every caller while a ledger holds no credential, and the one a reconciler
+/// serves when its configuration names none.
+pub const DEFAULT_TENANT: &str = "default";
 
 /// A tenant name: 1 to 63 characters of `a-z`, `0-9`, `-` and `_`, starting with a letter or a
 /// digit. Names are chosen by whoever runs the ledger; callers never send one.

@@ -33,6 +33,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use once_core::access::DEFAULT_TENANT;
 use serde::Deserialize;
 
 use crate::grpc::GrpcReconciler;
@@ -111,40 +112,32 @@ fn served(
     r: &ReconcilerFile,
     field: &dyn Fn(&str) -> String,
 ) -> Result<Vec<(String, Option<String>)>, ConfigError> {
-    let named = r.tenants.clone();
+    let named = || {
+        r.tenants
+            .clone()
+            .unwrap_or_else(|| vec![DEFAULT_TENANT.to_owned()])
+    };
     let served: Vec<(String, Option<String>)> = match &r.api_key_env {
-        Some(ApiKeyEnv::PerTenant(by_tenant)) => {
-            if let Some(named) = &named {
-                let keys: Vec<&String> = by_tenant.keys().collect();
-                let mut sorted: Vec<&String> = named.iter().collect();
-                sorted.sort();
-                if keys != sorted {
-                    return Err(invalid(
-                        field("tenants"),
-                        "must name exactly the tenants api_key_env has a variable for",
-                    ));
-                }
-            }
-            by_tenant
-                .iter()
-                .map(|(t, v)| (t.clone(), Some(v.clone())))
-                .collect()
+        Some(ApiKeyEnv::PerTenant(_)) if r.tenants.is_some() => {
+            return Err(invalid(
+                field("tenants"),
+                "api_key_env already names the tenants served: leave tenants out",
+            ))
         }
-        Some(ApiKeyEnv::One(variable)) => {
-            let tenants = named.unwrap_or_else(|| vec![DEFAULT_TENANT.to_owned()]);
-            if tenants.len() != 1 {
+        Some(ApiKeyEnv::PerTenant(by_tenant)) => by_tenant
+            .iter()
+            .map(|(t, v)| (t.clone(), Some(v.clone())))
+            .collect(),
+        Some(ApiKeyEnv::One(variable)) => match named().as_slice() {
+            [tenant] => vec![(tenant.clone(), Some(variable.clone()))],
+            _ => {
                 return Err(invalid(
                     field("api_key_env"),
                     "one credential cannot serve several tenants: give one variable per tenant, api_key_env = { tenant = \"VARIABLE\" }",
-                ));
+                ))
             }
-            vec![(tenants[0].clone(), Some(variable.clone()))]
-        }
-        None => named
-            .unwrap_or_else(|| vec![DEFAULT_TENANT.to_owned()])
-            .into_iter()
-            .map(|t| (t, None))
-            .collect(),
+        },
+        None => named().into_iter().map(|t| (t, None)).collect(),
     };
     if served.is_empty() {
         return Err(invalid(field("tenants"), "must name at least one tenant"));
@@ -154,9 +147,6 @@ fn served(
     }
     Ok(served)
 }
-
-/// The tenant a reconciler serves when its configuration names none.
-pub const DEFAULT_TENANT: &str = "default";
 
 /// How the reconciliation workers run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -398,6 +388,22 @@ mod tests {
     }
 
     #[test]
+    fn each_tenant_gets_its_own_credential() {
+        let text = r#"
+            [[reconciler]]
+            name = "payments"
+            kind = "stripe"
+            endpoint = "http://127.0.0.1:12111"
+            api_key_env = { acme = "ACME_KEY", globex = "GLOBEX_KEY" }
+        "#;
+        let parsed = parse(text, |name| Some(format!("secret-of-{name}"))).unwrap();
+        let mut served: Vec<(&str, &str)> = parsed.registry.names().collect();
+        served.sort();
+        assert_eq!(served, [("acme", "payments"), ("globex", "payments")]);
+        assert!(parsed.registry.get(DEFAULT_TENANT, "payments").is_none());
+    }
+
+    #[test]
     fn refuses_what_it_cannot_use() {
         let missing_env = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\napi_key_env = \"NOPE\"";
         assert!(matches!(
@@ -425,6 +431,15 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("twice the timeout"));
+        let shared_credential = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\ntenants = [\"a\", \"b\"]\napi_key_env = \"K\"";
+        assert!(parse(shared_credential, |_| Some("k".into()))
+            .unwrap_err()
+            .to_string()
+            .contains("one credential cannot serve several tenants"));
+        let named_twice = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\ntenants = [\"a\"]\napi_key_env = { a = \"K\" }";
+        assert!(parse(named_twice, |_| Some("k".into())).is_err());
+        let bad_tenant = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\ntenants = [\"Not A Tenant\"]";
+        assert!(parse(bad_tenant, |_| None).is_err());
         let duplicate = "[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://x\"\n[[reconciler]]\nname = \"s\"\nkind = \"stripe\"\nendpoint = \"http://y\"";
         assert!(parse(duplicate, |_| None).is_err());
     }

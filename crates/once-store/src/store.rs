@@ -529,16 +529,12 @@ where
         &self,
         hash: &SecretHash,
     ) -> Result<Option<(Credential, Tenant)>, StoreError> {
-        let sql = format!(
-            "SELECT {}, t.created_at AS tenant_created_at, t.max_in_flight, t.requests_per_second \
-             FROM credentials c JOIN tenants t ON t.name = c.tenant WHERE c.secret_hash = $1",
-            CREDENTIAL_COLUMNS
-                .split(", ")
-                .map(|c| format!("c.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let row = sqlx::query(&sql)
+        // `c.*` holds the hash too, which nothing reads; the tenant's columns that share a
+        // name with the credential's are renamed.
+        let sql = "SELECT c.*, t.created_at AS tenant_created_at, t.max_in_flight, \
+                   t.requests_per_second FROM credentials c JOIN tenants t ON t.name = c.tenant \
+                   WHERE c.secret_hash = $1";
+        let row = sqlx::query(sql)
             .bind(&hash.0[..])
             .fetch_optional(&self.pool)
             .await?;

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use once_core::access::{Credential, CredentialKind, Role, Roles, SecretHash, Tenant};
+use once_core::access::{Credential, CredentialKind, Role, SecretHash, Tenant};
 use once_core::Actor;
 use once_store::{Backend, StoreError};
 use tokio::time::Instant;
@@ -26,8 +26,7 @@ use tonic::{Request, Status};
 
 use crate::status;
 
-/// The tenant every caller belongs to while the ledger is open.
-pub const DEFAULT_TENANT: &str = "default";
+pub use once_core::access::DEFAULT_TENANT;
 
 /// Most cached lookups kept before the cache starts over, so random keys cannot grow it.
 const MAX_CACHED: usize = 10_000;
@@ -36,7 +35,6 @@ const MAX_CACHED: usize = 10_000;
 #[derive(Debug, Clone)]
 pub struct Principal {
     pub tenant: String,
-    pub roles: Roles,
     /// The credential it presented; `None` while the ledger is open.
     pub credential: Option<Credential>,
     /// Its tenant's cap on IN_FLIGHT operations.
@@ -47,7 +45,6 @@ impl Principal {
     fn open() -> Self {
         Principal {
             tenant: DEFAULT_TENANT.to_owned(),
-            roles: Roles::all(),
             credential: None,
             max_in_flight: None,
         }
@@ -156,14 +153,37 @@ impl<B: Backend> Access<B> {
         })
     }
 
-    /// How long a credential's creation or revocation may take to reach this replica.
-    pub fn ttl(&self) -> Duration {
-        self.inner.ttl
-    }
-
     /// Whether callers are admitted without a credential right now.
     pub fn is_open(&self) -> bool {
         self.inner.open.lock().expect("not poisoned").0
+    }
+
+    /// Takes a credential this replica just stored into account at once: the ledger is closed
+    /// from now on, and a certificate refused before it was registered is looked up again.
+    /// Other replicas see it within their TTL.
+    pub fn stored(&self, credential: &Credential) {
+        self.inner.open.lock().expect("not poisoned").0 = false;
+        self.forget(&credential.key_id);
+    }
+
+    /// Takes a credential this replica just revoked into account at once; other replicas see
+    /// it within their TTL.
+    pub fn revoked(&self, credential: &Credential) {
+        self.forget(&credential.key_id);
+    }
+
+    /// Drops the cached lookups of `key_id`, and every cached miss (a certificate's hash is not
+    /// known by its id, and misses are cheap to look up again).
+    fn forget(&self, key_id: &str) {
+        self.inner
+            .known
+            .lock()
+            .expect("not poisoned")
+            .retain(|_, (_, known)| {
+                known
+                    .as_ref()
+                    .is_some_and(|k| k.credential.key_id != key_id)
+            });
     }
 
     /// Admits the caller of `request` if it may make a call `allowed` names.
@@ -177,17 +197,13 @@ impl<B: Backend> Access<B> {
         }
         let (hash, kind) = presented(request)?;
         let Some(known) = self.look_up(hash).await.map_err(status::store)? else {
-            return Err(status::unauthenticated(
-                "CREDENTIALS_INVALID",
-                "the credential is not one this ledger knows",
-            ));
+            return Err(status::unknown_credential());
         };
         let Known { credential, tenant } = known;
+        // A certificate is public: it identifies a caller only when the handshake proved the
+        // caller holds its private key, never when its bytes arrive as a bearer token.
         if credential.kind != kind {
-            return Err(status::unauthenticated(
-                "CREDENTIALS_INVALID",
-                "the credential is not one this ledger knows",
-            ));
+            return Err(status::unknown_credential());
         }
         if credential.revoked_at.is_some() {
             return Err(status::unauthenticated(
@@ -206,7 +222,6 @@ impl<B: Backend> Access<B> {
         }
         Ok(Principal {
             tenant: tenant.name,
-            roles: credential.roles,
             max_in_flight: tenant.max_in_flight,
             credential: Some(credential),
         })
@@ -364,10 +379,7 @@ fn presented<T>(request: &Request<T>) -> Result<(SecretHash, CredentialKind), St
             })?;
         // Shorter than any key the ledger accepts: refused without a lookup.
         if key.len() < once_core::access::MIN_KEY_CHARS {
-            return Err(status::unauthenticated(
-                "CREDENTIALS_INVALID",
-                "the credential is not one this ledger knows",
-            ));
+            return Err(status::unknown_credential());
         }
         return Ok((SecretHash::of(key.as_bytes()), CredentialKind::Key));
     }

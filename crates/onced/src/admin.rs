@@ -1,9 +1,11 @@
 //! Tenants and credentials: what the `once.admin.v1.Admin` service and `onced keys …` /
 //! `onced tenants …` do, written once.
 
+use once_api::admin as convert;
 use once_api::admin_pb as pb;
 use once_core::access::{
-    check_tenant_name, ApiKey, Credential, CredentialKind, NewCredential, Roles, SecretHash, Tenant,
+    check_tenant_name, ApiKey, Credential, CredentialKind, NewCredential, Role, Roles, SecretHash,
+    Tenant,
 };
 use once_store::{Backend, StoreError};
 use rustls_pki_types::pem::PemObject;
@@ -25,6 +27,8 @@ pub enum AdminError {
     NoTenant(String),
     #[error("no credential with key id {0:?}")]
     NoKey(String),
+    #[error("the operating system gave no random bytes for a key")]
+    NoRandomness(#[source] getrandom::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -96,51 +100,45 @@ impl<B: Backend> Admin<B> {
         if roles.is_empty() {
             return Err(invalid("roles", "at least one role is needed"));
         }
-        let (secret_hash, kind, key, key_id) = match certificate_pem {
+        let (new, key) = match certificate_pem {
             Some(pem) => {
                 let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| {
                     invalid("certificate_pem", format!("not a PEM certificate: {e}"))
                 })?;
-                let hash = SecretHash::of(der.as_ref());
+                let secret_hash = SecretHash::of(der.as_ref());
+                let key_id = format!("cert_{}", secret_hash.short_hex());
                 (
-                    hash,
-                    CredentialKind::Certificate,
+                    NewCredential {
+                        key_id,
+                        tenant: tenant.to_owned(),
+                        name: name.to_owned(),
+                        roles,
+                        kind: CredentialKind::Certificate,
+                        secret_hash,
+                    },
                     None,
-                    format!("cert_{}", hash.short_hex()),
                 )
             }
             None => {
                 let key = generate()?;
-                (
-                    key.hash(),
-                    CredentialKind::Key,
-                    Some(key.clone()),
-                    key.key_id(),
-                )
+                (new_key(&key, tenant, name, roles), Some(key))
             }
         };
-        self.store(tenant, name, roles, kind, secret_hash, key_id)
-            .await
-            .map(|credential| (credential, key))
+        Ok((self.store(&new).await?, key))
     }
 
-    /// Stores the bootstrap admin key, once: a key already stored (even revoked) stays as it is.
+    /// Stores the bootstrap admin key, once: a key already stored (even revoked) stays as it is,
+    /// and `tenant` is created only if it does not exist.
     pub async fn bootstrap(&self, key: &ApiKey, tenant: &str) -> Result<(), AdminError> {
-        if !self.tenants().await?.iter().any(|t| t.name == tenant) {
-            self.put_tenant(tenant, None, None).await?;
-        }
-        let roles = Roles::of([once_core::access::Role::Admin]);
-        match self
-            .store(
-                tenant,
-                "bootstrap-admin",
-                roles,
-                CredentialKind::Key,
-                key.hash(),
-                key.key_id(),
-            )
-            .await
-        {
+        let new = new_key(key, tenant, "bootstrap-admin", Roles::of([Role::Admin]));
+        let stored = match self.store(&new).await {
+            Err(AdminError::NoTenant(_)) => {
+                self.put_tenant(tenant, None, None).await?;
+                self.store(&new).await
+            }
+            stored => stored,
+        };
+        match stored {
             Ok(credential) => {
                 tracing::info!(key_id = %credential.key_id, "bootstrap admin key stored");
                 Ok(())
@@ -157,25 +155,9 @@ impl<B: Backend> Admin<B> {
         }
     }
 
-    async fn store(
-        &self,
-        tenant: &str,
-        name: &str,
-        roles: Roles,
-        kind: CredentialKind,
-        secret_hash: SecretHash,
-        key_id: String,
-    ) -> Result<Credential, AdminError> {
-        let new = NewCredential {
-            key_id,
-            tenant: tenant.to_owned(),
-            name: name.to_owned(),
-            roles,
-            kind,
-            secret_hash,
-        };
-        match self.backend.create_credential(&new).await {
-            Err(StoreError::NotFound) => Err(AdminError::NoTenant(tenant.to_owned())),
+    async fn store(&self, new: &NewCredential) -> Result<Credential, AdminError> {
+        match self.backend.create_credential(new).await {
+            Err(StoreError::NotFound) => Err(AdminError::NoTenant(new.tenant.clone())),
             other => Ok(other?),
         }
     }
@@ -195,9 +177,20 @@ impl<B: Backend> Admin<B> {
 /// A new key from the operating system's random source.
 fn generate() -> Result<ApiKey, AdminError> {
     let mut random = [0u8; 38];
-    getrandom::getrandom(&mut random)
-        .map_err(|e| invalid("secret", format!("no random source: {e}")))?;
+    getrandom::getrandom(&mut random).map_err(AdminError::NoRandomness)?;
     Ok(ApiKey::generate(random))
+}
+
+/// The record of an API key.
+fn new_key(key: &ApiKey, tenant: &str, name: &str, roles: Roles) -> NewCredential {
+    NewCredential {
+        key_id: key.key_id(),
+        tenant: tenant.to_owned(),
+        name: name.to_owned(),
+        roles,
+        kind: CredentialKind::Key,
+        secret_hash: key.hash(),
+    }
 }
 
 /// The `once.admin.v1.Admin` gRPC service.
@@ -227,32 +220,11 @@ fn refused(error: AdminError) -> Status {
             "CREDENTIAL_EXISTS",
             "that certificate (or key) is already registered; revoke it to register it again under a new id",
         ),
+        AdminError::NoRandomness(source) => {
+            tracing::error!(error = %source, "no random bytes for a key");
+            status::internal()
+        }
         AdminError::Store(error) => status::store(error),
-    }
-}
-
-fn cap(value: i64) -> Option<i64> {
-    (value != 0).then_some(value)
-}
-
-pub fn tenant_to_pb(t: Tenant) -> pb::Tenant {
-    pb::Tenant {
-        name: t.name,
-        created_at_ms: t.created_at,
-        max_in_flight: t.max_in_flight.unwrap_or(0),
-        requests_per_second: t.requests_per_second.unwrap_or(0),
-    }
-}
-
-pub fn key_to_pb(c: Credential) -> pb::Key {
-    pb::Key {
-        key_id: c.key_id,
-        tenant: c.tenant,
-        name: c.name,
-        roles: c.roles.iter().map(|r| r.to_string()).collect(),
-        kind: c.kind.as_str().to_owned(),
-        created_at_ms: c.created_at,
-        revoked_at_ms: c.revoked_at.unwrap_or(0),
     }
 }
 
@@ -268,13 +240,13 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
             .admin
             .put_tenant(
                 &req.name,
-                cap(req.max_in_flight),
-                cap(req.requests_per_second),
+                convert::cap(req.max_in_flight),
+                convert::cap(req.requests_per_second),
             )
             .await
             .map_err(refused)?;
         tracing::info!(tenant = %tenant.name, "tenant put");
-        Ok(Response::new(tenant_to_pb(tenant)))
+        Ok(Response::new(convert::tenant(tenant)))
     }
 
     async fn list_tenants(
@@ -284,7 +256,7 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
         self.access.admit(&request, Allowed::ADMIN).await?;
         let tenants = self.admin.tenants().await.map_err(refused)?;
         Ok(Response::new(pb::ListTenantsResponse {
-            tenants: tenants.into_iter().map(tenant_to_pb).collect(),
+            tenants: tenants.into_iter().map(convert::tenant).collect(),
         }))
     }
 
@@ -294,19 +266,14 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
         let admin = self.access.admit(&request, Allowed::ADMIN).await?;
         let req = request.into_inner();
-        let roles = Roles::of(
-            req.roles
-                .iter()
-                .map(|r| r.parse())
-                .collect::<Result<Vec<_>, String>>()
-                .map_err(|m| refused(invalid("roles", m)))?,
-        );
+        let roles = convert::roles(&req.roles).map_err(status::invalid)?;
         let pem = Some(req.certificate_pem.as_str()).filter(|p| !p.is_empty());
         let (credential, key) = self
             .admin
             .create_key(&req.tenant, &req.name, roles, pem)
             .await
             .map_err(refused)?;
+        self.access.stored(&credential);
         tracing::info!(
             key_id = %credential.key_id,
             tenant = %credential.tenant,
@@ -315,7 +282,7 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
             "credential created"
         );
         Ok(Response::new(pb::CreateKeyResponse {
-            key: Some(key_to_pb(credential)),
+            key: Some(convert::key(credential)),
             secret: key.map(|k| k.expose().to_owned()).unwrap_or_default(),
         }))
     }
@@ -329,7 +296,7 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
         let tenant = Some(req.tenant.as_str()).filter(|t| !t.is_empty());
         let keys = self.admin.keys(tenant).await.map_err(refused)?;
         Ok(Response::new(pb::ListKeysResponse {
-            keys: keys.into_iter().map(key_to_pb).collect(),
+            keys: keys.into_iter().map(convert::key).collect(),
         }))
     }
 
@@ -340,11 +307,12 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
         let admin = self.access.admit(&request, Allowed::ADMIN).await?;
         let req = request.into_inner();
         let credential = self.admin.revoke(&req.key_id).await.map_err(refused)?;
+        self.access.revoked(&credential);
         tracing::info!(
             key_id = %credential.key_id,
             by = ?admin.credential.as_ref().map(|c| &c.key_id),
             "credential revoked"
         );
-        Ok(Response::new(key_to_pb(credential)))
+        Ok(Response::new(convert::key(credential)))
     }
 }

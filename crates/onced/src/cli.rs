@@ -8,7 +8,7 @@ use clap::Subcommand;
 use once_core::access::{Credential, Role, Roles, Tenant};
 use once_store::Backend;
 
-use crate::admin::{key_to_pb, tenant_to_pb, Admin};
+use crate::admin::Admin;
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
@@ -142,14 +142,14 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
 }
 
 fn credential_json(c: &Credential) -> serde_json::Value {
-    let k = key_to_pb(c.clone());
+    let roles: Vec<&str> = c.roles.iter().map(Role::as_str).collect();
     serde_json::json!({
-        "key_id": k.key_id,
-        "tenant": k.tenant,
-        "name": k.name,
-        "roles": k.roles,
-        "kind": k.kind,
-        "created_at_ms": k.created_at_ms,
+        "key_id": c.key_id,
+        "tenant": c.tenant,
+        "name": c.name,
+        "roles": roles,
+        "kind": c.kind.as_str(),
+        "created_at_ms": c.created_at,
         "revoked_at_ms": c.revoked_at,
     })
 }
@@ -159,12 +159,11 @@ fn print_tenants(tenants: &[Tenant], json: bool) {
         let shown: Vec<_> = tenants
             .iter()
             .map(|t| {
-                let t = tenant_to_pb(t.clone());
                 serde_json::json!({
                     "name": t.name,
-                    "created_at_ms": t.created_at_ms,
-                    "max_in_flight": (t.max_in_flight != 0).then_some(t.max_in_flight),
-                    "requests_per_second": (t.requests_per_second != 0).then_some(t.requests_per_second),
+                    "created_at_ms": t.created_at,
+                    "max_in_flight": t.max_in_flight,
+                    "requests_per_second": t.requests_per_second,
                 })
             })
             .collect();

@@ -16,6 +16,11 @@ async fn main() -> anyhow::Result<()> {
     if let Some(command) = config.command.take() {
         return onced::administer(config, command).await;
     }
+    // SIGHUP re-reads the TLS files once serving; until then (the store is being opened) it
+    // must not end the process, as it would by default. A handler registered once stays.
+    drop(tokio::signal::unix::signal(
+        tokio::signal::unix::SignalKind::hangup(),
+    )?);
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     onced::run(config, listener, shutdown_signal()).await
 }

@@ -70,13 +70,19 @@ pub fn store(error: StoreError) -> Status {
         ),
         StoreError::Internal(source) => {
             tracing::error!(error = %source, "database error");
-            status(Code::Internal, "INTERNAL", "internal error".into(), vec![])
+            internal()
         }
         StoreError::Corrupt(what) => {
             tracing::error!(%what, "unreadable stored data");
-            status(Code::Internal, "INTERNAL", "internal error".into(), vec![])
+            internal()
         }
     }
+}
+
+/// A fault of the ledger's own, already logged where it was handled; the caller learns nothing
+/// of it.
+pub fn internal() -> Status {
+    status(Code::Internal, "INTERNAL", "internal error".into(), vec![])
 }
 
 /// Why an operator's Reconcile did not run.
@@ -255,6 +261,15 @@ where
 /// The call carries no credential, or one the ledger does not accept.
 pub fn unauthenticated(reason: &str, message: &str) -> Status {
     status(Code::Unauthenticated, reason, message.to_owned(), vec![])
+}
+
+/// A credential the ledger does not know: one answer whatever the reason, so a caller learns
+/// nothing about which credentials exist.
+pub fn unknown_credential() -> Status {
+    unauthenticated(
+        "CREDENTIALS_INVALID",
+        "the credential is not one this ledger knows",
+    )
 }
 
 /// The caller's credential holds none of the roles the call needs.

@@ -1,0 +1,44 @@
+//! Conversions between `once.admin.v1` messages and the domain's tenants and credentials.
+//! What a tenant name or a key name may be is checked where they are created, for the gRPC
+//! service and `onced`'s commands alike; here only the message's own spelling is read.
+
+use once_core::access::{Credential, Roles, Tenant};
+use once_core::Invalid;
+
+use crate::admin_pb as pb;
+
+/// A limit as a message carries it: 0 means no cap.
+pub fn cap(value: i64) -> Option<i64> {
+    (value != 0).then_some(value)
+}
+
+/// The roles a CreateKey names.
+pub fn roles(names: &[String]) -> Result<Roles, Invalid> {
+    let roles = names
+        .iter()
+        .map(|r| r.parse())
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|m| Invalid::new("roles", m))?;
+    Ok(Roles::of(roles))
+}
+
+pub fn tenant(t: Tenant) -> pb::Tenant {
+    pb::Tenant {
+        name: t.name,
+        created_at_ms: t.created_at,
+        max_in_flight: t.max_in_flight.unwrap_or(0),
+        requests_per_second: t.requests_per_second.unwrap_or(0),
+    }
+}
+
+pub fn key(c: Credential) -> pb::Key {
+    pb::Key {
+        key_id: c.key_id,
+        tenant: c.tenant,
+        name: c.name,
+        roles: c.roles.iter().map(|r| r.to_string()).collect(),
+        kind: c.kind.as_str().to_owned(),
+        created_at_ms: c.created_at,
+        revoked_at_ms: c.revoked_at.unwrap_or(0),
+    }
+}
