@@ -9,7 +9,7 @@ use once_api::pb;
 use once_api::pb::ledger_client::LedgerClient;
 use prost::Message;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Status};
 
 use crate::support::*;
 
@@ -66,7 +66,6 @@ const ADMINISTRATION: &[&str] = &[
 ];
 
 struct Keys {
-    admin: String,
     own: Vec<(&'static str, String)>,
     other: Vec<(&'static str, String)>,
     revoked: String,
@@ -91,21 +90,10 @@ fn find(keys: &[(&'static str, String)], role: &str) -> String {
         .clone()
 }
 
-fn with_key<T>(message: T, key: Option<&str>) -> Request<T> {
-    let mut request = Request::new(message);
-    if let Some(key) = key {
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    }
-    request
-}
-
 /// A ledger that requires credentials, bootstrapped with an admin key from a file.
 async fn guarded_ledger(db: &TestDb, extra: &[&str]) -> (TestLedger, String) {
     let admin_key = format!("test-admin-{}", "9f".repeat(20));
-    let file = db.scratch_dir().join("admin.key");
-    std::fs::write(&file, &admin_key).unwrap();
+    let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
     let mut flags = vec!["--admin-key-file", file.to_str().unwrap()];
     flags.extend_from_slice(extra);
     (TestLedger::spawn_with(db, &flags).await, admin_key)
@@ -182,7 +170,6 @@ async fn keys_for_matrix(admin: &mut AdminClient<Channel>, admin_key: &str) -> K
         .await
         .expect("revoke");
     Keys {
-        admin: admin_key.to_owned(),
         own,
         other,
         revoked: revoked.secret,
@@ -606,29 +593,35 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
         history.attempts
     );
     assert!(checked > 100, "{checked} cells");
-    let _ = keys.admin;
     server.stop().await;
 }
 
 on_both_backends!(an_open_ledger_closes_when_its_first_key_is_created);
 
-/// Without credentials the ledger is open (tenant `default`); once one exists, it is required.
+/// Without credentials the ledger is open (tenant `default`); once one exists, it is required:
+/// at once on the replica that stored it, within the TTL on another.
 async fn an_open_ledger_closes_when_its_first_key_is_created(store: Store) {
     let db = TestDb::new(store).await;
     let server = TestLedger::spawn_with(&db, &["--credential-ttl", "100ms"]).await;
+    let other = TestLedger::spawn_with(&db, &["--credential-ttl", "100ms"]).await;
     let mut ledger = server.client().await;
     let mut admin = admin_client(&server).await;
     claim(&mut ledger, begin("open-1", ARGS)).await;
+    let on_other = other.client().await;
+    claim(&mut on_other.clone(), begin("open-other", ARGS)).await;
     // Open: the admin API answers too, so the first tenant and key can be made over gRPC.
     put_tenant(&mut admin, "", "acme").await;
     let key = create_key(&mut admin, "", "acme", &["executor", "reader"]).await;
-    let refused = eventually(Duration::from_secs(10), "the ledger closes", || {
-        let mut ledger = ledger.clone();
-        async move { ledger.begin(begin("open-2", ARGS)).await.err() }
-    })
-    .await;
+    // The replica that stored it is closed at once; others within their TTL.
+    let refused = ledger.begin(begin("open-2", ARGS)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated);
     assert_eq!(reason(&refused), "CREDENTIALS_MISSING");
+    let elsewhere = eventually(Duration::from_secs(5), "the other replica closes", || {
+        let mut on_other = on_other.clone();
+        async move { on_other.begin(begin("open-3", ARGS)).await.err() }
+    })
+    .await;
+    assert_eq!(reason(&elsewhere), "CREDENTIALS_MISSING");
     // The key works, in its own tenant: `default`'s operation is not acme's.
     let missing = ledger
         .get_operation(with_key(
@@ -641,6 +634,7 @@ async fn an_open_ledger_closes_when_its_first_key_is_created(store: Store) {
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
     server.stop().await;
+    other.stop().await;
 }
 
 on_both_backends!(tenant_limits_refuse_with_retry_after);

@@ -1,7 +1,6 @@
 //! TLS in `onced`: a private CA, plaintext refused, client certificates standing in for keys,
 //! and certificates rotated without dropping connections.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser as _;
@@ -9,8 +8,8 @@ use once_api::admin_pb::admin_client::AdminClient;
 use once_api::admin_pb::CreateKeyRequest;
 use once_api::pb::ledger_client::LedgerClient;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-use tonic::{Code, Request};
+use tonic::transport::Channel;
+use tonic::Code;
 
 use crate::support::*;
 
@@ -46,35 +45,6 @@ impl Authority {
     }
 }
 
-fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
-    let path = dir.join(name);
-    // Written whole under another name, then renamed: a reload never reads half a file.
-    let partial = dir.join(format!("{name}.partial"));
-    std::fs::write(&partial, contents).unwrap();
-    std::fs::rename(&partial, &path).unwrap();
-    path
-}
-
-fn https(port: u16, ca: &str, identity: Option<&(String, String)>) -> Endpoint {
-    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-    if let Some((cert, key)) = identity {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    Endpoint::from_shared(format!("https://localhost:{port}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .tls_config(tls)
-        .unwrap()
-}
-
-fn bearer<T>(message: T, key: &str) -> Request<T> {
-    let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
-}
-
 async fn begin_over(channel: Channel, id: &str) -> Result<(), tonic::Status> {
     LedgerClient::new(channel)
         .begin(begin(id, ARGS))
@@ -88,23 +58,10 @@ on_both_backends!(tls_with_a_private_ca_refuses_plaintext);
 /// plaintext client gets nothing.
 async fn tls_with_a_private_ca_refuses_plaintext(store: Store) {
     let db = TestDb::new(store).await;
-    let dir = db.scratch_dir();
     let ca = Authority::new("once test CA");
     let (cert, key) = ca.issue("localhost");
-    let cert_file = write(&dir, "cert.pem", &cert);
-    let key_file = write(&dir, "key.pem", &key);
-    let ledger = TestLedger::start(
-        &db.url,
-        &[
-            "--tls-cert",
-            cert_file.to_str().unwrap(),
-            "--tls-key",
-            key_file.to_str().unwrap(),
-        ],
-    )
-    .await;
+    let ledger = TestLedger::spawn_tls(&db, &cert, &key, &ca.pem(), &[]).await;
     let port = ledger.addr.port();
-    wait_serving_on(https(port, &ca.pem(), None)).await;
 
     let channel = https(port, &ca.pem(), None).connect().await.unwrap();
     begin_over(channel, "tls-1").await.unwrap();
@@ -115,7 +72,22 @@ async fn tls_with_a_private_ca_refuses_plaintext(store: Store) {
         .timeout(Duration::from_secs(5))
         .connect_lazy();
     let refused = begin_over(plaintext, "tls-2").await.unwrap_err();
-    assert_ne!(refused.code(), Code::Ok);
+    assert!(
+        matches!(
+            refused.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ),
+        "plaintext got an answer from the ledger: {refused:?}"
+    );
+    // …and nothing was begun.
+    let trusting = https(port, &ca.pem(), None).connect().await.unwrap();
+    let missing = LedgerClient::new(trusting)
+        .get_operation(once_api::pb::GetOperationRequest {
+            operation_id: "tls-2".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
     let stranger = Authority::new("someone else's CA");
     let untrusted = https(port, &stranger.pem(), None).connect().await;
     assert!(
@@ -138,15 +110,17 @@ async fn client_certificates_stand_in_for_keys(store: Store) {
     let admin_key = format!("tls-admin-{}", "7e".repeat(20));
     let flags = [
         "--tls-cert".to_owned(),
-        write(&dir, "cert.pem", &cert).display().to_string(),
+        write_file(&dir, "cert.pem", &cert).display().to_string(),
         "--tls-key".to_owned(),
-        write(&dir, "key.pem", &key).display().to_string(),
+        write_file(&dir, "key.pem", &key).display().to_string(),
         "--tls-client-ca".to_owned(),
-        write(&dir, "client-ca.pem", &client_ca.pem())
+        write_file(&dir, "client-ca.pem", &client_ca.pem())
             .display()
             .to_string(),
         "--admin-key-file".to_owned(),
-        write(&dir, "admin.key", &admin_key).display().to_string(),
+        write_file(&dir, "admin.key", &admin_key)
+            .display()
+            .to_string(),
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let ledger = TestLedger::start(&db.url, &flags).await;
@@ -170,24 +144,24 @@ async fn client_certificates_stand_in_for_keys(store: Store) {
         .unwrap();
     let mut admin = AdminClient::new(admin_channel.clone());
     admin
-        .put_tenant(bearer(
+        .put_tenant(with_key(
             once_api::admin_pb::PutTenantRequest {
                 name: "acme".into(),
                 ..Default::default()
             },
-            &admin_key,
+            Some(&admin_key),
         ))
         .await
         .unwrap();
     let created = admin
-        .create_key(bearer(
+        .create_key(with_key(
             CreateKeyRequest {
                 tenant: "acme".into(),
                 name: "refund-mcp-a".into(),
                 roles: vec!["executor".into()],
                 certificate_pem: registered.0.clone(),
             },
-            &admin_key,
+            Some(&admin_key),
         ))
         .await
         .unwrap()
@@ -227,8 +201,8 @@ async fn a_certificate_rotated_by_sighup_reaches_new_connections_while_old_ones_
     let dir = db.scratch_dir();
     let (old_ca, new_ca) = (Authority::new("old CA"), Authority::new("new CA"));
     let (cert, key) = old_ca.issue("localhost");
-    let cert_file = write(&dir, "cert.pem", &cert);
-    let key_file = write(&dir, "key.pem", &key);
+    let cert_file = write_file(&dir, "cert.pem", &cert);
+    let key_file = write_file(&dir, "key.pem", &key);
     let old_pem = old_ca.pem();
     // Checked for changes only rarely: the reload this test sees is the SIGHUP's.
     let onced = OncedProcess::launch(
@@ -251,8 +225,8 @@ async fn a_certificate_rotated_by_sighup_reaches_new_connections_while_old_ones_
     begin_over(before.clone(), "rotate-1").await.unwrap();
 
     let (cert, key) = new_ca.issue("localhost");
-    write(&dir, "key.pem", &key);
-    write(&dir, "cert.pem", &cert);
+    write_file(&dir, "key.pem", &key);
+    write_file(&dir, "cert.pem", &cert);
     onced.hang_up();
     eventually(
         Duration::from_secs(20),
@@ -303,8 +277,8 @@ async fn an_exposed_listener_needs_tls_and_credentials_or_insecure() {
     let dir = db.scratch_dir();
     let ca = Authority::new("ca");
     let (cert, key) = ca.issue("localhost");
-    let cert_file = write(&dir, "c.pem", &cert);
-    let key_file = write(&dir, "k.pem", &key);
+    let cert_file = write_file(&dir, "c.pem", &cert);
+    let key_file = write_file(&dir, "k.pem", &key);
     let config = onced::Config::try_parse_from([
         "onced",
         "--database-url",

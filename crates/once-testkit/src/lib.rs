@@ -82,7 +82,9 @@ pub fn postgres_admin_url() -> String {
 pub struct TestDb {
     pub store: Store,
     pub url: String,
-    dir: Option<tempfile::TempDir>,
+    /// Its own directory, whichever the store: for the SQLite file, logs and files a test
+    /// writes, never shared with a test running beside it.
+    dir: tempfile::TempDir,
     pg_name: Option<String>,
 }
 
@@ -95,7 +97,7 @@ impl TestDb {
                 TestDb {
                     store,
                     url,
-                    dir: Some(dir),
+                    dir,
                     pg_name: None,
                 }
             }
@@ -117,7 +119,7 @@ impl TestDb {
                 TestDb {
                     store,
                     url,
-                    dir: None,
+                    dir: tempfile::tempdir().expect("temporary directory"),
                     pg_name: Some(name),
                 }
             }
@@ -131,10 +133,7 @@ impl TestDb {
 
     /// A directory that lives as long as the database, for logs.
     pub fn scratch_dir(&self) -> PathBuf {
-        match &self.dir {
-            Some(dir) => dir.path().to_owned(),
-            None => std::env::temp_dir(),
-        }
+        self.dir.path().to_owned()
     }
 
     /// Runs one SQL statement directly against the database and returns the first column of
@@ -314,6 +313,24 @@ impl TestLedger {
         }
     }
 
+    /// Starts a ledger serving TLS with the PEM `cert` and `key` (written into `db`'s
+    /// directory), and waits until a client trusting `ca` is served.
+    pub async fn spawn_tls(db: &TestDb, cert: &str, key: &str, ca: &str, extra: &[&str]) -> Self {
+        let dir = db.scratch_dir();
+        let cert = write_file(&dir, "tls-cert.pem", cert);
+        let key = write_file(&dir, "tls-key.pem", key);
+        let mut flags = vec![
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ];
+        flags.extend_from_slice(extra);
+        let ledger = Self::start(&db.url, &flags).await;
+        wait_serving_on(https(ledger.addr.port(), ca, None)).await;
+        ledger
+    }
+
     pub async fn client(&self) -> LedgerClient<Channel> {
         client(self.addr).await
     }
@@ -335,6 +352,47 @@ impl Drop for TestLedger {
             let _ = stop.send(());
         }
     }
+}
+
+/// Writes `contents` to `name` in `dir` whole: written under another name, then renamed, so a
+/// server re-reading the file never sees half of it.
+pub fn write_file(dir: &std::path::Path, name: &str, contents: &str) -> PathBuf {
+    let path = dir.join(name);
+    let partial = dir.join(format!("{name}.partial"));
+    std::fs::write(&partial, contents).expect("write a test file");
+    std::fs::rename(&partial, &path).expect("rename a test file");
+    path
+}
+
+/// An `https://localhost:PORT` endpoint trusting the PEM authority `ca`, presenting the PEM
+/// certificate and key `identity` when given.
+pub fn https(
+    port: u16,
+    ca: &str,
+    identity: Option<&(String, String)>,
+) -> tonic::transport::Endpoint {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    tonic::transport::Endpoint::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .tls_config(tls)
+        .unwrap()
+}
+
+/// `message` with `authorization: Bearer <key>`, when a key is given.
+pub fn with_key<T>(message: T, key: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(key) = key {
+        let value = format!("Bearer {key}")
+            .parse()
+            .expect("a key fits a header");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
 }
 
 pub async fn client(addr: SocketAddr) -> LedgerClient<Channel> {

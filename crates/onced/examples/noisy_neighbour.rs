@@ -19,8 +19,8 @@ use once_api::admin_pb::admin_client::AdminClient;
 use once_api::admin_pb::{CreateKeyRequest, PutTenantRequest};
 use once_api::pb;
 use once_api::pb::ledger_client::LedgerClient;
+use once_testkit::with_key;
 use tonic::transport::Channel;
-use tonic::Request;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -37,14 +37,6 @@ struct Args {
     /// The noisy tenant's cap on live operations, when limited.
     #[arg(long, default_value_t = 50)]
     max_in_flight: i64,
-}
-
-fn keyed<T>(message: T, key: &str) -> Request<T> {
-    let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
 }
 
 fn begin(id: &str) -> pb::BeginRequest {
@@ -67,7 +59,7 @@ async fn quiet_latencies(channel: Channel, key: &str, seconds: u64) -> Vec<Durat
     while Instant::now() < end {
         let id = format!("quiet-{}", uuid::Uuid::new_v4().simple());
         let started = Instant::now();
-        let response = ledger.begin(keyed(begin(&id), key)).await;
+        let response = ledger.begin(with_key(begin(&id), Some(key))).await;
         latencies.push(started.elapsed());
         let Ok(response) = response else { continue };
         if let Some(pb::begin_response::Decision::Execute(grant)) = response.into_inner().decision {
@@ -77,7 +69,7 @@ async fn quiet_latencies(channel: Channel, key: &str, seconds: u64) -> Vec<Durat
                 result: b"{}".to_vec(),
                 provider_ref: "re_1".into(),
             };
-            let _ = ledger.confirm(keyed(confirm, key)).await;
+            let _ = ledger.confirm(with_key(confirm, Some(key))).await;
         }
     }
     latencies
@@ -93,12 +85,28 @@ async fn flood(
     let (mut answered, mut refused) = (0, 0);
     while !stop.is_cancelled() {
         let id = format!("noisy-{}", uuid::Uuid::new_v4().simple());
-        match ledger.begin(keyed(begin(&id), &key)).await {
+        match ledger.begin(with_key(begin(&id), Some(&key))).await {
             Ok(_) => answered += 1,
             Err(_) => refused += 1,
         }
     }
     (answered, refused)
+}
+
+/// A new executor key of `tenant`.
+async fn new_key(
+    admin: &mut AdminClient<Channel>,
+    admin_key: &str,
+    tenant: &str,
+) -> anyhow::Result<String> {
+    let request = CreateKeyRequest {
+        tenant: tenant.into(),
+        name: format!("{tenant}-bench"),
+        roles: vec!["executor".into()],
+        certificate_pem: String::new(),
+    };
+    let created = admin.create_key(with_key(request, Some(admin_key))).await?;
+    Ok(created.into_inner().secret)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -135,43 +143,19 @@ async fn main() -> anyhow::Result<()> {
         listener,
         stop_server.clone().cancelled_owned(),
     ));
-    let channel = loop {
-        if let Ok(channel) = Channel::from_shared(format!("http://{addr}"))?
-            .connect()
-            .await
-        {
-            break channel;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    once_testkit::wait_serving(addr).await;
+    let channel = Channel::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
     let mut admin = AdminClient::new(channel.clone());
-    let mut keys = Vec::new();
     for tenant in ["quiet", "noisy"] {
-        loop {
-            let put = PutTenantRequest {
-                name: tenant.into(),
-                ..Default::default()
-            };
-            if admin.put_tenant(keyed(put, &admin_key)).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let created = admin
-            .create_key(keyed(
-                CreateKeyRequest {
-                    tenant: tenant.into(),
-                    name: format!("{tenant}-bench"),
-                    roles: vec!["executor".into()],
-                    certificate_pem: String::new(),
-                },
-                &admin_key,
-            ))
-            .await?
-            .into_inner();
-        keys.push(created.secret);
+        let put = PutTenantRequest {
+            name: tenant.into(),
+            ..Default::default()
+        };
+        admin.put_tenant(with_key(put, Some(&admin_key))).await?;
     }
-    let (quiet, noisy) = (keys[0].clone(), keys[1].clone());
+    let quiet = new_key(&mut admin, &admin_key, "quiet").await?;
 
     println!(
         "store: {}; {} s per phase; {} flooders",
@@ -195,18 +179,14 @@ async fn main() -> anyhow::Result<()> {
         let stop = tokio_util::sync::CancellationToken::new();
         let mut flooders = Vec::new();
         if let Some((rate, max_in_flight)) = limits {
-            admin
-                .put_tenant(keyed(
-                    PutTenantRequest {
-                        name: "noisy".into(),
-                        max_in_flight,
-                        requests_per_second: rate,
-                    },
-                    &admin_key,
-                ))
-                .await?;
-            // The new limits reach the cached credential within its TTL.
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            let limits = PutTenantRequest {
+                name: "noisy".into(),
+                max_in_flight,
+                requests_per_second: rate,
+            };
+            admin.put_tenant(with_key(limits, Some(&admin_key))).await?;
+            // A new key is looked up afresh, so it carries the limits just set.
+            let noisy = new_key(&mut admin, &admin_key, "noisy").await?;
             for _ in 0..args.flooders {
                 flooders.push(tokio::spawn(flood(
                     channel.clone(),

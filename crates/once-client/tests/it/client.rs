@@ -411,31 +411,9 @@ async fn https_endpoints_verify_the_ledger_certificate() {
     let db = TestDb::new(Store::Sqlite).await;
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
-    let dir = tempfile::tempdir().unwrap();
-    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_file, &cert).unwrap();
-    std::fs::write(&key_file, &key).unwrap();
-    let ledger = TestLedger::start(
-        &db.url,
-        &[
-            "--tls-cert",
-            cert_file.to_str().unwrap(),
-            "--tls-key",
-            key_file.to_str().unwrap(),
-        ],
-    )
-    .await;
+    // Self-signed: the certificate is its own authority.
+    let ledger = TestLedger::spawn_tls(&db, &cert, &key, &cert, &[]).await;
     let port = ledger.addr.port();
-    once_testkit::wait_serving_on(
-        tonic::transport::Endpoint::from_shared(format!("https://localhost:{port}"))
-            .unwrap()
-            .tls_config(
-                tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(&cert)),
-            )
-            .unwrap(),
-    )
-    .await;
 
     let mut trusting = ClientConfig::new(format!("https://localhost:{port}"));
     trusting.tls_ca_pem = Some(cert.into_bytes());
