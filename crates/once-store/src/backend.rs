@@ -175,14 +175,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
         key_id: &str,
     ) -> impl Future<Output = Result<Option<Credential>, StoreError>> + Send;
 
-    /// The credential whose secret hashes to `hash`, revoked or not, with its tenant.
-    fn credential_by_hash(
+    /// Every credential, revoked ones included, with the hash of its secret and its tenant:
+    /// what admission holds in memory.
+    fn all_credentials(
         &self,
-        hash: &SecretHash,
-    ) -> impl Future<Output = Result<Option<(Credential, Tenant)>, StoreError>> + Send;
-
-    /// Whether any credential was ever stored: from then on every caller must present one.
-    fn has_credentials(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<(SecretHash, Credential, Tenant)>, StoreError>> + Send;
 
     /// How many operations of `tenant` are IN_FLIGHT.
     fn in_flight(&self, tenant: &str) -> impl Future<Output = Result<i64, StoreError>> + Send;

@@ -5,7 +5,7 @@
 
 use std::sync::LazyLock;
 
-use once_core::access::{Credential, CredentialKind, Tenant};
+use once_core::access::{Credential, CredentialKind, SecretHash, Tenant};
 use once_core::{
     Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Millis,
     Operation, OperationId, Source, State,
@@ -353,6 +353,36 @@ impl TryFrom<CredentialRow> for Credential {
             created_at: row.created_at,
             revoked_at: row.revoked_at,
         })
+    }
+}
+
+/// A credential with the hash of its secret and its tenant's columns.
+#[derive(sqlx::FromRow)]
+pub(crate) struct KnownCredentialRow {
+    #[sqlx(flatten)]
+    credential: CredentialRow,
+    secret_hash: Vec<u8>,
+    tenant_created_at: i64,
+    max_in_flight: Option<i64>,
+    requests_per_second: Option<i64>,
+}
+
+impl TryFrom<KnownCredentialRow> for (SecretHash, Credential, Tenant) {
+    type Error = StoreError;
+
+    fn try_from(row: KnownCredentialRow) -> Result<Self, StoreError> {
+        let hash: [u8; 32] = row
+            .secret_hash
+            .try_into()
+            .map_err(|_| corrupt("a credential's hash is not 32 bytes".to_owned()))?;
+        let credential = Credential::try_from(row.credential)?;
+        let tenant = Tenant {
+            name: credential.tenant.clone(),
+            created_at: row.tenant_created_at,
+            max_in_flight: row.max_in_flight,
+            requests_per_second: row.requests_per_second,
+        };
+        Ok((SecretHash(hash), credential, tenant))
     }
 }
 

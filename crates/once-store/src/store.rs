@@ -13,9 +13,9 @@ use sqlx::{
 };
 
 use crate::rows::{
-    self, AttemptRow, BlockingRow, Clocked, CredentialRow, EventRow, KeyRow, OperationRow,
-    TenantRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT,
-    INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
+    self, AttemptRow, BlockingRow, Clocked, CredentialRow, EventRow, KeyRow, KnownCredentialRow,
+    OperationRow, TenantRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING,
+    INSERT_ATTEMPT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
     UPDATE_OPERATION,
 };
 use crate::{Backend, Dialect, StoreError};
@@ -66,6 +66,7 @@ where
     for<'r> KeyRow: FromRow<'r, D::Row>,
     for<'r> TenantRow: FromRow<'r, D::Row>,
     for<'r> CredentialRow: FromRow<'r, D::Row>,
+    for<'r> KnownCredentialRow: FromRow<'r, D::Row>,
     for<'q> Option<i64>: Decode<'q, D>,
     for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
@@ -525,37 +526,12 @@ where
         row.map(Credential::try_from).transpose()
     }
 
-    async fn credential_by_hash(
-        &self,
-        hash: &SecretHash,
-    ) -> Result<Option<(Credential, Tenant)>, StoreError> {
-        // `c.*` holds the hash too, which nothing reads; the tenant's columns that share a
-        // name with the credential's are renamed.
+    async fn all_credentials(&self) -> Result<Vec<(SecretHash, Credential, Tenant)>, StoreError> {
+        // `c.*` and the tenant's columns, those that share a name with the credential's renamed.
         let sql = "SELECT c.*, t.created_at AS tenant_created_at, t.max_in_flight, \
-                   t.requests_per_second FROM credentials c JOIN tenants t ON t.name = c.tenant \
-                   WHERE c.secret_hash = $1";
-        let row = sqlx::query(sql)
-            .bind(&hash.0[..])
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let credential = Credential::try_from(CredentialRow::from_row(&row)?)?;
-        let tenant = Tenant {
-            name: credential.tenant.clone(),
-            created_at: row.try_get("tenant_created_at")?,
-            max_in_flight: row.try_get("max_in_flight")?,
-            requests_per_second: row.try_get("requests_per_second")?,
-        };
-        Ok(Some((credential, tenant)))
-    }
-
-    async fn has_credentials(&self) -> Result<bool, StoreError> {
-        let (count,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM credentials LIMIT 1) AS any_credential",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(count > 0)
+                   t.requests_per_second FROM credentials c JOIN tenants t ON t.name = c.tenant";
+        let rows: Vec<KnownCredentialRow> = sqlx::query_as(sql).fetch_all(&self.pool).await?;
+        rows::convert(rows)
     }
 
     async fn in_flight(&self, tenant: &str) -> Result<i64, StoreError> {

@@ -5,14 +5,15 @@
 //! caller becomes a [`Principal`]: the tenant the credential is bound to, its roles, and its
 //! tenant's limits. The tenant is never read from a request.
 //!
-//! Lookups are cached for [`Access::ttl`], positive and negative alike, so a credential created
-//! or revoked through any replica takes effect on every replica within that bound, and a flood
-//! of bad keys costs one query each per bound.
+//! Every replica holds all credentials in memory (a small table: hashes, tenants, roles), read
+//! again on the first call after `--credential-ttl` has passed, so a credential created or
+//! revoked through any replica takes effect on every replica within that bound, and a key the
+//! ledger does not know costs no database query at all.
 //!
-//! While no credential exists and none is bootstrapped, the ledger is open: every caller is
-//! tenant `default` with every role (local development; `onced` refuses to listen open beyond
-//! loopback unless told `--insecure`). The first credential stored closes it for good, on every
-//! replica within the same bound.
+//! While no credential exists, the ledger is open: every caller is tenant `default` with every
+//! role (local development; `onced` refuses to listen open beyond loopback unless told
+//! `--insecure`). Credentials are never deleted, only revoked, so the first one stored closes it
+//! for good, on every replica within the same bound.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,9 +28,6 @@ use tonic::{Request, Status};
 use crate::status;
 
 pub use once_core::access::DEFAULT_TENANT;
-
-/// Most cached lookups kept before the cache starts over, so random keys cannot grow it.
-const MAX_CACHED: usize = 10_000;
 
 /// An admitted caller.
 #[derive(Debug, Clone)]
@@ -124,66 +122,81 @@ impl<B> std::fmt::Debug for Access<B> {
 struct Inner<B> {
     backend: B,
     ttl: Duration,
-    /// Whether the ledger is still open, and when the store was last asked.
-    open: Mutex<(bool, Instant)>,
-    known: Mutex<HashMap<SecretHash, (Instant, Option<Known>)>>,
+    credentials: Mutex<Arc<Credentials>>,
+    /// Held while the credentials are read again, so a burst of calls reads them once.
+    reading: tokio::sync::Mutex<()>,
     buckets: Mutex<HashMap<String, Bucket>>,
     in_flight: Mutex<HashMap<String, (Instant, i64)>>,
 }
 
-#[derive(Clone)]
-struct Known {
-    credential: Credential,
-    tenant: Tenant,
+/// Every credential as last read, by the hash of its secret.
+struct Credentials {
+    /// When they were read; `None` once this replica changed one, to read them at once.
+    read_at: Option<Instant>,
+    by_hash: HashMap<SecretHash, (Credential, Tenant)>,
+}
+
+impl Credentials {
+    /// Open: no credential exists, revoked or not.
+    fn open(&self) -> bool {
+        self.by_hash.is_empty()
+    }
 }
 
 impl<B: Backend> Access<B> {
-    /// Starts open when the store holds no credential and none is bootstrapped.
-    pub async fn new(backend: B, ttl: Duration, bootstrapped: bool) -> Result<Self, StoreError> {
-        let open = !bootstrapped && !backend.has_credentials().await?;
+    /// Reads the credentials: open when there is none.
+    pub async fn new(backend: B, ttl: Duration) -> Result<Self, StoreError> {
+        let credentials = read(&backend).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 backend,
                 ttl,
-                open: Mutex::new((open, Instant::now())),
-                known: Mutex::default(),
+                credentials: Mutex::new(Arc::new(credentials)),
+                reading: tokio::sync::Mutex::new(()),
                 buckets: Mutex::default(),
                 in_flight: Mutex::default(),
             }),
         })
     }
 
-    /// Whether callers are admitted without a credential right now.
+    /// Whether callers are admitted without a credential, as last read.
     pub fn is_open(&self) -> bool {
-        self.inner.open.lock().expect("not poisoned").0
+        self.current().open()
     }
 
-    /// Takes a credential this replica just stored into account at once: the ledger is closed
-    /// from now on, and a certificate refused before it was registered is looked up again.
-    /// Other replicas see it within their TTL.
-    pub fn stored(&self, credential: &Credential) {
-        self.inner.open.lock().expect("not poisoned").0 = false;
-        self.forget(&credential.key_id);
+    /// Makes the next call read the credentials again, after this replica stored or revoked
+    /// one: the change takes effect here at once (other replicas see it within their TTL).
+    pub fn changed(&self) {
+        let mut current = self.inner.credentials.lock().expect("not poisoned");
+        let stale = Credentials {
+            read_at: None,
+            by_hash: current.by_hash.clone(),
+        };
+        *current = Arc::new(stale);
     }
 
-    /// Takes a credential this replica just revoked into account at once; other replicas see
-    /// it within their TTL.
-    pub fn revoked(&self, credential: &Credential) {
-        self.forget(&credential.key_id);
+    fn current(&self) -> Arc<Credentials> {
+        self.inner.credentials.lock().expect("not poisoned").clone()
     }
 
-    /// Drops the cached lookups of `key_id`, and every cached miss (a certificate's hash is not
-    /// known by its id, and misses are cheap to look up again).
-    fn forget(&self, key_id: &str) {
-        self.inner
-            .known
-            .lock()
-            .expect("not poisoned")
-            .retain(|_, (_, known)| {
-                known
-                    .as_ref()
-                    .is_some_and(|k| k.credential.key_id != key_id)
-            });
+    /// The credentials, read again if they are older than the TTL.
+    async fn credentials(&self) -> Result<Arc<Credentials>, StoreError> {
+        let fresh = |c: &Credentials| c.read_at.is_some_and(|at| at.elapsed() < self.inner.ttl);
+        let current = self.current();
+        if fresh(&current) {
+            return Ok(current);
+        }
+        let _reading = self.inner.reading.lock().await;
+        let current = self.current();
+        if fresh(&current) {
+            return Ok(current);
+        }
+        let read = Arc::new(read(&self.inner.backend).await?);
+        if current.open() && !read.open() {
+            tracing::warn!("a credential now exists: every caller must present one");
+        }
+        *self.inner.credentials.lock().expect("not poisoned") = read.clone();
+        Ok(read)
     }
 
     /// Admits the caller of `request` if it may make a call `allowed` names.
@@ -192,14 +205,14 @@ impl<B: Backend> Access<B> {
         request: &Request<T>,
         allowed: Allowed,
     ) -> Result<Principal, Status> {
-        if self.still_open().await? {
+        let credentials = self.credentials().await.map_err(status::store)?;
+        if credentials.open() {
             return Ok(Principal::open());
         }
         let (hash, kind) = presented(request)?;
-        let Some(known) = self.look_up(hash).await.map_err(status::store)? else {
+        let Some((credential, tenant)) = credentials.by_hash.get(&hash).cloned() else {
             return Err(status::unknown_credential());
         };
-        let Known { credential, tenant } = known;
         // A certificate is public: it identifies a caller only when the handshake proved the
         // caller holds its private key, never when its bytes arrive as a bearer token.
         if credential.kind != kind {
@@ -276,50 +289,6 @@ impl<B: Backend> Access<B> {
         ))
     }
 
-    async fn still_open(&self) -> Result<bool, Status> {
-        let stale = {
-            let (open, checked) = *self.inner.open.lock().expect("not poisoned");
-            if !open {
-                return Ok(false);
-            }
-            checked.elapsed() >= self.inner.ttl
-        };
-        if stale {
-            let closed = self
-                .inner
-                .backend
-                .has_credentials()
-                .await
-                .map_err(status::store)?;
-            if closed {
-                tracing::warn!("a credential now exists: every caller must present one");
-            }
-            *self.inner.open.lock().expect("not poisoned") = (!closed, Instant::now());
-            return Ok(!closed);
-        }
-        Ok(true)
-    }
-
-    async fn look_up(&self, hash: SecretHash) -> Result<Option<Known>, StoreError> {
-        if let Some((at, known)) = self.inner.known.lock().expect("not poisoned").get(&hash) {
-            if at.elapsed() < self.inner.ttl {
-                return Ok(known.clone());
-            }
-        }
-        let found = self
-            .inner
-            .backend
-            .credential_by_hash(&hash)
-            .await?
-            .map(|(credential, tenant)| Known { credential, tenant });
-        let mut known = self.inner.known.lock().expect("not poisoned");
-        if known.len() >= MAX_CACHED {
-            known.clear();
-        }
-        known.insert(hash, (Instant::now(), found.clone()));
-        Ok(found)
-    }
-
     fn take_token(&self, key_id: &str, rate: i64) -> Result<(), Status> {
         let mut buckets = self.inner.buckets.lock().expect("not poisoned");
         let bucket = buckets
@@ -359,6 +328,20 @@ impl<B: Backend> Access<B> {
     }
 }
 
+/// Every credential in the store.
+async fn read<B: Backend>(backend: &B) -> Result<Credentials, StoreError> {
+    let by_hash = backend
+        .all_credentials()
+        .await?
+        .into_iter()
+        .map(|(hash, credential, tenant)| (hash, (credential, tenant)))
+        .collect();
+    Ok(Credentials {
+        read_at: Some(Instant::now()),
+        by_hash,
+    })
+}
+
 /// The hash of the credential a request presents: its bearer key, or else the client
 /// certificate its connection was verified with.
 fn presented<T>(request: &Request<T>) -> Result<(SecretHash, CredentialKind), Status> {
@@ -377,10 +360,6 @@ fn presented<T>(request: &Request<T>) -> Result<(SecretHash, CredentialKind), St
                     "the authorization header must be `Bearer <API key>`",
                 )
             })?;
-        // Shorter than any key the ledger accepts: refused without a lookup.
-        if key.len() < once_core::access::MIN_KEY_CHARS {
-            return Err(status::unknown_credential());
-        }
         return Ok((SecretHash::of(key.as_bytes()), CredentialKind::Key));
     }
     if let Some(certificate) = request

@@ -144,10 +144,13 @@ impl<B: Backend> Admin<B> {
                 Ok(())
             }
             Err(AdminError::Store(StoreError::Duplicate)) => {
-                if let Some((credential, _)) = self.backend.credential_by_hash(&key.hash()).await? {
-                    if credential.revoked_at.is_some() {
-                        tracing::warn!(key_id = %credential.key_id, "the bootstrap admin key is revoked; it stays revoked");
-                    }
+                let revoked = self
+                    .keys(Some(tenant))
+                    .await?
+                    .into_iter()
+                    .any(|c| c.key_id == new.key_id && c.revoked_at.is_some());
+                if revoked {
+                    tracing::warn!(key_id = %new.key_id, "the bootstrap admin key is revoked; it stays revoked");
                 }
                 Ok(())
             }
@@ -273,7 +276,7 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
             .create_key(&req.tenant, &req.name, roles, pem)
             .await
             .map_err(refused)?;
-        self.access.stored(&credential);
+        self.access.changed();
         tracing::info!(
             key_id = %credential.key_id,
             tenant = %credential.tenant,
@@ -307,7 +310,7 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
         let admin = self.access.admit(&request, Allowed::ADMIN).await?;
         let req = request.into_inner();
         let credential = self.admin.revoke(&req.key_id).await.map_err(refused)?;
-        self.access.revoked(&credential);
+        self.access.changed();
         tracing::info!(
             key_id = %credential.key_id,
             by = ?admin.credential.as_ref().map(|c| &c.key_id),

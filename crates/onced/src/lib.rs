@@ -83,7 +83,7 @@ async fn serve<B: Backend>(
             .await
             .context("storing the bootstrap admin key")?;
     }
-    let access = access::Access::new(backend.clone(), config.credential_ttl, admin_key.is_some())
+    let access = access::Access::new(backend.clone(), config.credential_ttl)
         .await
         .context("reading the credentials")?;
     config.check_exposure(!access.is_open())?;
