@@ -47,6 +47,7 @@ conformance!(
     sweeps_see_only_expired_leases_and_settled_rows_past_retention,
     lists_page_in_creation_order_without_results,
     the_store_answers_pings,
+    events_are_watched_in_order_with_their_tool_and_state,
 );
 
 const TENANT: &str = "t1";
@@ -691,4 +692,153 @@ async fn a_blocked_guard_in_sqlite_takes_no_token() {
     backend.commit(tx).await.unwrap();
     assert!(matches!(guard, Guard::Blocked(_)), "{guard:?}");
     assert_eq!(db.scalar("SELECT last FROM fencing_tokens").await, before);
+}
+
+async fn events_are_watched_in_order_with_their_tool_and_state<B: Backend>(backend: B) {
+    let first = in_state(&backend, "watched-1", 1, State::Unknown, 0).await;
+    let mut other = claimed(&backend, "watched-2", "send_email", 2).await;
+    commit(
+        &backend,
+        "watched-1",
+        &events_only(vec![event(first.life, EventKind::Escalated, None)]),
+        first.updated_at,
+    )
+    .await;
+    other.state = State::Confirmed;
+    let plan = Plan {
+        operation: Some(Write::Update(other.clone())),
+        events: vec![event(other.life, EventKind::Confirmed, None)],
+        ..Plan::default()
+    };
+    commit(&backend, "watched-2", &plan, other.updated_at).await;
+
+    let mut mark = once_store::Watermark::default();
+    let reached = mark.observe(backend.event_frontier().await.unwrap());
+    let all = backend
+        .watch_events(TENANT, (0, reached), &WatchFilter::default(), 100)
+        .await
+        .unwrap();
+    let seen: Vec<(&str, &str, Option<&str>, Option<State>)> = all
+        .iter()
+        .map(|e| {
+            (
+                e.operation_id.as_str(),
+                e.event.kind.as_str(),
+                e.tool.as_deref(),
+                e.state,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "watched-1",
+                "CLAIMED",
+                Some("refund"),
+                Some(State::InFlight)
+            ),
+            (
+                "watched-2",
+                "CLAIMED",
+                Some("send_email"),
+                Some(State::InFlight)
+            ),
+            (
+                "watched-1",
+                "ESCALATED",
+                Some("refund"),
+                Some(State::Unknown)
+            ),
+            (
+                "watched-2",
+                "CONFIRMED",
+                Some("send_email"),
+                Some(State::Confirmed)
+            ),
+        ]
+    );
+    assert_eq!(reached, all.last().unwrap().event.sequence);
+    // Other tenants' events are never among them; pages resume after their last event.
+    assert!(backend
+        .watch_events("t2", (0, reached), &WatchFilter::default(), 100)
+        .await
+        .unwrap()
+        .is_empty());
+    let page = backend
+        .watch_events(TENANT, (0, reached), &WatchFilter::default(), 2)
+        .await
+        .unwrap();
+    let rest = backend
+        .watch_events(
+            TENANT,
+            (page[1].event.sequence, reached),
+            &WatchFilter::default(),
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.len() + rest.len(), all.len());
+    assert_eq!(rest[0], all[2]);
+    let escalations = WatchFilter {
+        states: vec![State::Unknown],
+        tool: Some("refund".into()),
+        ..Default::default()
+    };
+    let wanted = backend
+        .watch_events(TENANT, (0, reached), &escalations, 100)
+        .await
+        .unwrap();
+    let expected: Vec<_> = all.into_iter().filter(|e| escalations.matches(e)).collect();
+    assert_eq!(wanted, expected);
+    assert_eq!(wanted.len(), 1);
+}
+
+/// PostgreSQL commits events out of sequence order; the watermark waits for the writer of an
+/// earlier event, however long it takes, and passes it once it has committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watermark_never_passes_an_event_still_being_written() {
+    use crate::support::{Store, TestDb};
+    let db = TestDb::new(Store::Postgres).await;
+    let settings = once_store::postgres::PgSettings::default();
+    let backend = once_store::PgBackend::connect(&db.url, &settings)
+        .await
+        .unwrap();
+    let slow = claimed(&backend, "slow", "refund", 1).await;
+    let quick = claimed(&backend, "quick", "refund", 2).await;
+    let mut mark = once_store::Watermark::default();
+    let before = mark.observe(backend.event_frontier().await.unwrap());
+
+    // A writer takes the gate (with its lock), writes an event and does not commit yet...
+    let mut tx = backend.begin_write().await.unwrap();
+    backend.lock(&mut tx, TENANT, &id("slow")).await.unwrap();
+    let slow_events = events_only(vec![event(slow.life, EventKind::Escalated, None)]);
+    backend
+        .apply(&mut tx, TENANT, &id("slow"), &slow_events, slow.updated_at)
+        .await
+        .unwrap();
+    // ...while a later event commits.
+    commit(
+        &backend,
+        "quick",
+        &events_only(vec![event(quick.life, EventKind::Escalated, None)]),
+        quick.updated_at,
+    )
+    .await;
+    let frontier = backend.event_frontier().await.unwrap();
+    assert!(frontier.newest > before);
+    assert_eq!(frontier.writing.len(), 1, "{frontier:?}");
+    for _ in 0..3 {
+        let frontier = backend.event_frontier().await.unwrap();
+        assert_eq!(mark.observe(frontier), before, "held back by the writer");
+    }
+    backend.commit(tx).await.unwrap();
+    let reached = mark.observe(backend.event_frontier().await.unwrap());
+    let watched = backend
+        .watch_events(TENANT, (before, reached), &WatchFilter::default(), 100)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = watched.iter().map(|e| e.operation_id.as_str()).collect();
+    assert_eq!(ids, ["slow", "quick"], "both, in sequence order");
+    assert_eq!(reached, watched[1].event.sequence);
 }

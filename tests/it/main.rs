@@ -35,3 +35,4 @@ mod retention;
 mod service;
 mod tls;
 mod validation;
+mod watch;

@@ -262,24 +262,7 @@ pub fn reconcile(req: pb::ReconcileRequest) -> Result<OperationId, Invalid> {
 }
 
 pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Invalid> {
-    if req.states.len() > MAX_LISTED_STATES {
-        return Err(Invalid::new(
-            "states",
-            format!(
-                "names {} states; there are {MAX_LISTED_STATES}, each named at most once",
-                req.states.len()
-            ),
-        ));
-    }
-    let mut states = Vec::with_capacity(req.states.len());
-    for (i, raw) in req.states.iter().enumerate() {
-        let field = format!("states[{i}]");
-        let state = state_from_pb(&field, *raw)?;
-        if states.contains(&state) {
-            return Err(Invalid::new(field, format!("{state} is named twice")));
-        }
-        states.push(state);
-    }
+    let states = states_from_pb(&req.states)?;
     let tool = optional_name("tool", req.tool, MAX_TOOL_BYTES)?;
     let older_than_ms = req
         .older_than
@@ -311,6 +294,103 @@ pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Inva
         page_size,
         after,
     })
+}
+
+/// Where a watch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchStart {
+    /// After this event sequence.
+    After(i64),
+    /// With the events committed from now on.
+    Now,
+}
+
+/// A validated WatchOperations request: where it starts and which events it wants.
+pub fn watch_operations(
+    req: pb::WatchOperationsRequest,
+) -> Result<(WatchStart, WatchFilter), Invalid> {
+    if req.after_sequence < 0 {
+        return Err(Invalid::new("after_sequence", "must not be negative"));
+    }
+    let start = if req.from_now {
+        if req.after_sequence != 0 {
+            return Err(Invalid::new(
+                "from_now",
+                "give after_sequence or from_now, not both",
+            ));
+        }
+        WatchStart::Now
+    } else {
+        WatchStart::After(req.after_sequence)
+    };
+    let states = states_from_pb(&req.states)?;
+    if req.kinds.len() > EventKind::ALL.len() {
+        return Err(Invalid::new(
+            "kinds",
+            format!(
+                "names {} kinds; there are {}",
+                req.kinds.len(),
+                EventKind::ALL.len()
+            ),
+        ));
+    }
+    let mut kinds = Vec::with_capacity(req.kinds.len());
+    for (i, name) in req.kinds.iter().enumerate() {
+        let field = format!("kinds[{i}]");
+        let kind = EventKind::parse(name).ok_or_else(|| {
+            let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+            Invalid::new(
+                &field,
+                format!("{name:?} is not an event kind; one of {}", known.join(", ")),
+            )
+        })?;
+        if kinds.contains(&kind) {
+            return Err(Invalid::new(field, format!("{name} is named twice")));
+        }
+        kinds.push(kind);
+    }
+    let tool = optional_name("tool", req.tool, MAX_TOOL_BYTES)?;
+    Ok((
+        start,
+        WatchFilter {
+            states,
+            kinds,
+            tool,
+        },
+    ))
+}
+
+/// A list of states, each named once.
+fn states_from_pb(raw: &[i32]) -> Result<Vec<State>, Invalid> {
+    if raw.len() > MAX_LISTED_STATES {
+        return Err(Invalid::new(
+            "states",
+            format!(
+                "names {} states; there are {MAX_LISTED_STATES}, each named at most once",
+                raw.len()
+            ),
+        ));
+    }
+    let mut states = Vec::with_capacity(raw.len());
+    for (i, raw) in raw.iter().enumerate() {
+        let field = format!("states[{i}]");
+        let state = state_from_pb(&field, *raw)?;
+        if states.contains(&state) {
+            return Err(Invalid::new(field, format!("{state} is named twice")));
+        }
+        states.push(state);
+    }
+    Ok(states)
+}
+
+/// An event with its operation, for a watcher.
+pub fn operation_event(e: OperationEvent) -> pb::OperationEvent {
+    pb::OperationEvent {
+        operation_id: e.operation_id.to_string(),
+        tool: e.tool.unwrap_or_default(),
+        state: e.state.map_or(pb::OperationState::Unspecified, state_to_pb) as i32,
+        event: Some(event(e.event)),
+    }
 }
 
 /// A validated operator resolution, with the operator's name for the recorded actor.

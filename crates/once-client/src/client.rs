@@ -32,6 +32,10 @@ impl LedgerClient {
         })
     }
 
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
     /// Asks the ledger whether to perform the operation's effect.
     pub async fn begin(&self, spec: &OperationSpec) -> Result<Decision, ClientError> {
         let (operation_id, fingerprint) = spec

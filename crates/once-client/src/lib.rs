@@ -36,6 +36,7 @@ mod config;
 mod decision;
 mod effect;
 mod error;
+mod operator;
 mod spec;
 mod transport;
 mod view;
@@ -51,5 +52,6 @@ pub use decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Repla
 pub use effect::{Effect, EffectError, Report};
 pub use error::ClientError;
 pub use once_core::{AttemptContext, State};
+pub use operator::{ListFilter, Page, Reconciled, Resolution, Truth, Watch, WatchRequest, Watched};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};
-pub use view::{AttemptView, EventView, OperationView};
+pub use view::{AttemptView, EventView, OperationView, WatchedEvent};

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use once_api::admin_pb::admin_client::AdminClient as AdminGrpc;
 use once_api::pb::ledger_client::LedgerClient as Grpc;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -19,6 +20,7 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 pub(crate) struct Transport {
     grpc: Grpc<Channel>,
+    channel: Channel,
     config: ClientConfig,
 }
 
@@ -57,7 +59,8 @@ impl Transport {
             _ => Channel::balance_list(endpoints.into_iter()),
         };
         Ok(Self {
-            grpc: Grpc::new(channel),
+            grpc: Grpc::new(channel.clone()),
+            channel,
             config,
         })
     }
@@ -81,18 +84,53 @@ impl Transport {
         F: Fn(Grpc<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
+        self.call_with(&self.grpc, retries, extra, send, message)
+            .await
+    }
+
+    /// The ledger's gRPC client, for a call [`Transport::call`] cannot make (a stream).
+    pub(crate) fn grpc(&self) -> Grpc<Channel> {
+        self.grpc.clone()
+    }
+
+    /// The admin service's client over the same channel.
+    pub(crate) fn admin(&self) -> AdminGrpc<Channel> {
+        AdminGrpc::new(self.channel.clone())
+    }
+
+    /// `message` as a request carrying the API key, if there is one.
+    pub(crate) fn authorized<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(token) = &self.config.token {
+            if let Ok(mut value) = MetadataValue::try_from(format!("Bearer {token}")) {
+                value.set_sensitive(true);
+                request.metadata_mut().insert("authorization", value);
+            }
+        }
+        request
+    }
+
+    /// [`Transport::call`] with `client`, a client of any of the ledger's services.
+    pub(crate) async fn call_with<G, Req, Resp, F, Fut>(
+        &self,
+        client: &G,
+        retries: Retries,
+        extra: Duration,
+        send: F,
+        message: Req,
+    ) -> Result<Resp, ClientError>
+    where
+        G: Clone,
+        Req: Clone,
+        F: Fn(G, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
         let mut pause = self.config.backoff;
         let mut last = None;
         for try_number in 1.. {
-            let mut request = Request::new(message.clone());
+            let mut request = self.authorized(message.clone());
             request.set_timeout(self.config.rpc_timeout + extra);
-            if let Some(token) = &self.config.token {
-                if let Ok(mut value) = MetadataValue::try_from(format!("Bearer {token}")) {
-                    value.set_sensitive(true);
-                    request.metadata_mut().insert("authorization", value);
-                }
-            }
-            match send(self.grpc.clone(), request).await {
+            match send(client.clone(), request).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) if retryable(&status) => {
                     tracing::debug!(code = ?status.code(), try_number, "ledger call failed; retrying");
@@ -121,7 +159,7 @@ impl Transport {
 
 /// Transport failures and an unavailable ledger are worth another try; everything else is an
 /// answer.
-fn retryable(status: &Status) -> bool {
+pub(crate) fn retryable(status: &Status) -> bool {
     matches!(
         status.code(),
         Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
@@ -129,7 +167,7 @@ fn retryable(status: &Status) -> bool {
 }
 
 /// The ledger's answer, when it is a refusal.
-fn refusal(status: &Status) -> ClientError {
+pub(crate) fn refusal(status: &Status) -> ClientError {
     let message = status.message().to_owned();
     match status.code() {
         Code::InvalidArgument => ClientError::Invalid(message),

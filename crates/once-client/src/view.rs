@@ -21,9 +21,23 @@ pub struct OperationView {
     pub provider_key: String,
     /// Why the operation is in its state, when someone said.
     pub reason: Option<String>,
+    /// Who put it in its state: `attempt`, `lease`, `reconciler`, `operator`, or `anomaly` (held
+    /// for an operator).
+    pub source: String,
+    /// The fingerprint of its arguments, in hex.
+    pub fingerprint: String,
+    /// The reconciler that can look it up, and the hints it is given (JSON).
+    pub provider: Option<String>,
+    pub lookup_hints: Option<String>,
+    /// While IN_FLIGHT: when the latest attempt's lease ends.
+    pub lease_deadline: Option<SystemTime>,
+    /// Once settled: when retention may delete it.
+    pub expires_at: Option<SystemTime>,
     pub created_at: Option<SystemTime>,
     pub updated_at: Option<SystemTime>,
+    /// The attempt log of the current life; empty in a listing.
     pub attempts: Vec<AttemptView>,
+    /// The event history of the current life; empty in a listing.
     pub events: Vec<EventView>,
 }
 
@@ -43,6 +57,8 @@ pub struct AttemptView {
 /// One entry of the operation's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventView {
+    /// Its place in the ledger's history of every operation: later events have larger ones.
+    pub sequence: i64,
     pub at: Option<SystemTime>,
     /// `CLAIMED`, `CONFIRMED`, `LEASE_EXPIRED`, `RESOLVED`, `DOUBLE_EXECUTION`, …
     pub kind: String,
@@ -54,4 +70,15 @@ pub struct EventView {
     pub reason: Option<String>,
     /// A JSON object with whatever else the event records.
     pub details: Option<String>,
+}
+
+/// An event as a watcher receives it, with the operation it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedEvent {
+    pub operation_id: String,
+    /// The operation's tool when the event was recorded (empty for old events).
+    pub tool: String,
+    /// The state the operation was in once the event was recorded.
+    pub state: Option<State>,
+    pub event: EventView,
 }

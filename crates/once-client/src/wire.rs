@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use once_api::pb;
 use once_core::{AttemptContext, State};
 
-use crate::view::{AttemptView, EventView, OperationView};
+use crate::view::{AttemptView, EventView, OperationView, WatchedEvent};
 
 pub(crate) fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
@@ -40,7 +40,7 @@ pub(crate) fn context(context: &AttemptContext) -> pb::AttemptContext {
     }
 }
 
-fn state(value: i32) -> Option<State> {
+pub(crate) fn state(value: i32) -> Option<State> {
     match pb::OperationState::try_from(value).ok()? {
         pb::OperationState::Absent => Some(State::Absent),
         pb::OperationState::InFlight => Some(State::InFlight),
@@ -51,7 +51,14 @@ fn state(value: i32) -> Option<State> {
 }
 
 pub(crate) fn operation(found: pb::GetOperationResponse) -> OperationView {
-    let op = found.operation.unwrap_or_default();
+    let mut view = summary(found.operation.unwrap_or_default());
+    view.attempts = found.attempts.into_iter().map(attempt).collect();
+    view.events = found.events.into_iter().map(event).collect();
+    view
+}
+
+/// An operation without its history, as a listing holds it.
+pub(crate) fn summary(op: pb::Operation) -> OperationView {
     OperationView {
         state: state(op.state).unwrap_or(State::Unknown),
         result: Some(op.result)
@@ -63,11 +70,30 @@ pub(crate) fn operation(found: pb::GetOperationResponse) -> OperationView {
         provider_ref: present(op.provider_ref),
         provider_key: op.provider_key,
         reason: present(op.reason),
+        source: op.source,
+        fingerprint: op.fingerprint,
+        provider: present(op.provider),
+        lookup_hints: present(op.lookup_hints_json),
+        lease_deadline: op.lease_deadline.map(system_time),
+        expires_at: op.expires_at.map(system_time),
         created_at: op.created_at.map(system_time),
         updated_at: op.updated_at.map(system_time),
-        attempts: found.attempts.into_iter().map(attempt).collect(),
-        events: found.events.into_iter().map(event).collect(),
+        attempts: Vec::new(),
+        events: Vec::new(),
     }
+}
+
+pub(crate) fn watched(e: pb::OperationEvent) -> WatchedEvent {
+    WatchedEvent {
+        operation_id: e.operation_id,
+        tool: e.tool,
+        state: state(e.state),
+        event: event(e.event.unwrap_or_default()),
+    }
+}
+
+pub(crate) fn state_to_pb(state: State) -> pb::OperationState {
+    once_api::convert::state_to_pb(state)
 }
 
 fn attempt(a: pb::Attempt) -> AttemptView {
@@ -89,6 +115,7 @@ fn attempt(a: pb::Attempt) -> AttemptView {
 
 fn event(e: pb::Event) -> EventView {
     EventView {
+        sequence: e.sequence,
         at: e.at.map(system_time),
         kind: e.kind,
         from: state(e.from_state),

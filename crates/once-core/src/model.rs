@@ -669,3 +669,43 @@ pub struct ListQuery {
     /// Resume after this `(created_at, operation_id)`, from the previous page.
     pub after: Option<(Millis, String)>,
 }
+
+/// An event of some operation of a tenant, as a watcher receives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationEvent {
+    pub operation_id: OperationId,
+    /// The operation's tool when the event was recorded (unknown for events written before
+    /// events named it).
+    pub tool: Option<String>,
+    /// The state the operation was in once the event was recorded.
+    pub state: Option<State>,
+    pub event: Event,
+}
+
+/// Which events a watcher wants. `states` and `kinds` widen: an event is wanted when it moved an
+/// operation into or out of one of the states, was recorded while its operation was in one, or
+/// is one of the kinds (every event when both are empty). `tool` narrows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchFilter {
+    pub states: Vec<State>,
+    pub kinds: Vec<EventKind>,
+    pub tool: Option<String>,
+}
+
+impl WatchFilter {
+    /// Whether `event` is wanted: the rule the store's query applies, written once more for
+    /// tests and for readers.
+    pub fn matches(&self, event: &OperationEvent) -> bool {
+        let touches = |state: Option<State>| state.is_some_and(|s| self.states.contains(&s));
+        let wide = (self.states.is_empty() && self.kinds.is_empty())
+            || touches(event.event.from)
+            || touches(event.event.to)
+            || touches(event.state)
+            || self.kinds.contains(&event.event.kind);
+        let narrow = self
+            .tool
+            .as_ref()
+            .is_none_or(|tool| event.tool.as_ref() == Some(tool));
+        wide && narrow
+    }
+}

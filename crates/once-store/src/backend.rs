@@ -6,11 +6,12 @@ use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::{
-    Attempt, BeginCommand, Event, FencingToken, ListQuery, Millis, Operation, OperationId, Plan,
-    PriorResolution,
+    Attempt, BeginCommand, Event, FencingToken, ListQuery, Millis, Operation, OperationEvent,
+    OperationId, Plan, PriorResolution, WatchFilter,
 };
 
-use crate::StoreError;
+use crate::watch::Frontier;
+use crate::{Announcements, StoreError};
 
 /// A database that can hold the ledger.
 ///
@@ -79,7 +80,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<PriorResolution>, StoreError>> + Send;
 
     /// Writes a plan. An insert that meets an existing row fails with [`StoreError::Duplicate`].
-    /// Every update of the operation row bumps its version.
+    /// Every update of the operation row bumps its version. A transaction that writes events
+    /// first calls [`Backend::lock`], which takes the write gate watchers rely on
+    /// ([`crate::watch`]).
     fn apply(
         &self,
         tx: &mut Self::Tx,
@@ -183,6 +186,30 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// How many operations of `tenant` are IN_FLIGHT.
     fn in_flight(&self, tenant: &str) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// Reads the newest event sequence and the transactions that may still commit older
+    /// events: see [`crate::watch`].
+    fn event_frontier(&self) -> impl Future<Output = Result<Frontier, StoreError>> + Send;
+
+    /// The events of `tenant` after the first sequence of `range` and up to the second that
+    /// `filter` wants, oldest first, at most `limit`.
+    fn watch_events(
+        &self,
+        tenant: &str,
+        range: (i64, i64),
+        filter: &WatchFilter,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<OperationEvent>, StoreError>> + Send;
+
+    /// Tells other replicas that this one committed events (PostgreSQL's NOTIFY); nothing where
+    /// they cannot be told.
+    fn announce_events(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Listens for other replicas' announcements; `None` where there are none to hear (then
+    /// the store is read again every [`crate::Announcements::POLL`]).
+    fn listen_for_events(
+        &self,
+    ) -> impl Future<Output = Result<Option<Announcements>, StoreError>> + Send;
 
     /// Checks that the database answers and accepts writes.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -25,6 +25,15 @@ pub trait Dialect: Database {
     /// issued before.
     const NEXT_TOKEN: &'static str;
 
+    /// A subquery the first statement of every write transaction (the one that locks the
+    /// operation row) runs, to hold the write gate until the transaction ends: see
+    /// [`crate::watch`]. `SELECT 1` where writers commit in sequence order.
+    const WRITE_GATE: &'static str;
+
+    /// One statement reading the [`crate::watch::Frontier`]: `newest`, then `writing` (the
+    /// holders of the write gate, comma-separated).
+    const FRONTIER: &'static str;
+
     /// The statements built from the constants above, once.
     fn statements() -> &'static crate::store::Statements;
 
@@ -41,6 +50,15 @@ pub trait Dialect: Database {
         tx: &mut Self::Connection,
         cmd: &BeginCommand,
     ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+
+    /// Tells the other replicas that events were committed; nothing where they cannot be told
+    /// (they look every [`crate::Announcements`] poll interval instead).
+    fn announce_events(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Listens for other replicas' announcements; `None` where there are none to hear.
+    fn listen_for_events(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Option<crate::Announcements>, StoreError>> + Send;
 
     /// How many rows a statement wrote.
     fn rows_affected(result: &Self::QueryResult) -> u64;

@@ -1,8 +1,11 @@
 //! The domain state machine run over a [`Backend`]: read, decide, write, commit.
 
+use std::sync::Arc;
+
 use once_core::machine::{self, Plan};
 use once_core::reconcile;
 use once_core::*;
+use tokio::sync::Notify;
 
 use crate::{Backend, StoreError};
 
@@ -13,15 +16,35 @@ const CLAIM_RACE_RETRIES: usize = 3;
 #[derive(Debug, Clone)]
 pub struct Ledger<B> {
     backend: B,
+    /// Signalled after every commit that wrote events, for the replica's watch feed.
+    committed: Arc<Notify>,
 }
 
 impl<B: Backend> Ledger<B> {
     pub fn new(backend: B) -> Self {
-        Self { backend }
+        Self {
+            backend,
+            committed: Arc::default(),
+        }
     }
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Completes once events were committed through this ledger (or any clone) since the last
+    /// time it completed. One waiter: the replica's watch feed.
+    pub async fn events_committed(&self) {
+        self.committed.notified().await
+    }
+
+    /// Commits `tx`, which wrote `plan`.
+    async fn commit(&self, tx: B::Tx, plan: &Plan) -> Result<(), StoreError> {
+        self.backend.commit(tx).await?;
+        if !plan.events.is_empty() {
+            self.committed.notify_one();
+        }
+        Ok(())
     }
 
     /// Decides a Begin and commits whatever the decision needs before returning it.
@@ -60,7 +83,7 @@ impl<B: Backend> Ledger<B> {
                 Err(StoreError::Duplicate) => continue,
                 other => other?,
             }
-            self.backend.commit(tx).await?;
+            self.commit(tx, &plan).await?;
             return Ok(decision);
         }
         Err(StoreError::Duplicate)
@@ -180,7 +203,7 @@ impl<B: Backend> Ledger<B> {
             return Ok(());
         }
         self.backend.apply(&mut tx, tenant, id, plan, now).await?;
-        self.backend.commit(tx).await
+        self.commit(tx, plan).await
     }
 
     /// One operation as stored, and the store's clock; no lock is taken.

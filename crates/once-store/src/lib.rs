@@ -20,6 +20,7 @@ pub mod postgres;
 mod rows;
 pub mod sqlite;
 mod store;
+pub mod watch;
 
 pub use backend::Backend;
 pub use dialect::Dialect;
@@ -28,3 +29,4 @@ pub use ledger::Ledger;
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
 pub use store::{Statements, Store};
+pub use watch::{Announcements, Frontier, Watermark};

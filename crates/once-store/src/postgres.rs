@@ -8,13 +8,16 @@
 use std::time::Duration;
 
 use once_core::BeginCommand;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
 use std::sync::LazyLock;
 
 use crate::store::Statements;
-use crate::{Dialect, Store, StoreError};
+use crate::{Announcements, Dialect, Store, StoreError};
+
+/// The channel replicas announce committed events on.
+const EVENTS_CHANNEL: &str = "once_events";
 
 /// The ledger in a PostgreSQL database.
 pub type PgBackend = Store<Postgres>;
@@ -47,9 +50,20 @@ impl Dialect for Postgres {
     /// A sequence never hands out a value twice, committed or not.
     const NEXT_TOKEN: &'static str = "SELECT nextval('fencing_tokens')";
 
+    /// Shared, so writers never wait for one another on it; the two-key form, so it never
+    /// meets an intent lock (`serialise_intent`, one key).
+    const WRITE_GATE: &'static str = "SELECT pg_advisory_xact_lock_shared(1330529093, 1)";
+
+    const FRONTIER: &'static str =
+        "SELECT (SELECT COALESCE(MAX(sequence), 0) FROM events) AS newest, \
+         COALESCE(string_agg(virtualtransaction, ','), '') AS writing FROM pg_locks \
+         WHERE locktype = 'advisory' AND classid = 1330529093 AND objid = 1 AND objsubid = 2 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
     fn statements() -> &'static Statements {
-        static STATEMENTS: LazyLock<Statements> =
-            LazyLock::new(|| Statements::new(Postgres::NOW, Postgres::ROW_LOCK));
+        static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| {
+            Statements::new(Postgres::NOW, Postgres::ROW_LOCK, Postgres::WRITE_GATE)
+        });
         &STATEMENTS
     }
 
@@ -71,6 +85,20 @@ impl Dialect for Postgres {
         .fetch_one(tx)
         .await
         .map(Some)?)
+    }
+
+    async fn announce_events(pool: &Pool<Self>) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(EVENTS_CHANNEL)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn listen_for_events(pool: &Pool<Self>) -> Result<Option<Announcements>, StoreError> {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(EVENTS_CHANNEL).await?;
+        Ok(Some(Announcements { listener }))
     }
 
     fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use once_core::access::{Credential, CredentialKind, SecretHash, Tenant};
 use once_core::{
     Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Millis,
-    Operation, OperationId, Source, State,
+    Operation, OperationEvent, OperationId, Source, State,
 };
 
 use crate::StoreError;
@@ -100,6 +100,20 @@ pub(crate) static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+    )
+});
+
+/// Appends one event; the tool and state come from the operation row in the same transaction.
+pub(crate) static INSERT_EVENT: LazyLock<String> = LazyLock::new(|| {
+    let of_operation = |column: &str| {
+        format!("(SELECT {column} FROM operations WHERE tenant = $1 AND operation_id = $2)")
+    };
+    format!(
+        "INSERT INTO events (tenant, operation_id, life, at, kind, from_state, to_state, \
+         attempt, actor, reason, details, dedupe_key, tool, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, {}, {}) ON CONFLICT DO NOTHING",
+        of_operation("tool"),
+        of_operation("state"),
     )
 });
 
@@ -258,6 +272,32 @@ impl TryFrom<EventRow> for Event {
             actor: actor(&row.actor)?,
             reason: row.reason,
             details: row.details,
+        })
+    }
+}
+
+/// The columns of `events` a watcher sees, as [`WatchedEventRow`] reads them.
+pub(crate) static WATCHED_EVENT_COLUMNS: LazyLock<String> =
+    LazyLock::new(|| format!("operation_id, tool, state, {EVENT_COLUMNS}"));
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct WatchedEventRow {
+    operation_id: String,
+    tool: Option<String>,
+    state: Option<String>,
+    #[sqlx(flatten)]
+    event: EventRow,
+}
+
+impl TryFrom<WatchedEventRow> for OperationEvent {
+    type Error = StoreError;
+
+    fn try_from(row: WatchedEventRow) -> Result<Self, StoreError> {
+        Ok(OperationEvent {
+            operation_id: operation_id(row.operation_id)?,
+            tool: row.tool,
+            state: row.state.as_deref().map(state).transpose()?,
+            event: Event::try_from(row.event)?,
         })
     }
 }

@@ -17,7 +17,7 @@ use sqlx::{Pool, Sqlite, Transaction};
 use std::sync::LazyLock;
 
 use crate::store::Statements;
-use crate::{Dialect, Store, StoreError};
+use crate::{Announcements, Dialect, Store, StoreError};
 
 /// The ledger in a SQLite file.
 pub type SqliteBackend = Store<Sqlite>;
@@ -45,9 +45,16 @@ impl Dialect for Sqlite {
     const NEXT_TOKEN: &'static str =
         "UPDATE fencing_tokens SET last = last + 1 WHERE id = 1 RETURNING last";
 
+    /// Writers hold the one write lock from their first statement to their commit, so events
+    /// commit in the order of their sequence: no gate is needed.
+    const WRITE_GATE: &'static str = "SELECT 1";
+
+    const FRONTIER: &'static str =
+        "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events";
+
     fn statements() -> &'static Statements {
         static STATEMENTS: LazyLock<Statements> =
-            LazyLock::new(|| Statements::new(Sqlite::NOW, Sqlite::ROW_LOCK));
+            LazyLock::new(|| Statements::new(Sqlite::NOW, Sqlite::ROW_LOCK, Sqlite::WRITE_GATE));
         &STATEMENTS
     }
 
@@ -61,6 +68,15 @@ impl Dialect for Sqlite {
     ) -> Result<Option<i64>, StoreError> {
         // The transaction holds SQLite's one write lock: the guard is serialised already, and
         // a token is taken only by a claim that is clear.
+        Ok(None)
+    }
+
+    async fn announce_events(_pool: &Pool<Self>) -> Result<(), StoreError> {
+        // Other processes on the same file read it again every poll interval.
+        Ok(())
+    }
+
+    async fn listen_for_events(_pool: &Pool<Self>) -> Result<Option<Announcements>, StoreError> {
         Ok(None)
     }
 

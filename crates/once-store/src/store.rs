@@ -5,7 +5,7 @@ use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
 use once_core::{
     Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Millis, Operation,
-    OperationId, Plan, PriorResolution,
+    OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
 };
 use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row,
@@ -14,10 +14,12 @@ use sqlx::{
 
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, CredentialRow, EventRow, KeyRow, KnownCredentialRow,
-    OperationRow, TenantRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING,
-    INSERT_ATTEMPT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
-    UPDATE_OPERATION,
+    OperationRow, TenantRow, WatchedEventRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS, EVENT_COLUMNS,
+    FIND_BLOCKING, INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS,
+    OPERATION_COLUMNS, TENANT_COLUMNS, UPDATE_OPERATION, WATCHED_EVENT_COLUMNS,
 };
+use crate::watch::Frontier;
+use crate::Announcements;
 use crate::{Backend, Dialect, StoreError};
 
 /// The ledger's tables in one database, reached through a connection pool. Cheap to clone;
@@ -67,6 +69,8 @@ where
     for<'r> TenantRow: FromRow<'r, D::Row>,
     for<'r> CredentialRow: FromRow<'r, D::Row>,
     for<'r> KnownCredentialRow: FromRow<'r, D::Row>,
+    for<'r> WatchedEventRow: FromRow<'r, D::Row>,
+    for<'r> (i64, String): FromRow<'r, D::Row>,
     for<'q> Option<i64>: Decode<'q, D>,
     for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
@@ -258,26 +262,24 @@ where
                 .await?;
         }
         for event in &plan.events {
-            // Anomalies carry a dedupe key so a repeated cause is recorded once.
-            sqlx::query(
-                "INSERT INTO events (tenant, operation_id, life, at, kind, from_state, to_state, \
-                 attempt, actor, reason, details, dedupe_key) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
-            )
-            .bind(tenant)
-            .bind(id.as_str())
-            .bind(rows::token_column(event.life))
-            .bind(now)
-            .bind(event.kind.as_str())
-            .bind(event.from.map(|s| s.as_str()))
-            .bind(event.to.map(|s| s.as_str()))
-            .bind(event.attempt.map(i64::from))
-            .bind(event.actor.to_string())
-            .bind(event.reason.as_deref())
-            .bind(event.details.as_deref())
-            .bind(event.dedupe_key.as_deref())
-            .execute(&mut **tx)
-            .await?;
+            // Anomalies carry a dedupe key so a repeated cause is recorded once. The tool and
+            // the state are the operation row's as this plan left it (written above), for
+            // watchers' filters.
+            sqlx::query(&INSERT_EVENT)
+                .bind(tenant)
+                .bind(id.as_str())
+                .bind(rows::token_column(event.life))
+                .bind(now)
+                .bind(event.kind.as_str())
+                .bind(event.from.map(|s| s.as_str()))
+                .bind(event.to.map(|s| s.as_str()))
+                .bind(event.attempt.map(i64::from))
+                .bind(event.actor.to_string())
+                .bind(event.reason.as_deref())
+                .bind(event.details.as_deref())
+                .bind(event.dedupe_key.as_deref())
+                .execute(&mut **tx)
+                .await?;
         }
         Ok(())
     }
@@ -544,6 +546,80 @@ where
         Ok(count)
     }
 
+    async fn event_frontier(&self) -> Result<Frontier, StoreError> {
+        let (newest, writing): (i64, String) =
+            sqlx::query_as(D::FRONTIER).fetch_one(&self.pool).await?;
+        Ok(Frontier {
+            newest,
+            writing: writing
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    async fn watch_events(
+        &self,
+        tenant: &str,
+        (after, upto): (i64, i64),
+        filter: &WatchFilter,
+        limit: u32,
+    ) -> Result<Vec<OperationEvent>, StoreError> {
+        // Declared before the arguments, which borrow it as long as they live.
+        let mut sql = String::new();
+        let mut binds = Binds::<D>::default();
+        sql += &format!(
+            "SELECT {} FROM events WHERE tenant = {} AND sequence > {} AND sequence <= {}",
+            WATCHED_EVENT_COLUMNS.as_str(),
+            binds.push(tenant)?,
+            binds.push(after)?,
+            binds.push(upto)?,
+        );
+        // The rule of `WatchFilter::matches`: states and kinds widen, the tool narrows.
+        let mut wide = Vec::new();
+        if !filter.states.is_empty() {
+            let states = filter
+                .states
+                .iter()
+                .map(|state| binds.push(state.as_str()))
+                .collect::<Result<Vec<_>, _>>()?
+                .join(", ");
+            for column in ["from_state", "to_state", "state"] {
+                wide.push(format!("{column} IN ({states})"));
+            }
+        }
+        if !filter.kinds.is_empty() {
+            let kinds = filter
+                .kinds
+                .iter()
+                .map(|kind| binds.push(kind.as_str()))
+                .collect::<Result<Vec<_>, _>>()?
+                .join(", ");
+            wide.push(format!("kind IN ({kinds})"));
+        }
+        if !wide.is_empty() {
+            sql += &format!(" AND ({})", wide.join(" OR "));
+        }
+        if let Some(tool) = &filter.tool {
+            sql += &format!(" AND tool = {}", binds.push(tool.as_str())?);
+        }
+        let limit = binds.push(i64::from(limit))?;
+        sql += &format!(" ORDER BY sequence LIMIT {limit}");
+        let page: Vec<WatchedEventRow> = sqlx::query_as_with(&sql, binds.arguments)
+            .fetch_all(&self.pool)
+            .await?;
+        rows::convert(page)
+    }
+
+    async fn announce_events(&self) -> Result<(), StoreError> {
+        D::announce_events(&self.pool).await
+    }
+
+    async fn listen_for_events(&self) -> Result<Option<Announcements>, StoreError> {
+        D::listen_for_events(&self.pool).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         D::ping(&self.pool).await
     }
@@ -592,17 +668,18 @@ pub struct Statements {
 }
 
 impl Statements {
-    pub fn new(now: &str, row_lock: &str) -> Self {
-        let clocked = |lock: &str| {
+    /// From the dialect's clock, its row lock and its write gate.
+    pub fn new(now: &str, row_lock: &str, gate: &str) -> Self {
+        let clocked = |one: &str, lock: &str| {
             format!(
-                "SELECT {now} AS now_ms, o.* FROM (SELECT 1) AS one LEFT JOIN \
+                "SELECT {now} AS now_ms, o.* FROM ({one}) AS one LEFT JOIN \
                  (SELECT {} FROM operations WHERE tenant = $1 AND operation_id = $2{lock}) AS o ON TRUE",
                 OPERATION_COLUMNS.as_str()
             )
         };
         Self {
-            read: clocked(""),
-            lock: clocked(row_lock),
+            read: clocked("SELECT 1", ""),
+            lock: clocked(gate, row_lock),
         }
     }
 }

@@ -164,6 +164,30 @@ impl TestDb {
         }
     }
 
+    /// Runs one query directly and returns the first column of every row as an integer.
+    pub async fn integers(&self, sql: &str) -> Vec<i64> {
+        match self.store {
+            Store::Sqlite => {
+                let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&self.url)
+                    .await
+                    .expect("open sqlite");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_all(&mut conn)
+                    .await
+                    .expect(sql)
+            }
+            Store::Postgres => {
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
+                    .await
+                    .expect("connect postgres");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_all(&mut conn)
+                    .await
+                    .expect(sql)
+            }
+        }
+    }
+
     /// Executes a statement directly; returns the rows affected.
     pub async fn execute(&self, sql: &str) -> u64 {
         match self.store {

@@ -118,6 +118,10 @@ pub struct Config {
     #[arg(long, env = "ONCE_HEALTH_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub health_check_interval: Duration,
 
+    /// The most WatchOperations streams this replica serves at once.
+    #[arg(long, env = "ONCE_MAX_WATCHERS", default_value_t = 256)]
+    pub max_watchers: usize,
+
     /// PostgreSQL connections per replica.
     #[arg(long, env = "ONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,

@@ -15,6 +15,7 @@ mod status;
 mod sweeper;
 mod tls;
 mod wait;
+mod watch;
 
 use std::future::Future;
 
@@ -117,7 +118,24 @@ async fn serve<B: Backend>(
     // Room for the largest result and everything around it; a larger request is refused before
     // it is decoded (RESOURCE_EXHAUSTED), so it costs no more memory than this.
     let max_request_bytes = (limits.max_result_bytes + 64 * 1024).max(1024 * 1024);
-    let service = LedgerService::new(ledger.clone(), access.clone(), limits, &configured);
+    // Cancelled as soon as shutdown begins: watch streams never end by themselves, and the
+    // server drains only once every stream has.
+    let stop_watchers = CancellationToken::new();
+    let shutdown = {
+        let stop_watchers = stop_watchers.clone();
+        async move {
+            shutdown.await;
+            stop_watchers.cancel();
+        }
+    };
+    let feed = watch::Feed::new(config.max_watchers, stop_watchers.clone());
+    let service = LedgerService::new(
+        ledger.clone(),
+        access.clone(),
+        limits,
+        &configured,
+        feed.clone(),
+    );
     let admin_service = admin::AdminService::new(backend, access);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LedgerServer<LedgerService<B>>>().await;
@@ -137,6 +155,7 @@ async fn serve<B: Backend>(
     // Cancelled after the server has drained, so no sweeper outlives the pool it uses.
     let stop_sweepers = CancellationToken::new();
     let sweepers = [
+        tokio::spawn(feed.follow(ledger.clone())),
         tokio::spawn(service.reconciliation().run(stop_sweepers.clone())),
         tokio::spawn(sweeper::leases(
             ledger.clone(),

@@ -7,6 +7,7 @@ use once_api::convert::{self, Caller, ReportRequest};
 use once_api::pb;
 use once_core::Limits;
 use once_store::{Backend, Ledger};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
@@ -14,6 +15,7 @@ use crate::access::{Access, Allowed, Principal};
 use crate::reconciliation::Reconciliation;
 use crate::status;
 use crate::wait::{self, Settled};
+use crate::watch::Feed;
 
 pub struct LedgerService<B> {
     ledger: Ledger<B>,
@@ -22,6 +24,8 @@ pub struct LedgerService<B> {
     /// The configured reconcilers, for the Reconcile RPC and a waiting Begin's lookup.
     reconciliation: Reconciliation<B>,
     settled: Settled,
+    /// The replica's watermark, for WatchOperations.
+    feed: Feed,
 }
 
 impl<B> std::fmt::Debug for LedgerService<B> {
@@ -38,6 +42,7 @@ impl<B: Backend> LedgerService<B> {
         access: Access<B>,
         limits: Limits,
         configured: &once_reconcile::config::Reconciliation,
+        feed: Feed,
     ) -> Self {
         let settled = Settled::default();
         let reconciliation = Reconciliation::new(
@@ -52,6 +57,7 @@ impl<B: Backend> LedgerService<B> {
             limits,
             reconciliation,
             settled,
+            feed,
         }
     }
 
@@ -192,6 +198,28 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
                 .map(|(created_at, id)| convert::encode_page_token(created_at, &id))
                 .unwrap_or_default(),
         }))
+    }
+
+    type WatchOperationsStream = ReceiverStream<Result<pb::WatchOperationsResponse, Status>>;
+
+    #[instrument(skip_all)]
+    async fn watch_operations(
+        &self,
+        request: Request<pb::WatchOperationsRequest>,
+    ) -> Result<Response<Self::WatchOperationsStream>, Status> {
+        let principal = self.access.admit(&request, Allowed::READ).await?;
+        let (start, filter) =
+            convert::watch_operations(request.into_inner()).map_err(status::invalid)?;
+        let stream = self
+            .feed
+            .watch(
+                self.ledger.backend().clone(),
+                principal.tenant,
+                start,
+                filter,
+            )
+            .await?;
+        Ok(Response::new(ReceiverStream::new(stream)))
     }
 
     #[instrument(skip_all, fields(operation_id))]

@@ -117,6 +117,36 @@ fn lookup_in_progress() -> Status {
     )
 }
 
+/// The replica already streams to as many watchers as it may.
+pub fn too_many_watchers() -> Status {
+    status(
+        Code::ResourceExhausted,
+        "TOO_MANY_WATCHERS",
+        "this replica streams to as many watchers as it may (--max-watchers); try another replica or later".into(),
+        vec![],
+    )
+}
+
+/// The replica could not read the newest events to start a watch from.
+pub fn events_unreadable() -> Status {
+    status(
+        Code::Unavailable,
+        "STORE_UNAVAILABLE",
+        "the replica could not read the newest events; watch again".into(),
+        vec![],
+    )
+}
+
+/// The replica is shutting down in the middle of a watch: resume elsewhere after `cursor`.
+pub fn shutting_down(cursor: i64) -> Status {
+    status(
+        Code::Unavailable,
+        "SHUTTING_DOWN",
+        format!("the replica is shutting down; watch again after sequence {cursor}"),
+        vec![("after_sequence".into(), cursor.to_string())],
+    )
+}
+
 /// A request over the size limit, as tonic reports it before any handler runs.
 pub fn too_large(message: &str) -> Status {
     status(

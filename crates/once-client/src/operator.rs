@@ -1,0 +1,390 @@
+//! What on-call tools and dashboards call: list, resolve, reconcile and watch operations, and
+//! administer keys. Every call is retried through transport failures with the very same
+//! message, as the executor's calls are; a resolution is named by its resolution id, so a
+//! retried one is applied once.
+
+use std::time::Duration;
+
+use once_api::admin_pb as apb;
+use once_api::pb;
+use once_core::access::{Credential, CredentialKind, Roles};
+use once_core::State;
+use tonic::Streaming;
+
+use crate::client::LedgerClient;
+use crate::error::ClientError;
+use crate::transport::{refusal, retryable, Retries, Transport};
+use crate::view::{OperationView, WatchedEvent};
+use crate::wire::{self, duration, state_to_pb};
+
+/// Which operations a listing holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Any of these states; every state when empty.
+    pub states: Vec<State>,
+    pub tool: Option<String>,
+    /// Only operations created at least this long ago.
+    pub older_than: Option<Duration>,
+}
+
+/// One page of a listing, oldest first, and where the next begins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// Without their results or histories: [`LedgerClient::get`] has those.
+    pub operations: Vec<OperationView>,
+    /// For [`LedgerClient::list_page`]; `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// What an operator decided an UNKNOWN operation's truth is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Truth {
+    /// The effect happened: its result to replay and the provider's reference.
+    Confirmed {
+        result: Vec<u8>,
+        provider_ref: Option<String>,
+    },
+    /// The effect certainly did not happen.
+    Absent,
+}
+
+/// An operator's resolution of an UNKNOWN operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    pub operation_id: String,
+    pub truth: Truth,
+    /// Why the operator believes it; mandatory.
+    pub reason: String,
+    /// Who resolves: recorded as `operator:<name>` (with the key's name beside it when it
+    /// differs).
+    pub operator: String,
+    /// Chosen once per resolution, so a retry is applied once.
+    pub resolution_id: String,
+    /// The fencing token of the attempt the operator examined: the resolution applies only
+    /// while it is the latest.
+    pub fencing_token: u64,
+    /// That attempt's number, checked too when given.
+    pub attempt: Option<u32>,
+}
+
+/// What a Reconcile found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconciled {
+    pub reconciler: String,
+    /// What the reconciler found: CONFIRMED, ABSENT, or UNKNOWN when it could not tell.
+    pub verdict: Option<State>,
+    /// The operation's state once the ledger applied the verdict.
+    pub state: Option<State>,
+    /// The evidence found, or why it could not tell.
+    pub detail: String,
+}
+
+/// Which events a watch receives, and from where.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchRequest {
+    /// Resume after this sequence; `None` to start with what is committed from now on.
+    pub after: Option<i64>,
+    /// Events that moved an operation into or out of these states, or were recorded while it
+    /// was in one...
+    pub states: Vec<State>,
+    /// ...and events of these kinds (every event when both are empty)...
+    pub kinds: Vec<String>,
+    /// ...of this tool only, when given.
+    pub tool: Option<String>,
+}
+
+/// What a watch yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Watched {
+    /// The next event, in sequence order.
+    Event(WatchedEvent),
+    /// Every wanted event up to this sequence has been received.
+    CaughtUpTo(i64),
+    /// The stream broke and is being opened again, after `after`: nothing is missed.
+    Reconnecting { after: Option<i64>, error: String },
+}
+
+/// A watch of the ledger's events that survives broken streams: it reconnects (to any
+/// endpoint) after the last sequence it yielded, so it yields every event once, in order.
+#[derive(Debug)]
+pub struct Watch {
+    transport: Transport,
+    request: WatchRequest,
+    stream: Option<Streaming<pb::WatchOperationsResponse>>,
+    /// Failed tries to open the stream since it last yielded something.
+    failures: u32,
+}
+
+impl Watch {
+    /// Where the watch would resume: after the last sequence it yielded.
+    pub fn resume_point(&self) -> Option<i64> {
+        self.request.after
+    }
+
+    /// The next item. Errors only for what retrying cannot mend (a refusal, a malformed
+    /// request) or once the ledger stayed unreachable through every try.
+    pub async fn next(&mut self) -> Result<Watched, ClientError> {
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                match self.open().await {
+                    Ok(stream) => {
+                        self.stream = Some(stream);
+                        continue;
+                    }
+                    Err(status) if retryable(&status) => {
+                        return self.broken(status.message().to_owned()).await
+                    }
+                    Err(status) => return Err(refusal(&status)),
+                }
+            };
+            let item = match stream.message().await {
+                Ok(Some(message)) => message.item,
+                Ok(None) => return self.broken("the stream ended".into()).await,
+                Err(status) if retryable(&status) => {
+                    return self.broken(status.message().to_owned()).await
+                }
+                Err(status) => return Err(refusal(&status)),
+            };
+            self.failures = 0;
+            match item {
+                Some(pb::watch_operations_response::Item::Event(event)) => {
+                    let event = wire::watched(event);
+                    self.request.after = Some(event.event.sequence);
+                    return Ok(Watched::Event(event));
+                }
+                Some(pb::watch_operations_response::Item::CaughtUpTo(sequence)) => {
+                    self.request.after = Some(sequence);
+                    return Ok(Watched::CaughtUpTo(sequence));
+                }
+                None => continue,
+            }
+        }
+    }
+
+    /// Drops the stream and says so; the next call opens it again after a pause.
+    async fn broken(&mut self, error: String) -> Result<Watched, ClientError> {
+        self.stream = None;
+        self.failures += 1;
+        let config = self.transport.config();
+        if self.failures > config.tries.max(1) {
+            return Err(ClientError::Unreachable(error));
+        }
+        let pause =
+            (config.backoff * 2u32.saturating_pow(self.failures - 1)).min(Duration::from_secs(2));
+        tokio::time::sleep(pause).await;
+        Ok(Watched::Reconnecting {
+            after: self.request.after,
+            error,
+        })
+    }
+
+    async fn open(&self) -> Result<Streaming<pb::WatchOperationsResponse>, tonic::Status> {
+        let request = pb::WatchOperationsRequest {
+            after_sequence: self.request.after.unwrap_or(0),
+            from_now: self.request.after.is_none(),
+            states: self
+                .request
+                .states
+                .iter()
+                .map(|s| state_to_pb(*s) as i32)
+                .collect(),
+            kinds: self.request.kinds.clone(),
+            tool: self.request.tool.clone().unwrap_or_default(),
+        };
+        // No deadline: the stream lasts as long as the watcher wants it.
+        let request = self.transport.authorized(request);
+        let response = self.transport.grpc().watch_operations(request).await?;
+        Ok(response.into_inner())
+    }
+}
+
+impl LedgerClient {
+    /// One page of operations, oldest first: from the start, or from `page` (a previous page's
+    /// `next`). At most `page_size` (1 to 1000).
+    pub async fn list_page(
+        &self,
+        filter: &ListFilter,
+        page_size: u32,
+        page: Option<&str>,
+    ) -> Result<Page, ClientError> {
+        let request = pb::ListOperationsRequest {
+            states: filter
+                .states
+                .iter()
+                .map(|s| state_to_pb(*s) as i32)
+                .collect(),
+            tool: filter.tool.clone().unwrap_or_default(),
+            older_than: filter.older_than.map(duration),
+            page_size,
+            page_token: page.unwrap_or_default().to_owned(),
+        };
+        let listed = self
+            .transport()
+            .call(
+                Retries::Tries,
+                Duration::ZERO,
+                |mut grpc, request| async move { grpc.list_operations(request).await },
+                request,
+            )
+            .await?;
+        Ok(Page {
+            operations: listed.operations.into_iter().map(wire::summary).collect(),
+            next: Some(listed.next_page_token).filter(|t| !t.is_empty()),
+        })
+    }
+
+    /// Settles an UNKNOWN operation as an operator; returns its state afterwards. Retried
+    /// through transport failures with the same resolution id, so it is applied once.
+    pub async fn resolve(&self, resolution: &Resolution) -> Result<State, ClientError> {
+        let (outcome, result, provider_ref) = match &resolution.truth {
+            Truth::Confirmed {
+                result,
+                provider_ref,
+            } => (
+                State::Confirmed,
+                result.clone(),
+                provider_ref.clone().unwrap_or_default(),
+            ),
+            Truth::Absent => (State::Absent, Vec::new(), String::new()),
+        };
+        let request = pb::ResolveRequest {
+            operation_id: resolution.operation_id.clone(),
+            outcome: state_to_pb(outcome) as i32,
+            result,
+            provider_ref,
+            reason: resolution.reason.clone(),
+            operator: resolution.operator.clone(),
+            resolution_id: resolution.resolution_id.clone(),
+            attempt: resolution.attempt.unwrap_or(0),
+            fencing_token: resolution.fencing_token,
+        };
+        let resolved = self
+            .transport()
+            .call(
+                Retries::Tries,
+                Duration::ZERO,
+                |mut grpc, request| async move { grpc.resolve(request).await },
+                request,
+            )
+            .await?;
+        Ok(wire::state(resolved.state).unwrap_or(State::Unknown))
+    }
+
+    /// Looks an UNKNOWN operation up with its reconciler now and applies the verdict. The
+    /// lookup may take up to the reconciler's timeout: `wait` bounds the call.
+    pub async fn reconcile(
+        &self,
+        operation_id: &str,
+        wait: Duration,
+    ) -> Result<Reconciled, ClientError> {
+        let request = pb::ReconcileRequest {
+            operation_id: operation_id.to_owned(),
+        };
+        let reconciled = self
+            .transport()
+            .call(
+                Retries::Tries,
+                wait,
+                |mut grpc, request| async move { grpc.reconcile(request).await },
+                request,
+            )
+            .await?;
+        Ok(Reconciled {
+            reconciler: reconciled.reconciler,
+            verdict: wire::state(reconciled.verdict),
+            state: wire::state(reconciled.state),
+            detail: reconciled.detail,
+        })
+    }
+
+    /// Watches the ledger's events: see [`Watch`]. Nothing is sent until the first
+    /// [`Watch::next`].
+    pub fn watch(&self, request: WatchRequest) -> Watch {
+        Watch {
+            transport: self.transport().clone(),
+            request,
+            stream: None,
+            failures: 0,
+        }
+    }
+
+    /// Creates an API key for `tenant` with `roles` (admin), or registers a PEM client
+    /// certificate instead; returns the credential and, for a key, its secret, shown this once.
+    pub async fn create_key(
+        &self,
+        tenant: &str,
+        name: &str,
+        roles: &Roles,
+        certificate_pem: Option<&str>,
+    ) -> Result<(Credential, Option<String>), ClientError> {
+        let request = apb::CreateKeyRequest {
+            tenant: tenant.to_owned(),
+            name: name.to_owned(),
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            certificate_pem: certificate_pem.unwrap_or_default().to_owned(),
+        };
+        let created = self
+            .transport()
+            .call_with(
+                &self.transport().admin(),
+                Retries::Tries,
+                Duration::ZERO,
+                |mut admin, request| async move { admin.create_key(request).await },
+                request,
+            )
+            .await?;
+        let key = credential(created.key.unwrap_or_default())?;
+        Ok((key, Some(created.secret).filter(|s| !s.is_empty())))
+    }
+
+    /// The credentials of `tenant`, or of every tenant (admin). Never a secret.
+    pub async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<Credential>, ClientError> {
+        let request = apb::ListKeysRequest {
+            tenant: tenant.unwrap_or_default().to_owned(),
+        };
+        let listed = self
+            .transport()
+            .call_with(
+                &self.transport().admin(),
+                Retries::Tries,
+                Duration::ZERO,
+                |mut admin, request| async move { admin.list_keys(request).await },
+                request,
+            )
+            .await?;
+        listed.keys.into_iter().map(credential).collect()
+    }
+
+    /// Revokes a credential (admin); returns it as revoked.
+    pub async fn revoke_key(&self, key_id: &str) -> Result<Credential, ClientError> {
+        let request = apb::RevokeKeyRequest {
+            key_id: key_id.to_owned(),
+        };
+        let revoked = self
+            .transport()
+            .call_with(
+                &self.transport().admin(),
+                Retries::Tries,
+                Duration::ZERO,
+                |mut admin, request| async move { admin.revoke_key(request).await },
+                request,
+            )
+            .await?;
+        credential(revoked)
+    }
+}
+
+/// A credential as the admin service lists it.
+fn credential(key: apb::Key) -> Result<Credential, ClientError> {
+    let invalid = |what: String| ClientError::Invalid(format!("the ledger sent {what}"));
+    Ok(Credential {
+        roles: once_api::admin::roles(&key.roles).map_err(|e| invalid(e.to_string()))?,
+        kind: CredentialKind::parse(&key.kind)
+            .ok_or_else(|| invalid(format!("an unknown credential kind {:?}", key.kind)))?,
+        key_id: key.key_id,
+        tenant: key.tenant,
+        name: key.name,
+        created_at: key.created_at_ms,
+        revoked_at: once_api::admin::cap(key.revoked_at_ms),
+    })
+}

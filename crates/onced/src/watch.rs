@@ -1,0 +1,271 @@
+//! WatchOperations: each replica follows the store's watermark and streams every watcher the
+//! events it wants, in sequence order, from where it resumes.
+//!
+//! One task per replica, the [`Feed`], reads the store's frontier and follows it to the
+//! watermark (`once_store::watch`): the sequence up to which every event that will ever be
+//! committed is visible. It reads again when this replica commits events, when another replica
+//! announces that it did (PostgreSQL's LISTEN/NOTIFY), and every [`Announcements::POLL`] in
+//! case an announcement was lost or nothing can announce (another process on a SQLite file).
+//! It announces this replica's commits to the others.
+//!
+//! Each watcher has a task of its own that reads its tenant's events from the store, a page at
+//! a time, up to the watermark, and sends them into a small bounded channel: a slow watcher
+//! holds at most one page and the channel, and the store is not read for it until it takes
+//! what it was sent. Resuming after the last sequence received therefore misses nothing (the
+//! watermark never passes an event still to be committed) and repeats nothing (sequences only
+//! grow).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_api::convert::{self, WatchStart};
+use once_api::pb;
+use once_api::pb::watch_operations_response::Item;
+use once_core::WatchFilter;
+use once_store::{Announcements, Backend, Ledger, Watermark};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::status;
+
+/// Events read from the store per page for one watcher.
+const PAGE: u32 = 256;
+/// Messages a watcher's stream holds before its task waits for the watcher to take them.
+const STREAM_BUFFER: usize = 16;
+/// How often a quiet stream says how far it has caught up, so the watcher knows it is alive.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+/// How soon the frontier is read again while a newer sequence waits for writers to end.
+const WAITING_POLL: Duration = Duration::from_millis(20);
+/// The shortest pause between two announcements of this replica's commits.
+const ANNOUNCE_EVERY: Duration = Duration::from_millis(10);
+
+/// The watermark as the feed last read it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Mark {
+    reached: i64,
+    /// Counts readings, so a watcher can wait for a fresh one.
+    readings: u64,
+}
+
+/// The replica's feed of the watermark, and the watchers it admits. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Feed {
+    marks: Arc<watch::Sender<Mark>>,
+    /// Asks the feed to read the frontier now: a watcher starting from now wants a fresh mark.
+    wake: Arc<Notify>,
+    watchers: Arc<Semaphore>,
+    /// Ends every stream when the server shuts down, so draining does not wait for watchers.
+    stop: CancellationToken,
+}
+
+impl Feed {
+    pub fn new(max_watchers: usize, stop: CancellationToken) -> Self {
+        Self {
+            marks: Arc::new(watch::Sender::new(Mark::default())),
+            wake: Arc::default(),
+            watchers: Arc::new(Semaphore::new(max_watchers)),
+            stop,
+        }
+    }
+
+    /// Follows the store's watermark and announces this replica's commits until `stop`.
+    pub async fn follow<B: Backend>(self, ledger: Ledger<B>) {
+        let backend = ledger.backend();
+        let mut watermark = Watermark::default();
+        let mut announcements: Option<Announcements> = None;
+        let mut announce = false;
+        let mut last_error: Option<tokio::time::Instant> = None;
+        loop {
+            if announce {
+                announce = false;
+                if let Err(error) = backend.announce_events().await {
+                    tracing::debug!(%error, "could not announce committed events");
+                }
+            }
+            let watched = self.marks.receiver_count() > 0;
+            if watched {
+                if announcements.is_none() {
+                    announcements = match backend.listen_for_events().await {
+                        Ok(listening) => listening,
+                        Err(error) => {
+                            tracing::debug!(%error, "could not listen for other replicas' events");
+                            None
+                        }
+                    };
+                }
+                match backend.event_frontier().await {
+                    Ok(frontier) => {
+                        let reached = watermark.observe(frontier);
+                        self.marks.send_modify(|mark| {
+                            mark.reached = reached;
+                            mark.readings += 1;
+                        });
+                    }
+                    Err(error) => {
+                        if last_error.is_none_or(|at| at.elapsed() > Duration::from_secs(30)) {
+                            tracing::warn!(%error, "could not read the newest events for watchers; will retry");
+                            last_error = Some(tokio::time::Instant::now());
+                        }
+                    }
+                }
+            } else {
+                // Nobody here listens: hold no connection for it.
+                announcements = None;
+            }
+            let pause = if watched && watermark.waiting() {
+                WAITING_POLL
+            } else {
+                Announcements::POLL
+            };
+            let heard = async {
+                match announcements.as_mut() {
+                    Some(listening) => listening.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = ledger.events_committed() => {
+                    announce = true;
+                    // Let commits that follow at once share one announcement.
+                    tokio::time::sleep(ANNOUNCE_EVERY).await;
+                }
+                heard = heard => {
+                    if let Err(error) = heard {
+                        tracing::debug!(%error, "lost the connection listening for events");
+                        announcements = None;
+                    }
+                }
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// Starts a watcher's stream: its tenant's events `filter` wants, from `start`.
+    pub async fn watch<B: Backend>(
+        &self,
+        backend: B,
+        tenant: String,
+        start: WatchStart,
+        filter: WatchFilter,
+    ) -> Result<mpsc::Receiver<Result<pb::WatchOperationsResponse, Status>>, Status> {
+        let permit = self
+            .watchers
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| status::too_many_watchers())?;
+        let mut marks = self.marks.subscribe();
+        // A fresh reading, so that "from now" is now and a resumed stream starts at once.
+        self.wake.notify_one();
+        let fresh = tokio::time::timeout(Duration::from_secs(5), marks.changed()).await;
+        if !matches!(fresh, Ok(Ok(()))) {
+            return Err(status::events_unreadable());
+        }
+        let cursor = match start {
+            WatchStart::After(sequence) => sequence,
+            WatchStart::Now => marks.borrow_and_update().reached,
+        };
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let stream = Stream {
+            backend,
+            tenant,
+            filter,
+            cursor,
+            marks,
+            sender,
+            stop: self.stop.clone(),
+            _permit: permit,
+        };
+        tokio::spawn(stream.run());
+        Ok(receiver)
+    }
+}
+
+/// One watcher's stream.
+struct Stream<B> {
+    backend: B,
+    tenant: String,
+    filter: WatchFilter,
+    /// Every wanted event up to here has been sent.
+    cursor: i64,
+    marks: watch::Receiver<Mark>,
+    sender: mpsc::Sender<Result<pb::WatchOperationsResponse, Status>>,
+    stop: CancellationToken,
+    /// Counts the watcher against the replica's limit while the stream lasts.
+    _permit: OwnedSemaphorePermit,
+}
+
+/// The watcher has gone: nothing more to send.
+struct Gone;
+
+impl<B: Backend> Stream<B> {
+    async fn run(mut self) {
+        if let Err(Gone) = self.serve().await {
+            tracing::debug!(tenant = %self.tenant, cursor = self.cursor, "watcher gone");
+        }
+    }
+
+    async fn serve(&mut self) -> Result<(), Gone> {
+        let mut caught_up = false;
+        let mut keepalive = tokio::time::Instant::now() + KEEPALIVE;
+        loop {
+            let reached = self.marks.borrow_and_update().reached;
+            while self.cursor < reached {
+                let page = self
+                    .backend
+                    .watch_events(&self.tenant, (self.cursor, reached), &self.filter, PAGE)
+                    .await;
+                let page = match page {
+                    Ok(page) => page,
+                    Err(error) => return self.end(status::store(error)).await,
+                };
+                let full = page.len() == PAGE as usize;
+                for event in page {
+                    let sequence = event.event.sequence;
+                    let event = convert::operation_event(event);
+                    self.send(Item::Event(event)).await?;
+                    self.cursor = sequence;
+                    keepalive = tokio::time::Instant::now() + KEEPALIVE;
+                }
+                if !full {
+                    // Nothing else wanted up to the watermark.
+                    self.cursor = reached;
+                }
+            }
+            // Say how far the stream has caught up the first time it has, and while it is quiet.
+            if !caught_up || tokio::time::Instant::now() >= keepalive {
+                self.send(Item::CaughtUpTo(self.cursor)).await?;
+                caught_up = true;
+                keepalive = tokio::time::Instant::now() + KEEPALIVE;
+            }
+            tokio::select! {
+                changed = self.marks.changed() => {
+                    if changed.is_err() {
+                        return self.end(status::shutting_down(self.cursor)).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(keepalive) => {}
+                _ = self.sender.closed() => return Err(Gone),
+                _ = self.stop.cancelled() => {
+                    return self.end(status::shutting_down(self.cursor)).await
+                }
+            }
+        }
+    }
+
+    async fn send(&self, item: Item) -> Result<(), Gone> {
+        let message = pb::WatchOperationsResponse { item: Some(item) };
+        tokio::select! {
+            sent = self.sender.send(Ok(message)) => sent.map_err(|_| Gone),
+            _ = self.stop.cancelled() => Err(Gone),
+        }
+    }
+
+    /// Ends the stream with `status`.
+    async fn end(&self, status: Status) -> Result<(), Gone> {
+        let _ = self.sender.send(Err(status)).await;
+        Ok(())
+    }
+}
