@@ -36,6 +36,7 @@ const RPCS: &[(&str, &[&str])] = &[
     ("Heartbeat", &["executor"]),
     ("GetOperation", &["executor", "reader", "operator"]),
     ("ListOperations", &["reader", "operator"]),
+    ("WatchOperations", &["reader", "operator"]),
     ("Reconcile", &["operator"]),
     ("Resolve", &["operator"]),
     ("PutTenant", &["admin"]),
@@ -279,6 +280,28 @@ async fn call(
                 .list_operations(with_key(pb::ListOperationsRequest::default(), key))
                 .await,
         ),
+        "WatchOperations" => {
+            let request = with_key(pb::WatchOperationsRequest::default(), key);
+            match ledger.watch_operations(request).await {
+                Err(status) => Answer::of::<pb::WatchOperationsResponse>(Err(status)),
+                // Everything the stream sends until it has caught up, one message after another.
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    let mut sent = Vec::new();
+                    loop {
+                        let message = stream.message().await.expect("stream").expect("open");
+                        let caught_up = matches!(
+                            message.item,
+                            Some(pb::watch_operations_response::Item::CaughtUpTo(_))
+                        );
+                        sent.extend(message.encode_length_delimited_to_vec());
+                        if caught_up {
+                            break Answer::Ok(sent);
+                        }
+                    }
+                }
+            }
+        }
         "Reconcile" => Answer::of(
             ledger
                 .reconcile(with_key(
@@ -459,6 +482,24 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
                     .await;
                     assert_eq!(answer, missing, "{rpc} as {who:?}: foreign ≠ missing");
                     assert_eq!(answer.code(), Code::NotFound, "{rpc} as {who:?}");
+                }
+                None if *rpc == "WatchOperations" => {
+                    let Answer::Ok(bytes) = &answer else {
+                        panic!("{rpc} as {who:?}: {answer:?}")
+                    };
+                    let mut bytes = &bytes[..];
+                    while !bytes.is_empty() {
+                        let message =
+                            pb::WatchOperationsResponse::decode_length_delimited(&mut bytes)
+                                .unwrap();
+                        assert!(
+                            !matches!(
+                                message.item,
+                                Some(pb::watch_operations_response::Item::Event(_))
+                            ),
+                            "{who:?} watched another tenant's events: {message:?}"
+                        );
+                    }
                 }
                 None if *rpc == "ListOperations" => {
                     let Answer::Ok(bytes) = &answer else {

@@ -637,13 +637,20 @@ async fn lists_page_in_creation_order_without_results<B: Backend>(backend: B) {
         )
         .await
         .unwrap();
-    let ids: Vec<&str> = page.iter().map(|op| op.operation_id.as_str()).collect();
+    let ids: Vec<&str> = page
+        .iter()
+        .map(|l| l.operation.operation_id.as_str())
+        .collect();
     assert_eq!(ids, ["list-0", "list-1"]);
     assert!(
-        page.iter().all(|op| op.result.is_none()),
+        page.iter().all(|l| l.operation.result.is_none()),
         "no results in a page"
     );
-    let last = page.last().unwrap();
+    // Each with the latest event of its current life: its claim (the state was overwritten).
+    assert!(page
+        .iter()
+        .all(|l| l.last_event.map(|(kind, _)| kind) == Some(EventKind::Claimed)));
+    let last = &page.last().unwrap().operation;
     let rest = backend
         .list(
             TENANT,

@@ -264,6 +264,7 @@ pub fn reconcile(req: pb::ReconcileRequest) -> Result<OperationId, Invalid> {
 pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Invalid> {
     let states = states_from_pb(&req.states)?;
     let tool = optional_name("tool", req.tool, MAX_TOOL_BYTES)?;
+    let provider = optional_name("provider", req.provider, MAX_NAME_BYTES)?;
     let older_than_ms = req
         .older_than
         .map(|d| bounded("older_than", d, 0, i64::MAX / 2))
@@ -290,6 +291,7 @@ pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Inva
     Ok(ListQuery {
         states,
         tool,
+        provider,
         older_than_ms,
         page_size,
         after,
@@ -660,6 +662,20 @@ pub fn operation(op: Operation) -> pb::Operation {
         expires_at: op.expires_at.map(timestamp),
         fencing_token: op.fencing_token.get(),
         source: op.source.as_str().to_owned(),
+        last_event: String::new(),
+        last_event_at: None,
+    }
+}
+
+/// An operation in a listing, with the latest event of its current life.
+pub fn listed(listed: Listed) -> pb::Operation {
+    let last_event = listed.last_event;
+    pb::Operation {
+        last_event: last_event
+            .map(|(kind, _)| kind.as_str().to_owned())
+            .unwrap_or_default(),
+        last_event_at: last_event.map(|(_, at)| timestamp(at)),
+        ..operation(listed.operation)
     }
 }
 

@@ -23,6 +23,8 @@ pub struct ListFilter {
     /// Any of these states; every state when empty.
     pub states: Vec<State>,
     pub tool: Option<String>,
+    /// Only operations whose reconciler (provider) is this one.
+    pub provider: Option<String>,
     /// Only operations created at least this long ago.
     pub older_than: Option<Duration>,
 }
@@ -214,6 +216,7 @@ impl LedgerClient {
                 .map(|s| state_to_pb(*s) as i32)
                 .collect(),
             tool: filter.tool.clone().unwrap_or_default(),
+            provider: filter.provider.clone().unwrap_or_default(),
             older_than: filter.older_than.map(duration),
             page_size,
             page_token: page.unwrap_or_default().to_owned(),

@@ -35,6 +35,8 @@ pub struct OperationView {
     pub expires_at: Option<SystemTime>,
     pub created_at: Option<SystemTime>,
     pub updated_at: Option<SystemTime>,
+    /// In a listing: the kind and time of the latest event of its current life.
+    pub last_event: Option<(String, SystemTime)>,
     /// The attempt log of the current life; empty in a listing.
     pub attempts: Vec<AttemptView>,
     /// The event history of the current life; empty in a listing.

@@ -78,6 +78,7 @@ pub(crate) fn summary(op: pb::Operation) -> OperationView {
         expires_at: op.expires_at.map(system_time),
         created_at: op.created_at.map(system_time),
         updated_at: op.updated_at.map(system_time),
+        last_event: present(op.last_event).zip(op.last_event_at.map(system_time)),
         attempts: Vec::new(),
         events: Vec::new(),
     }

@@ -663,6 +663,8 @@ pub struct ListQuery {
     /// Any of these states; every state when empty.
     pub states: Vec<State>,
     pub tool: Option<String>,
+    /// Only operations whose reconciler is this one.
+    pub provider: Option<String>,
     /// Only operations created at least this long ago.
     pub older_than_ms: Option<i64>,
     pub page_size: u32,
@@ -708,4 +710,12 @@ impl WatchFilter {
             .is_none_or(|tool| event.tool.as_ref() == Some(tool));
         wide && narrow
     }
+}
+
+/// An operation in a listing: without its result, with the latest event of its current life.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub operation: Operation,
+    /// The kind and time of the latest event of its current life.
+    pub last_event: Option<(EventKind, Millis)>,
 }

@@ -6,8 +6,8 @@ use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::{
-    Attempt, BeginCommand, Event, FencingToken, ListQuery, Millis, Operation, OperationEvent,
-    OperationId, Plan, PriorResolution, WatchFilter,
+    Attempt, BeginCommand, Event, FencingToken, ListQuery, Listed, Millis, Operation,
+    OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
 };
 
 use crate::watch::Frontier;
@@ -102,12 +102,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
         life: FencingToken,
     ) -> impl Future<Output = Result<(Vec<Attempt>, Vec<Event>), StoreError>> + Send;
 
-    /// One page of operations, oldest first, without their results.
+    /// One page of operations, oldest first, without their results, each with the latest
+    /// event of its current life.
     fn list(
         &self,
         tenant: &str,
         query: &ListQuery,
-    ) -> impl Future<Output = Result<Vec<Operation>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Listed>, StoreError>> + Send;
 
     /// Up to `limit` IN_FLIGHT operations whose lease has ended, by the store's clock.
     fn expired_leases(

@@ -232,15 +232,16 @@ impl<B: Backend> Ledger<B> {
         &self,
         tenant: &str,
         query: &ListQuery,
-    ) -> Result<(Vec<Operation>, Option<(Millis, String)>), StoreError> {
+    ) -> Result<(Vec<Listed>, Option<(Millis, String)>), StoreError> {
         let mut probe = query.clone();
         probe.page_size = query.page_size.saturating_add(1);
         let mut operations = self.backend.list(tenant, &probe).await?;
         let next = if operations.len() > query.page_size as usize {
             operations.truncate(query.page_size as usize);
-            operations
-                .last()
-                .map(|op| (op.created_at, op.operation_id.to_string()))
+            operations.last().map(|listed| {
+                let op = &listed.operation;
+                (op.created_at, op.operation_id.to_string())
+            })
         } else {
             None
         };

@@ -7,8 +7,8 @@ use std::sync::LazyLock;
 
 use once_core::access::{Credential, CredentialKind, SecretHash, Tenant};
 use once_core::{
-    Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Millis,
-    Operation, OperationEvent, OperationId, Source, State,
+    Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Listed,
+    Millis, Operation, OperationEvent, OperationId, Source, State,
 };
 
 use crate::StoreError;
@@ -55,7 +55,8 @@ pub(crate) const WRITTEN_OPERATION_COLUMNS: [&str; 33] = [
 pub(crate) static OPERATION_COLUMNS: LazyLock<String> =
     LazyLock::new(|| format!("{}, version", WRITTEN_OPERATION_COLUMNS.join(", ")));
 
-/// The same columns for a page of a list: everything but the result, which GetOperation has.
+/// The same columns for a page of a list: everything but the result, which GetOperation has,
+/// and the kind and time of the latest event of the operation's current life.
 pub(crate) static LISTED_OPERATION_COLUMNS: LazyLock<String> = LazyLock::new(|| {
     let columns: Vec<&str> = WRITTEN_OPERATION_COLUMNS
         .iter()
@@ -64,7 +65,20 @@ pub(crate) static LISTED_OPERATION_COLUMNS: LazyLock<String> = LazyLock::new(|| 
             other => other,
         })
         .collect();
-    format!("{}, version", columns.join(", "))
+    let latest = |column: &str| {
+        format!(
+            "(SELECT e.{column} FROM events e WHERE e.tenant = operations.tenant \
+             AND e.operation_id = operations.operation_id AND e.life = operations.life \
+             ORDER BY e.sequence DESC LIMIT 1) AS last_event{}",
+            if column == "kind" { "" } else { "_at" }
+        )
+    };
+    format!(
+        "{}, version, {}, {}",
+        columns.join(", "),
+        latest("kind"),
+        latest("at")
+    )
 });
 
 pub(crate) static INSERT_OPERATION: LazyLock<String> = LazyLock::new(|| {
@@ -211,6 +225,34 @@ impl TryFrom<OperationRow> for Operation {
             reconcile_lookups: count(row.reconcile_lookups)?,
             reconcile_next_at: row.reconcile_next_at,
             lookup_claimed_until: row.lookup_claimed_until,
+        })
+    }
+}
+
+/// An operation in a listing, with the latest event of its current life.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ListedRow {
+    #[sqlx(flatten)]
+    operation: OperationRow,
+    last_event: Option<String>,
+    last_event_at: Option<i64>,
+}
+
+impl TryFrom<ListedRow> for Listed {
+    type Error = StoreError;
+
+    fn try_from(row: ListedRow) -> Result<Self, StoreError> {
+        let last_event = match (row.last_event, row.last_event_at) {
+            (Some(kind), Some(at)) => Some((
+                EventKind::parse(&kind)
+                    .ok_or_else(|| corrupt(format!("unknown event kind {kind:?}")))?,
+                at,
+            )),
+            _ => None,
+        };
+        Ok(Listed {
+            operation: Operation::try_from(row.operation)?,
+            last_event,
         })
     }
 }

@@ -4,7 +4,7 @@ use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
 use once_core::{
-    Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Millis, Operation,
+    Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Listed, Millis, Operation,
     OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
 };
 use sqlx::{
@@ -14,9 +14,10 @@ use sqlx::{
 
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, CredentialRow, EventRow, KeyRow, KnownCredentialRow,
-    OperationRow, TenantRow, WatchedEventRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS, EVENT_COLUMNS,
-    FIND_BLOCKING, INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS,
-    OPERATION_COLUMNS, TENANT_COLUMNS, UPDATE_OPERATION, WATCHED_EVENT_COLUMNS,
+    ListedRow, OperationRow, TenantRow, WatchedEventRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS,
+    EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION,
+    LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS, UPDATE_OPERATION,
+    WATCHED_EVENT_COLUMNS,
 };
 use crate::watch::Frontier;
 use crate::Announcements;
@@ -70,6 +71,7 @@ where
     for<'r> CredentialRow: FromRow<'r, D::Row>,
     for<'r> KnownCredentialRow: FromRow<'r, D::Row>,
     for<'r> WatchedEventRow: FromRow<'r, D::Row>,
+    for<'r> ListedRow: FromRow<'r, D::Row>,
     for<'r> (i64, String): FromRow<'r, D::Row>,
     for<'q> Option<i64>: Decode<'q, D>,
     for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
@@ -317,7 +319,7 @@ where
         Ok((rows::convert(attempts)?, rows::convert(events)?))
     }
 
-    async fn list(&self, tenant: &str, query: &ListQuery) -> Result<Vec<Operation>, StoreError> {
+    async fn list(&self, tenant: &str, query: &ListQuery) -> Result<Vec<Listed>, StoreError> {
         // Declared before the arguments, which borrow it as long as they live.
         let mut sql = String::new();
         let mut binds = Binds::<D>::default();
@@ -337,6 +339,9 @@ where
         if let Some(tool) = &query.tool {
             sql += &format!(" AND tool = {}", binds.push(tool.as_str())?);
         }
+        if let Some(provider) = &query.provider {
+            sql += &format!(" AND provider = {}", binds.push(provider.as_str())?);
+        }
         if let Some(age) = query.older_than_ms {
             sql += &format!(" AND created_at <= {} - {}", D::NOW, binds.push(age)?);
         }
@@ -347,7 +352,7 @@ where
         }
         let limit = binds.push(i64::from(query.page_size))?;
         sql += &format!(" ORDER BY created_at, operation_id LIMIT {limit}");
-        let page: Vec<OperationRow> = sqlx::query_as_with(&sql, binds.arguments)
+        let page: Vec<ListedRow> = sqlx::query_as_with(&sql, binds.arguments)
             .fetch_all(&self.pool)
             .await?;
         rows::convert(page)

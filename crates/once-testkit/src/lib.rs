@@ -792,3 +792,105 @@ pub fn config_file(db: &TestDb, contents: String) -> String {
     std::fs::write(&path, contents).expect("write config");
     path.to_str().expect("a UTF-8 path").to_owned()
 }
+
+/// A TCP proxy in front of a ledger that loses one answer, as a network that drops a response
+/// does: the connection over which a client sends `marker` (bytes of a request's body, such as
+/// a resolution id) carries the request to the ledger, but nothing the ledger sends back from
+/// then on; once [`LosingProxy::cut`] is called that connection is closed. Every other
+/// connection passes every byte.
+#[derive(Debug)]
+pub struct LosingProxy {
+    pub addr: SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl LosingProxy {
+    pub async fn start(target: SocketAddr, marker: Vec<u8>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let (cut, cutting) = tokio::sync::watch::channel(false);
+        let marker = std::sync::Arc::new(marker);
+        let armed_once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                tokio::spawn(relay(
+                    client,
+                    server,
+                    marker.clone(),
+                    armed_once.clone(),
+                    cutting.clone(),
+                ));
+            }
+        });
+        LosingProxy { addr, cut }
+    }
+
+    /// Closes the connection whose answer is being lost.
+    pub fn cut(&self) {
+        let _ = self.cut.send(true);
+    }
+}
+
+async fn relay(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    marker: std::sync::Arc<Vec<u8>>,
+    armed_once: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    mut cutting: tokio::sync::watch::Receiver<bool>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    let (armed_tx, armed) = tokio::sync::watch::channel(false);
+    let upstream = async move {
+        let mut seen: Vec<u8> = Vec::new();
+        let mut buffer = [0u8; 16 * 1024];
+        loop {
+            let n = match from_client.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            seen.extend_from_slice(&buffer[..n]);
+            let already = *armed_tx.borrow();
+            if !already
+                && seen.windows(marker.len()).any(|w| w == marker.as_slice())
+                && !armed_once.swap(true, Ordering::SeqCst)
+            {
+                let _ = armed_tx.send(true);
+            }
+            let keep = seen.len().saturating_sub(marker.len());
+            seen.drain(..keep);
+            if to_server.write_all(&buffer[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let mut losing = armed.clone();
+    let downstream = async move {
+        let mut buffer = [0u8; 16 * 1024];
+        loop {
+            let n = match from_server.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Once armed, the ledger's answers are lost.
+            let lost = *armed.borrow();
+            if !lost && to_client.write_all(&buffer[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let cut = async move {
+        let _ = losing.wait_for(|armed| *armed).await;
+        let _ = cutting.wait_for(|cut| *cut).await;
+    };
+    tokio::select! {
+        _ = upstream => {}
+        _ = downstream => {}
+        _ = cut => {}
+    }
+}

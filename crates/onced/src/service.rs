@@ -193,7 +193,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .await
             .map_err(status::store)?;
         Ok(Response::new(pb::ListOperationsResponse {
-            operations: operations.into_iter().map(convert::operation).collect(),
+            operations: operations.into_iter().map(convert::listed).collect(),
             next_page_token: next
                 .map(|(created_at, id)| convert::encode_page_token(created_at, &id))
                 .unwrap_or_default(),

@@ -1,0 +1,228 @@
+//! The command line: every command, flag and environment variable, parsed once by clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use once_core::access::Role;
+
+/// The on-call CLI of once-ledger: find, inspect, reconcile, resolve and watch operations.
+///
+/// Exit codes: 0 done, 1 error (the ledger unreachable, a failure), 2 usage, 3 not found,
+/// 4 refused (by the ledger, or declined at the prompt).
+#[derive(Debug, Parser)]
+#[command(name = "oncectl", version, args_override_self = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How to reach the ledger and how to print; flags win over environment variables, which win
+/// over the profile.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Global options")]
+pub struct Global {
+    /// The ledger: http://HOST:PORT, or https:// for one serving TLS.
+    #[arg(long, env = "ONCE_ADDR", global = true)]
+    pub addr: Option<String>,
+
+    /// The API key, sent as a bearer token (it names the tenant).
+    #[arg(long, env = "ONCE_KEY", global = true, hide_env_values = true)]
+    pub key: Option<String>,
+
+    /// A PEM file of the certificate authority that signed the ledger's TLS certificate.
+    #[arg(long, env = "ONCE_CA", global = true)]
+    pub ca: Option<PathBuf>,
+
+    /// Who you are, recorded with every resolution as operator:<name>.
+    #[arg(long, env = "ONCE_OPERATOR", global = true)]
+    pub operator: Option<String>,
+
+    /// A profile of the profile file to take settings from (its `default` otherwise).
+    #[arg(long, env = "ONCE_PROFILE", global = true)]
+    pub profile: Option<String>,
+
+    /// The profile file [default: $XDG_CONFIG_HOME/once/oncectl.toml or
+    /// ~/.config/once/oncectl.toml].
+    #[arg(long, env = "ONCECTL_CONFIG", global = true)]
+    pub profiles: Option<PathBuf>,
+
+    /// How to print: a table for people, or JSON for programs.
+    #[arg(short = 'o', long, value_enum, global = true, default_value = "table")]
+    pub output: Output,
+
+    /// The same as -o json.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// No colour, even on a terminal (also when NO_COLOR is set).
+    #[arg(long, global = true)]
+    pub no_color: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+impl Global {
+    pub fn json(&self) -> bool {
+        self.json || self.output == Output::Json
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Operations, oldest first: UNKNOWN ones unless told otherwise.
+    List(ListArgs),
+    /// One operation: its attempts and its history.
+    Show {
+        /// The operation id.
+        operation: String,
+    },
+    /// Settle an UNKNOWN operation, with the attempt you examined and a reason.
+    Resolve(ResolveArgs),
+    /// Look an UNKNOWN operation up with its reconciler now, and apply the verdict.
+    Reconcile {
+        operation: String,
+        /// How long to wait for the lookup.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
+    /// Follow changes as they happen; reconnects and resumes without gaps or repeats.
+    Watch(WatchArgs),
+    /// API keys of a tenant (admin).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Print a shell completion script.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// A state as people write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum StateArg {
+    Absent,
+    InFlight,
+    Confirmed,
+    Unknown,
+}
+
+impl From<StateArg> for once_core::State {
+    fn from(state: StateArg) -> Self {
+        match state {
+            StateArg::Absent => once_core::State::Absent,
+            StateArg::InFlight => once_core::State::InFlight,
+            StateArg::Confirmed => once_core::State::Confirmed,
+            StateArg::Unknown => once_core::State::Unknown,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only these states (repeat, or separate with commas) [default: UNKNOWN].
+    #[arg(long = "state", value_enum, value_delimiter = ',', ignore_case = true)]
+    pub states: Vec<StateArg>,
+    /// Every state.
+    #[arg(long, conflicts_with = "states")]
+    pub all: bool,
+    /// Only this tool's operations.
+    #[arg(long)]
+    pub tool: Option<String>,
+    /// Only operations this reconciler looks up.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Only operations created at least this long ago (e.g. 10m, 2h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
+    /// At most this many (every page is fetched until then).
+    #[arg(long, default_value_t = 500)]
+    pub limit: usize,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("truth").required(true).args(["confirmed", "absent"])))]
+pub struct ResolveArgs {
+    pub operation: String,
+    /// The effect happened (give the provider's reference).
+    #[arg(long, requires = "provider_ref")]
+    pub confirmed: bool,
+    /// The effect certainly did not happen.
+    #[arg(long, conflicts_with_all = ["provider_ref", "result"])]
+    pub absent: bool,
+    /// The provider's id of the effect (e.g. the refund id).
+    #[arg(long)]
+    pub provider_ref: Option<String>,
+    /// The result later callers are replayed: text, or @FILE for a file's bytes.
+    #[arg(long)]
+    pub result: Option<String>,
+    /// Why you believe this (recorded with the resolution).
+    #[arg(long, required = true)]
+    pub reason: String,
+    /// The number of the attempt you examined [default: the latest]. The resolution is refused
+    /// if another attempt has run since.
+    #[arg(long)]
+    pub attempt: Option<u32>,
+    /// The resolution's id, to retry one whose answer was lost [default: a new one].
+    #[arg(long)]
+    pub resolution_id: Option<String>,
+    /// Do not ask.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Changes that move an operation into or out of these states, or happen while it is in
+    /// one [default: UNKNOWN, with the anomalies].
+    #[arg(long = "state", value_enum, value_delimiter = ',', ignore_case = true)]
+    pub states: Vec<StateArg>,
+    /// And events of these kinds (e.g. CLAIMED, ESCALATED, DOUBLE_EXECUTION).
+    #[arg(long = "kind", value_delimiter = ',')]
+    pub kinds: Vec<String>,
+    /// Every change.
+    #[arg(long, conflicts_with_all = ["states", "kinds"])]
+    pub all: bool,
+    /// Only this tool's operations.
+    #[arg(long)]
+    pub tool: Option<String>,
+    /// Start after this event sequence (a printed one) instead of now: nothing after it is
+    /// missed.
+    #[arg(long)]
+    pub after: Option<i64>,
+    /// Stop after this many events.
+    #[arg(long)]
+    pub count: Option<usize>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create an API key, shown this once; or register a client certificate.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// Who the key is for; recorded as the actor of its calls.
+        #[arg(long)]
+        name: String,
+        /// executor, reader, operator or admin; repeat or separate with commas.
+        #[arg(long = "role", required = true, value_delimiter = ',')]
+        roles: Vec<Role>,
+        /// Register this PEM client certificate instead of creating a key.
+        #[arg(long)]
+        certificate: Option<PathBuf>,
+    },
+    /// List credentials (never a secret).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a credential by its key id.
+    Revoke { key_id: String },
+}

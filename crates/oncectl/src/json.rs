@@ -1,0 +1,123 @@
+//! What programs read (`-o json`): one JSON document a command, or one a line for `watch`.
+//! Times are RFC 3339 in UTC; a result is its text when it is UTF-8, else its bytes as numbers.
+
+use std::time::SystemTime;
+
+use once_client::{AttemptView, EventView, OperationView, Reconciled, WatchedEvent};
+use once_core::access::{Credential, Role};
+use once_core::State;
+use serde_json::{json, Value};
+
+fn time(at: Option<SystemTime>) -> Value {
+    match at {
+        Some(at) => {
+            let at: chrono::DateTime<chrono::Utc> = at.into();
+            Value::String(at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        }
+        None => Value::Null,
+    }
+}
+
+fn state(state: Option<State>) -> Value {
+    state.map_or(Value::Null, |s| Value::String(s.as_str().to_owned()))
+}
+
+/// A result as JSON text when it is UTF-8, else its bytes as a list of numbers.
+fn result(bytes: &Option<Vec<u8>>) -> Value {
+    match bytes {
+        None => Value::Null,
+        Some(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => Value::String(text.to_owned()),
+            Err(_) => Value::from(bytes.clone()),
+        },
+    }
+}
+
+pub fn operation(op: &OperationView) -> Value {
+    json!({
+        "operation_id": op.operation_id,
+        "tool": op.tool,
+        "state": op.state.as_str(),
+        "source": op.source,
+        "attempt": op.attempt,
+        "fencing_token": op.fencing_token,
+        "fingerprint": op.fingerprint,
+        "provider": op.provider,
+        "lookup_hints": op.lookup_hints,
+        "provider_key": op.provider_key,
+        "provider_ref": op.provider_ref,
+        "result": result(&op.result),
+        "reason": op.reason,
+        "lease_deadline": time(op.lease_deadline),
+        "expires_at": time(op.expires_at),
+        "created_at": time(op.created_at),
+        "updated_at": time(op.updated_at),
+        "last_event": op.last_event.as_ref().map(|(kind, _)| kind),
+        "last_event_at": time(op.last_event.as_ref().map(|(_, at)| *at)),
+        "attempts": op.attempts.iter().map(attempt).collect::<Vec<_>>(),
+        "events": op.events.iter().map(event).collect::<Vec<_>>(),
+    })
+}
+
+pub fn attempt(a: &AttemptView) -> Value {
+    json!({
+        "attempt": a.number,
+        "attempt_id": a.attempt_id,
+        "fencing_token": a.fencing_token,
+        "actor": a.actor,
+        "client_name": a.context.client_name,
+        "session_id": a.context.session_id,
+        "request_id": a.context.request_id,
+        "started_at": time(a.started_at),
+        "lease_deadline": time(a.lease_deadline),
+    })
+}
+
+pub fn event(e: &EventView) -> Value {
+    let details = e
+        .details
+        .as_deref()
+        .and_then(|d| serde_json::from_str::<Value>(d).ok());
+    json!({
+        "sequence": e.sequence,
+        "at": time(e.at),
+        "kind": e.kind,
+        "from": state(e.from),
+        "to": state(e.to),
+        "attempt": e.attempt,
+        "actor": e.actor,
+        "reason": e.reason,
+        "details": details,
+    })
+}
+
+pub fn watched(e: &WatchedEvent) -> Value {
+    let mut value = event(&e.event);
+    value["operation_id"] = e.operation_id.clone().into();
+    value["tool"] = e.tool.clone().into();
+    value["state"] = state(e.state);
+    value
+}
+
+pub fn reconciled(operation_id: &str, r: &Reconciled) -> Value {
+    json!({
+        "operation_id": operation_id,
+        "reconciler": r.reconciler,
+        "verdict": state(r.verdict),
+        "state": state(r.state),
+        "detail": r.detail,
+    })
+}
+
+pub fn key(c: &Credential) -> Value {
+    let roles: Vec<&str> = c.roles.iter().map(Role::as_str).collect();
+    json!({
+        "key_id": c.key_id,
+        "tenant": c.tenant,
+        "name": c.name,
+        "roles": roles,
+        "kind": c.kind.as_str(),
+        "created_at_ms": c.created_at,
+        "revoked_at_ms": c.revoked_at,
+    })
+}

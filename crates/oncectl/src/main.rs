@@ -1,0 +1,445 @@
+//! `oncectl`, the on-call CLI of once-ledger.
+//!
+//! Each command is one function below: it asks the ledger through `once-client`, then prints
+//! what it got as a table ([`render`]) or as JSON ([`json`]). What went wrong becomes an exit
+//! code in one place, [`Failure::code`].
+
+mod cli;
+mod json;
+mod profile;
+mod render;
+
+use std::io::{IsTerminal, Write as _};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use clap::{CommandFactory, Parser};
+use once_client::{
+    ClientError, LedgerClient, ListFilter, Resolution, Truth, WatchRequest, Watched,
+};
+use once_core::access::Roles;
+use once_core::{EventKind, State};
+
+use crate::cli::{Cli, Command, Global, KeysCommand, ListArgs, ResolveArgs, WatchArgs};
+use crate::profile::Settings;
+use crate::render::Look;
+
+/// Why a command did not do what it was asked, and so its exit code.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// 1: the ledger could not be reached, or something else failed.
+    #[error("{0:#}")]
+    Error(anyhow::Error),
+    /// 2: the command was not given what it needs.
+    #[error("{0}")]
+    Usage(String),
+    /// 3: no such operation (in the key's tenant).
+    #[error("{0}")]
+    NotFound(String),
+    /// 4: the ledger refused, or the operator declined.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::Error(_) => 1,
+            Failure::Usage(_) => 2,
+            Failure::NotFound(_) => 3,
+            Failure::Refused(_) => 4,
+        }
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(error: ClientError) -> Self {
+        match error {
+            ClientError::NotFound => Failure::NotFound("no such operation".into()),
+            ClientError::Invalid(message) => Failure::Usage(message),
+            ClientError::Refused { reason, message } => {
+                Failure::Refused(format!("{message} ({reason})"))
+            }
+            unreachable @ ClientError::Unreachable(_) => Failure::Error(unreachable.into()),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        Failure::Error(error)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("oncectl: {failure}");
+            ExitCode::from(failure.code())
+        }
+    }
+}
+
+/// Where and how to print.
+struct Out {
+    json: bool,
+    look: Look,
+}
+
+impl Out {
+    fn new(global: &Global) -> Self {
+        let terminal = std::io::stdout().is_terminal();
+        let color = terminal && !global.no_color && std::env::var_os("NO_COLOR").is_none();
+        let width = if terminal {
+            comfy_table::Table::new().width().unwrap_or(80)
+        } else {
+            80
+        };
+        Out {
+            json: global.json(),
+            look: Look {
+                width,
+                color,
+                now: SystemTime::now(),
+            },
+        }
+    }
+
+    fn print(&self, text: &str) {
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+    }
+
+    fn json(&self, value: &serde_json::Value) {
+        self.print(&format!("{value:#}\n"));
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "oncectl",
+            &mut std::io::stdout(),
+        );
+        return Ok(());
+    }
+    let settings = Settings::resolve(&cli.global).map_err(|e| Failure::Usage(e.to_string()))?;
+    let out = Out::new(&cli.global);
+    let ledger = LedgerClient::connect(settings.client).map_err(Failure::from)?;
+    match cli.command {
+        Command::List(args) => list(&ledger, &out, args).await,
+        Command::Show { operation } => show(&ledger, &out, &operation).await,
+        Command::Resolve(args) => resolve(&ledger, &out, &settings.operator, args).await,
+        Command::Reconcile { operation, wait } => reconcile(&ledger, &out, &operation, wait).await,
+        Command::Watch(args) => watch(&ledger, &out, args).await,
+        Command::Keys(command) => keys(&ledger, &out, command).await,
+        Command::Completions { .. } => unreachable!("handled above"),
+    }
+}
+
+async fn list(ledger: &LedgerClient, out: &Out, args: ListArgs) -> Result<(), Failure> {
+    let states = if args.all {
+        Vec::new()
+    } else if args.states.is_empty() {
+        vec![State::Unknown]
+    } else {
+        args.states.into_iter().map(State::from).collect()
+    };
+    let filter = ListFilter {
+        states,
+        tool: args.tool,
+        provider: args.provider,
+        older_than: args.older_than,
+    };
+    // Every page, until the limit: paging is the tool's business, not the operator's.
+    let mut operations = Vec::new();
+    let mut page = None;
+    let more = loop {
+        let wanted = args.limit.saturating_sub(operations.len());
+        if wanted == 0 {
+            break page.is_some();
+        }
+        let size = u32::try_from(wanted.min(1000)).unwrap_or(1000);
+        let got = ledger.list_page(&filter, size, page.as_deref()).await?;
+        operations.extend(got.operations);
+        page = got.next;
+        if page.is_none() {
+            break false;
+        }
+    };
+    if out.json {
+        let listed: Vec<_> = operations.iter().map(json::operation).collect();
+        out.json(&serde_json::json!({ "operations": listed, "more": more }));
+    } else {
+        out.print(&render::operations(&out.look, &operations, more));
+    }
+    Ok(())
+}
+
+async fn show(ledger: &LedgerClient, out: &Out, operation: &str) -> Result<(), Failure> {
+    let op = ledger
+        .get(operation)
+        .await
+        .map_err(|e| not_found(e, operation))?;
+    if out.json {
+        out.json(&json::operation(&op));
+    } else {
+        out.print(&render::operation(&out.look, &op));
+    }
+    Ok(())
+}
+
+/// A missing operation, named.
+fn not_found(error: ClientError, operation: &str) -> Failure {
+    match error {
+        ClientError::NotFound => Failure::NotFound(format!(
+            "no operation {operation:?} in this key's tenant (retention may have deleted a settled one)"
+        )),
+        other => other.into(),
+    }
+}
+
+async fn resolve(
+    ledger: &LedgerClient,
+    out: &Out,
+    operator: &str,
+    args: ResolveArgs,
+) -> Result<(), Failure> {
+    if args.reason.trim().is_empty() {
+        return Err(Failure::Usage(
+            "--reason is mandatory: say why you believe this outcome".into(),
+        ));
+    }
+    let op = ledger
+        .get(&args.operation)
+        .await
+        .map_err(|e| not_found(e, &args.operation))?;
+    let number = args.attempt.unwrap_or(op.attempt);
+    let examined = op
+        .attempts
+        .iter()
+        .find(|a| a.number == number)
+        .cloned()
+        .ok_or_else(|| {
+            Failure::Usage(format!(
+                "{} has no attempt {number} in its current life (its latest is {})",
+                op.operation_id, op.attempt
+            ))
+        })?;
+    let truth = if args.confirmed {
+        let result = match args.result.as_deref() {
+            Some(path) if path.starts_with('@') => std::fs::read(&path[1..])
+                .map_err(|e| Failure::Usage(format!("--result {path}: {e}")))?,
+            Some(text) => text.as_bytes().to_vec(),
+            None => Vec::new(),
+        };
+        Truth::Confirmed {
+            result,
+            provider_ref: args.provider_ref,
+        }
+    } else {
+        Truth::Absent
+    };
+    let resolution_id = args
+        .resolution_id
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let plan = render::resolution_plan(
+        &out.look,
+        &op,
+        &examined,
+        &truth,
+        &args.reason,
+        &resolution_id,
+    );
+    eprint!("{plan}");
+    if !args.yes {
+        confirm()?;
+    }
+    let resolution = Resolution {
+        operation_id: op.operation_id.clone(),
+        truth,
+        reason: args.reason,
+        operator: operator.to_owned(),
+        resolution_id: resolution_id.clone(),
+        fencing_token: examined.fencing_token,
+        attempt: Some(examined.number),
+    };
+    let state = ledger.resolve(&resolution).await?;
+    if out.json {
+        out.json(&serde_json::json!({
+            "operation_id": op.operation_id,
+            "state": state.as_str(),
+            "resolution_id": resolution_id,
+            "attempt": examined.number,
+            "fencing_token": examined.fencing_token,
+        }));
+    } else {
+        out.print(&format!("{} is now {state}.\n", op.operation_id));
+    }
+    Ok(())
+}
+
+/// Asks on the terminal whether to go on.
+fn confirm() -> Result<(), Failure> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::Usage(
+            "not asking without a terminal: pass --yes to resolve".into(),
+        ));
+    }
+    eprint!("Resolve? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| Failure::Error(e.into()))?;
+    match answer.trim() {
+        "y" | "Y" | "yes" | "YES" | "Yes" => Ok(()),
+        _ => Err(Failure::Refused("declined: nothing was sent".into())),
+    }
+}
+
+async fn reconcile(
+    ledger: &LedgerClient,
+    out: &Out,
+    operation: &str,
+    wait: Duration,
+) -> Result<(), Failure> {
+    let reconciled = ledger
+        .reconcile(operation, wait)
+        .await
+        .map_err(|e| not_found(e, operation))?;
+    if out.json {
+        out.json(&json::reconciled(operation, &reconciled));
+    } else {
+        out.print(&render::reconciled(&out.look, operation, &reconciled));
+    }
+    Ok(())
+}
+
+async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), Failure> {
+    for kind in &args.kinds {
+        if EventKind::parse(kind).is_none() {
+            let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+            return Err(Failure::Usage(format!(
+                "--kind {kind}: not an event kind; one of {}",
+                known.join(", ")
+            )));
+        }
+    }
+    let (states, kinds) = if args.all {
+        (Vec::new(), Vec::new())
+    } else if args.states.is_empty() && args.kinds.is_empty() {
+        // What on-call staff watch for: new UNKNOWN operations, lookups and escalations, their
+        // resolutions, and the anomalies.
+        let anomalies = EventKind::ALL
+            .iter()
+            .filter(|k| k.is_anomaly())
+            .map(|k| k.as_str().to_owned())
+            .collect();
+        (vec![State::Unknown], anomalies)
+    } else {
+        (
+            args.states.into_iter().map(State::from).collect(),
+            args.kinds,
+        )
+    };
+    let mut watch = ledger.watch(WatchRequest {
+        after: args.after,
+        states,
+        kinds,
+        tool: args.tool,
+    });
+    let mut received = 0;
+    let mut caught_up = false;
+    loop {
+        if args.count.is_some_and(|count| received >= count) {
+            return Ok(());
+        }
+        let item = tokio::select! {
+            item = watch.next() => item?,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        };
+        match item {
+            Watched::Event(event) => {
+                received += 1;
+                if out.json {
+                    out.print(&format!("{}\n", json::watched(&event)));
+                } else {
+                    out.print(&render::watched(&out.look, &event));
+                }
+            }
+            Watched::CaughtUpTo(sequence) => {
+                if !caught_up {
+                    eprintln!("(caught up to #{sequence}; watching)");
+                    caught_up = true;
+                }
+            }
+            Watched::Reconnecting { after, error } => {
+                let after = after.map_or_else(|| "now".to_owned(), |a| format!("#{a}"));
+                eprintln!("(stream broken: {error}; reconnecting after {after})");
+            }
+        }
+    }
+}
+
+async fn keys(ledger: &LedgerClient, out: &Out, command: KeysCommand) -> Result<(), Failure> {
+    match command {
+        KeysCommand::Create {
+            tenant,
+            name,
+            roles,
+            certificate,
+        } => {
+            let pem = certificate
+                .map(|path| {
+                    std::fs::read_to_string(&path)
+                        .map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))
+                })
+                .transpose()?;
+            let (key, secret) = ledger
+                .create_key(&tenant, &name, &Roles::of(roles), pem.as_deref())
+                .await?;
+            if out.json {
+                let mut shown = json::key(&key);
+                if let Some(secret) = &secret {
+                    shown["secret"] = secret.clone().into();
+                }
+                out.json(&shown);
+            } else {
+                out.print(&render::keys(&out.look, std::slice::from_ref(&key)));
+                if let Some(secret) = secret {
+                    eprintln!("\nThe key, shown this once (the ledger keeps only its hash):");
+                    out.print(&format!("{secret}\n"));
+                }
+            }
+        }
+        KeysCommand::List { tenant } => {
+            let keys = ledger.list_keys(tenant.as_deref()).await?;
+            if out.json {
+                out.json(&serde_json::Value::Array(
+                    keys.iter().map(json::key).collect(),
+                ));
+            } else {
+                out.print(&render::keys(&out.look, &keys));
+            }
+        }
+        KeysCommand::Revoke { key_id } => {
+            let key = ledger.revoke_key(&key_id).await?;
+            if out.json {
+                out.json(&json::key(&key));
+            } else {
+                out.print(&render::keys(&out.look, std::slice::from_ref(&key)));
+            }
+        }
+    }
+    Ok(())
+}

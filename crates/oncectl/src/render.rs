@@ -1,0 +1,490 @@
+//! What people read: tables, an operation at a glance, a watched change. Every function is
+//! pure — views, the moment it is, the width and whether to colour in; a string out — so the
+//! output is tested as it is printed.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use anstyle::{AnsiColor, Style};
+use comfy_table::{presets, Attribute, Cell, Color, ContentArrangement, Table};
+use once_client::{AttemptView, EventView, OperationView, Reconciled, Truth, WatchedEvent};
+use once_core::access::Credential;
+use once_core::State;
+
+/// How output is laid out: its width, and whether it is coloured.
+#[derive(Debug, Clone, Copy)]
+pub struct Look {
+    pub width: u16,
+    pub color: bool,
+    pub now: SystemTime,
+}
+
+impl Look {
+    fn paint(&self, style: Style, text: &str) -> String {
+        if self.color {
+            format!("{}{text}{}", style.render(), style.render_reset())
+        } else {
+            text.to_owned()
+        }
+    }
+
+    fn state(&self, state: Option<State>) -> String {
+        match state {
+            Some(state) => self.paint(state_style(state), state.as_str()),
+            None => "-".to_owned(),
+        }
+    }
+
+    fn dim(&self, text: &str) -> String {
+        self.paint(Style::new().dimmed(), text)
+    }
+
+    fn bold(&self, text: &str) -> String {
+        self.paint(Style::new().bold(), text)
+    }
+
+    fn table(&self) -> Table {
+        let mut table = Table::new();
+        table
+            .load_preset(presets::NOTHING)
+            .set_content_arrangement(ContentArrangement::Dynamic)
+            .set_width(self.width);
+        if self.color {
+            table.enforce_styling();
+        } else {
+            table.force_no_tty();
+        }
+        table
+    }
+
+    fn header(&self, table: &mut Table, names: &[&str]) {
+        table.set_header(
+            names
+                .iter()
+                .map(|n| Cell::new(n).add_attribute(Attribute::Bold)),
+        );
+    }
+
+    /// How long ago `at` was, compactly: `45s`, `12m`, `3h4m`, `2d`.
+    fn ago(&self, at: Option<SystemTime>) -> String {
+        at.map(|at| age(self.now.duration_since(at).unwrap_or_default()))
+            .unwrap_or_else(|| "-".to_owned())
+    }
+}
+
+fn state_style(state: State) -> Style {
+    let color = match state {
+        State::Unknown => AnsiColor::Red,
+        State::InFlight => AnsiColor::Yellow,
+        State::Confirmed => AnsiColor::Green,
+        State::Absent => AnsiColor::Blue,
+    };
+    Style::new().fg_color(Some(color.into())).bold()
+}
+
+fn state_cell(state: State) -> Cell {
+    let color = match state {
+        State::Unknown => Color::Red,
+        State::InFlight => Color::Yellow,
+        State::Confirmed => Color::Green,
+        State::Absent => Color::Blue,
+    };
+    Cell::new(state.as_str()).fg(color)
+}
+
+/// A duration as people say it, to its two largest units.
+pub fn age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 if (s % 3600) / 60 == 0 => format!("{}h", s / 3600),
+        3600..86_400 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// A moment in UTC, to the second (or the millisecond, for a timeline).
+pub fn when(at: Option<SystemTime>, millis: bool) -> String {
+    let Some(at) = at else {
+        return "-".to_owned();
+    };
+    let at: chrono::DateTime<chrono::Utc> = at.into();
+    if millis {
+        at.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string()
+    } else {
+        at.format("%Y-%m-%d %H:%M:%SZ").to_string()
+    }
+}
+
+/// The time of day of a moment in UTC, to the millisecond.
+fn clock(at: Option<SystemTime>) -> String {
+    let Some(at) = at else {
+        return "-".to_owned();
+    };
+    let at: chrono::DateTime<chrono::Utc> = at.into();
+    at.format("%H:%M:%S%.3f").to_string()
+}
+
+/// `oncectl list`: a line an operation, in a table when it fits the width; otherwise each
+/// operation's id on a line of its own (an id is copied into the next command, so it never
+/// wraps), with the rest below it.
+pub fn operations(look: &Look, operations: &[OperationView], more: bool) -> String {
+    if operations.is_empty() {
+        return "No operations match.\n".to_owned();
+    }
+    let rows: Vec<[String; 6]> = operations
+        .iter()
+        .map(|op| {
+            let last = match &op.last_event {
+                Some((kind, at)) => format!("{kind} {}", look.ago(Some(*at))),
+                None => "-".to_owned(),
+            };
+            [
+                op.operation_id.clone(),
+                op.tool.clone(),
+                op.state.as_str().to_owned(),
+                look.ago(op.created_at),
+                op.attempt.to_string(),
+                last,
+            ]
+        })
+        .collect();
+    let mut table = look.table();
+    table.set_content_arrangement(ContentArrangement::Disabled);
+    look.header(
+        &mut table,
+        &[
+            "OPERATION",
+            "TOOL",
+            "STATE",
+            "AGE",
+            "ATT",
+            "LAST EVENT, AGO",
+        ],
+    );
+    for (row, op) in rows.iter().zip(operations) {
+        let mut cells: Vec<Cell> = row.iter().map(Cell::new).collect();
+        cells[2] = state_cell(op.state);
+        table.add_row(cells);
+    }
+    let mut out = trimmed(&mut table);
+    let fits = out
+        .lines()
+        .all(|line| line.chars().count() <= usize::from(look.width));
+    if !fits {
+        out = String::new();
+        for (row, op) in rows.iter().zip(operations) {
+            let [id, tool, _, age, attempts, last] = row;
+            out += &format!("{}\n", look.bold(id));
+            out += &format!(
+                "    {tool}  {}  age {age}  attempt {attempts}  last {last} ago\n",
+                look.state(Some(op.state))
+            );
+        }
+    }
+    if more {
+        out += &look.dim("(more match: raise --limit to see them)\n");
+    }
+    out
+}
+
+/// `oncectl show`: the operation, its attempts, and its history.
+pub fn operation(look: &Look, op: &OperationView) -> String {
+    let mut out = String::new();
+    let field = |out: &mut String, name: &str, value: String| {
+        let _ = writeln!(out, "{} {value}", look.bold(&format!("{name:<12}")));
+    };
+    field(&mut out, "Operation", op.operation_id.clone());
+    let mut state = look.state(Some(op.state));
+    let since = match op.state {
+        State::Unknown | State::InFlight => op.updated_at,
+        _ => None,
+    };
+    if since.is_some() {
+        state += &format!(" for {}", look.ago(since));
+    }
+    state += &look.dim(&format!(" (put there by: {})", op.source));
+    field(&mut out, "State", state);
+    field(&mut out, "Tool", op.tool.clone());
+    field(
+        &mut out,
+        "Attempt",
+        format!("{} (fencing token {})", op.attempt, op.fencing_token),
+    );
+    if let Some(deadline) = op.lease_deadline {
+        field(&mut out, "Lease until", when(Some(deadline), false));
+    }
+    if let Some(reason) = &op.reason {
+        field(&mut out, "Reason", reason.clone());
+    }
+    let provider = match (&op.provider, &op.lookup_hints) {
+        (Some(p), Some(h)) => format!("{p} {}", look.dim(h)),
+        (Some(p), None) => p.clone(),
+        (None, _) => "- (no reconciler: an operator settles it)".to_owned(),
+    };
+    field(&mut out, "Provider", provider);
+    field(&mut out, "Provider key", op.provider_key.clone());
+    if let Some(reference) = &op.provider_ref {
+        field(&mut out, "Provider ref", reference.clone());
+    }
+    if let Some(result) = &op.result {
+        field(&mut out, "Result", excerpt(result, 120));
+    }
+    field(
+        &mut out,
+        "Created",
+        format!(
+            "{} ({} ago)",
+            when(op.created_at, false),
+            look.ago(op.created_at)
+        ),
+    );
+    if let Some(expires) = op.expires_at {
+        field(&mut out, "Kept until", when(Some(expires), false));
+    }
+
+    out += &format!("\n{}\n", look.bold("Attempts"));
+    if op.attempts.is_empty() {
+        out += "  none in this life\n";
+    }
+    for a in &op.attempts {
+        out += &attempt(look, a);
+    }
+
+    out += &format!("\n{}\n", look.bold("History"));
+    for e in &op.events {
+        out += &event_line(look, e, None);
+    }
+    out
+}
+
+/// One attempt of the attempt log: when, by whom, and the transport that carried it (which
+/// tells a retry from a reconnect).
+fn attempt(look: &Look, a: &AttemptView) -> String {
+    let context = &a.context;
+    let mut out = format!(
+        "  {}  started {}, lease until {}\n",
+        look.bold(&a.number.to_string()),
+        clock(a.started_at),
+        clock(a.lease_deadline)
+    );
+    out += &format!("     by {}\n", a.actor);
+    out += &format!(
+        "     client {}, session {}, request {}\n",
+        context.client_name.as_deref().unwrap_or("-"),
+        context.session_id.as_deref().unwrap_or("-"),
+        context.request_id.as_deref().unwrap_or("-"),
+    );
+    out += &look.dim(&format!(
+        "     attempt id {}, fencing token {}\n",
+        a.attempt_id, a.fencing_token
+    ));
+    out
+}
+
+/// One event of a history or a watch: when, what, and the move; below it the attempt, the
+/// actor and why; below that the evidence.
+fn event_line(look: &Look, e: &EventView, about: Option<(&str, &str)>) -> String {
+    let moved = match (e.from, e.to) {
+        (Some(from), Some(to)) => format!("{} → {}", look.state(Some(from)), look.state(Some(to))),
+        (None, Some(to)) => format!("→ {}", look.state(Some(to))),
+        _ => String::new(),
+    };
+    let padded = format!("{:<19}", e.kind);
+    let kind = if once_core::EventKind::parse(&e.kind).is_some_and(|k| k.is_anomaly()) {
+        look.paint(
+            Style::new()
+                .fg_color(Some(AnsiColor::Magenta.into()))
+                .bold(),
+            &padded,
+        )
+    } else {
+        look.bold(&padded)
+    };
+    let mut line = format!("  {}  {kind}", look.dim(&clock(e.at)));
+    if !moved.is_empty() {
+        line += &format!(" {moved}");
+    }
+    let mut out = format!("{}\n", line.trim_end());
+    let margin = "                ";
+    let room = usize::from(look.width).saturating_sub(margin.len()).max(40);
+    let who = match about {
+        Some((operation, tool)) if !tool.is_empty() => {
+            format!("{operation} ({tool}), attempt {} by {}", e.attempt, e.actor)
+        }
+        Some((operation, _)) => format!("{operation}, attempt {} by {}", e.attempt, e.actor),
+        None => format!("attempt {} by {}", e.attempt, e.actor),
+    };
+    match &e.reason {
+        Some(reason) if who.len() + 2 + reason.chars().count() <= room => {
+            out += &format!("{margin}{who}: {reason}\n");
+        }
+        Some(reason) => {
+            out += &format!("{margin}{who}:\n");
+            for line in wrap(reason, room) {
+                out += &format!("{margin}{line}\n");
+            }
+        }
+        None => out += &format!("{margin}{who}\n"),
+    }
+    if let Some(details) = &e.details {
+        out += &look.dim(&format!("{margin}{}\n", excerpt(details.as_bytes(), room)));
+    }
+    out
+}
+
+/// `oncectl watch`: one change, with its sequence to resume after.
+pub fn watched(look: &Look, e: &WatchedEvent) -> String {
+    let sequence = look.dim(&format!("#{}", e.event.sequence));
+    format!(
+        "{sequence}{}",
+        event_line(look, &e.event, Some((&e.operation_id, &e.tool)))
+    )
+}
+
+/// What `oncectl resolve` is about to do, for the operator to check before saying yes.
+pub fn resolution_plan(
+    look: &Look,
+    op: &OperationView,
+    examined: &AttemptView,
+    truth: &Truth,
+    reason: &str,
+    resolution_id: &str,
+) -> String {
+    let settle = match truth {
+        Truth::Confirmed { provider_ref, .. } => format!(
+            "{}: the effect happened (provider ref {})",
+            look.state(Some(State::Confirmed)),
+            provider_ref.as_deref().unwrap_or("-")
+        ),
+        Truth::Absent => format!(
+            "{}: the effect certainly did not happen, and a new attempt may run",
+            look.state(Some(State::Absent))
+        ),
+    };
+    let context = &examined.context;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "About to resolve {} ({}, now {})",
+        look.bold(&op.operation_id),
+        op.tool,
+        look.state(Some(op.state))
+    );
+    let _ = writeln!(out, "  as {settle}");
+    let _ = writeln!(
+        out,
+        "  bound to attempt {}, fencing token {}",
+        examined.number, examined.fencing_token
+    );
+    let _ = writeln!(
+        out,
+        "    started {} by {}",
+        when(examined.started_at, false),
+        examined.actor
+    );
+    let _ = writeln!(
+        out,
+        "    client {}, session {}, request {}",
+        context.client_name.as_deref().unwrap_or("-"),
+        context.session_id.as_deref().unwrap_or("-"),
+        context.request_id.as_deref().unwrap_or("-"),
+    );
+    let _ = writeln!(out, "  reason: {reason}");
+    let _ = writeln!(
+        out,
+        "  resolution id: {resolution_id} (to retry this one: --resolution-id {resolution_id})"
+    );
+    if examined.number != op.attempt {
+        let warning = format!(
+            "Attempt {} has run since: the ledger will refuse a resolution of attempt {}.",
+            op.attempt, examined.number
+        );
+        let yellow = Style::new().fg_color(Some(AnsiColor::Yellow.into()));
+        let _ = writeln!(out, "{}", look.paint(yellow, &warning));
+    }
+    out
+}
+
+/// What `oncectl reconcile` found.
+pub fn reconciled(look: &Look, operation_id: &str, r: &Reconciled) -> String {
+    format!(
+        "{} looked up {operation_id}: found {}; the operation is {}.\n  {}\n",
+        r.reconciler,
+        look.state(r.verdict),
+        look.state(r.state),
+        r.detail
+    )
+}
+
+/// `oncectl keys`: the credentials, never a secret.
+pub fn keys(look: &Look, keys: &[Credential]) -> String {
+    if keys.is_empty() {
+        return "No credentials.\n".to_owned();
+    }
+    let mut table = look.table();
+    look.header(
+        &mut table,
+        &["KEY ID", "TENANT", "NAME", "ROLES", "KIND", "STATUS"],
+    );
+    for k in keys {
+        let status = if k.revoked_at.is_some() {
+            Cell::new("revoked").fg(Color::Red)
+        } else {
+            Cell::new("active").fg(Color::Green)
+        };
+        table.add_row(vec![
+            Cell::new(&k.key_id),
+            Cell::new(&k.tenant),
+            Cell::new(&k.name),
+            Cell::new(k.roles.to_string()),
+            Cell::new(k.kind.as_str()),
+            status,
+        ]);
+    }
+    trimmed(&mut table)
+}
+
+/// A table's lines, its columns two spaces apart, without trailing blanks.
+fn trimmed(table: &mut Table) -> String {
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+        .lines()
+        .map(|line| format!("{}\n", line.trim_end()))
+        .collect()
+}
+
+/// Text broken into lines of at most `width` characters, between words (a longer word stands
+/// alone).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_owned()),
+        }
+    }
+    lines
+}
+
+/// Bytes as text, cut to `max` characters.
+fn excerpt(bytes: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.replace('\n', " ");
+    if text.chars().count() <= max {
+        text
+    } else {
+        let cut: String = text.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+#[cfg(test)]
+#[path = "render_tests.rs"]
+mod tests;

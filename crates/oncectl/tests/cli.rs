@@ -1,0 +1,596 @@
+//! `oncectl` end to end: the built binary against a real `onced` (in this process, on a real
+//! socket) over SQLite and PostgreSQL, its JSON parsed and checked, its exit codes, and its
+//! human output on a pipe and on a terminal.
+
+use std::net::SocketAddr;
+use std::process::Output;
+use std::time::Duration;
+
+use once_api::pb;
+use once_testkit::*;
+use serde_json::Value;
+use tokio::io::AsyncBufReadExt;
+
+on_both_backends!(
+    list_show_and_resolve_an_unknown_operation,
+    resolve_refuses_without_a_reason_a_stale_attempt_or_a_missing_operation,
+    a_resolve_whose_answer_is_lost_is_sent_again_and_applied_once,
+    reconcile_looks_up_now_and_shows_the_verdict,
+    watch_prints_every_change_once_as_json_lines,
+    keys_are_created_listed_and_revoked_by_an_admin,
+);
+
+/// Runs `oncectl --addr http://ADDR ARGS…` with a home of its own (so no profile of the
+/// machine's is read) and nothing from the environment that names a ledger.
+async fn oncectl(addr: SocketAddr, args: &[&str]) -> Output {
+    oncectl_with(addr, args, &[]).await
+}
+
+async fn oncectl_with(addr: SocketAddr, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let home = tempfile::tempdir().unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"));
+    command
+        .arg("--addr")
+        .arg(format!("http://{addr}"))
+        .args(args)
+        .env("HOME", home.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .env("USER", "alice")
+        .stdin(std::process::Stdio::null());
+    for variable in [
+        "ONCE_ADDR",
+        "ONCE_KEY",
+        "ONCE_CA",
+        "ONCE_PROFILE",
+        "ONCECTL_CONFIG",
+    ] {
+        command.env_remove(variable);
+    }
+    command.envs(env.iter().copied());
+    within(Duration::from_secs(60), "oncectl", command.output())
+        .await
+        .expect("run oncectl")
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited")
+}
+
+fn json(output: &Output) -> Value {
+    assert_eq!(
+        code(output),
+        0,
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// An operation whose report said it cannot tell, and one confirmed.
+async fn unknown_and_confirmed(client: &mut Grpc) -> pb::Execute {
+    let grant = claim(client, begin("refund:o-1", ARGS)).await;
+    report_unknown(client, "refund:o-1", grant.fencing_token)
+        .await
+        .unwrap();
+    let done = claim(client, begin("refund:o-2", ARGS)).await;
+    confirm(
+        client,
+        "refund:o-2",
+        done.fencing_token,
+        b"{\"refund\":\"re_2\"}",
+    )
+    .await
+    .unwrap();
+    grant
+}
+
+async fn list_show_and_resolve_an_unknown_operation(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    let grant = unknown_and_confirmed(&mut client).await;
+
+    // UNKNOWN by default; every state with --all.
+    let listed = json(&oncectl(ledger.addr, &["-o", "json", "list"]).await);
+    let ids: Vec<&str> = listed["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["operation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["refund:o-1"]);
+    assert_eq!(listed["operations"][0]["last_event"], "REPORTED_UNKNOWN");
+    assert_eq!(listed["more"], false);
+    let all = json(&oncectl(ledger.addr, &["list", "--all", "--json"]).await);
+    assert_eq!(all["operations"].as_array().unwrap().len(), 2);
+    let confirmed = json(&oncectl(ledger.addr, &["list", "--state", "CONFIRMED", "--json"]).await);
+    assert_eq!(confirmed["operations"][0]["operation_id"], "refund:o-2");
+    // Paging is done for the user: one a page here, both in the answer.
+    let paged = json(&oncectl(ledger.addr, &["list", "--all", "--limit", "1", "--json"]).await);
+    assert_eq!(
+        (
+            paged["operations"].as_array().unwrap().len(),
+            &paged["more"]
+        ),
+        (1, &Value::Bool(true))
+    );
+
+    let shown = json(&oncectl(ledger.addr, &["show", "refund:o-1", "-o", "json"]).await);
+    assert_eq!(shown["state"], "UNKNOWN");
+    assert_eq!(shown["attempts"][0]["session_id"], "session-1");
+    assert_eq!(shown["attempts"][0]["request_id"], "1");
+    assert_eq!(shown["attempts"][0]["fencing_token"], grant.fencing_token);
+    let kinds: Vec<&str> = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["CLAIMED", "REPORTED_UNKNOWN"]);
+
+    let resolved = oncectl(
+        ledger.addr,
+        &[
+            "resolve",
+            "refund:o-1",
+            "--absent",
+            "--reason",
+            "no refund in the provider's dashboard",
+            "--yes",
+            "--json",
+        ],
+    )
+    .await;
+    let answer = json(&resolved);
+    assert_eq!(answer["state"], "ABSENT");
+    assert_eq!(answer["attempt"], 1);
+    // What it was about to do was said first, naming the attempt it is bound to.
+    assert!(
+        stderr(&resolved).contains("bound to attempt 1"),
+        "{}",
+        stderr(&resolved)
+    );
+    let shown = json(&oncectl(ledger.addr, &["show", "refund:o-1", "--json"]).await);
+    let last = shown["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["kind"], "RESOLVED");
+    assert_eq!(last["actor"], "operator:alice");
+    assert_eq!(last["reason"], "no refund in the provider's dashboard");
+
+    // The human output, on a pipe: 80 columns, no colour.
+    let table = oncectl(ledger.addr, &["list", "--all"]).await;
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        text.contains("refund:o-2") && text.contains("CONFIRMED"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "no colour on a pipe: {text:?}");
+    assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+    let shown = oncectl(ledger.addr, &["show", "refund:o-1"]).await;
+    let text = String::from_utf8(shown.stdout).unwrap();
+    assert!(
+        text.contains("RESOLVED") && !text.contains('\u{1b}'),
+        "{text}"
+    );
+    ledger.stop().await;
+}
+
+async fn resolve_refuses_without_a_reason_a_stale_attempt_or_a_missing_operation(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    let mut request = begin("refund:o-3", ARGS);
+    request.lease_ttl = Some(ms(100));
+    claim(&mut client, request).await;
+    wait_for_state(&client, "refund:o-3", pb::OperationState::Unknown).await;
+    resolve(
+        &mut client,
+        "refund:o-3",
+        pb::OperationState::Absent,
+        "first",
+    )
+    .await
+    .unwrap();
+    // A second attempt ran and went UNKNOWN: attempt 1 is stale.
+    let grant = claim(&mut client, begin("refund:o-3", ARGS)).await;
+    report_unknown(&mut client, "refund:o-3", grant.fencing_token)
+        .await
+        .unwrap();
+    let before = db.snapshot().await;
+
+    let no_reason = oncectl(ledger.addr, &["resolve", "refund:o-3", "--absent", "--yes"]).await;
+    assert_eq!(code(&no_reason), 2, "{}", stderr(&no_reason));
+    let blank = oncectl(
+        ledger.addr,
+        &[
+            "resolve",
+            "refund:o-3",
+            "--absent",
+            "--reason",
+            " ",
+            "--yes",
+        ],
+    )
+    .await;
+    assert_eq!(code(&blank), 2, "{}", stderr(&blank));
+    let stale = oncectl(
+        ledger.addr,
+        &[
+            "resolve",
+            "refund:o-3",
+            "--absent",
+            "--attempt",
+            "1",
+            "--reason",
+            "looked at the first attempt",
+            "--yes",
+        ],
+    )
+    .await;
+    assert_eq!(code(&stale), 4, "{}", stderr(&stale));
+    assert!(
+        stderr(&stale).contains("has run since"),
+        "{}",
+        stderr(&stale)
+    );
+    // Without a terminal to ask on, nothing is sent unless --yes.
+    let unasked = oncectl(
+        ledger.addr,
+        &["resolve", "refund:o-3", "--absent", "--reason", "sure"],
+    )
+    .await;
+    assert_eq!(code(&unasked), 2, "{}", stderr(&unasked));
+    let missing = oncectl(ledger.addr, &["show", "refund:nope"]).await;
+    assert_eq!(code(&missing), 3, "{}", stderr(&missing));
+    let missing = oncectl(
+        ledger.addr,
+        &[
+            "resolve",
+            "refund:nope",
+            "--absent",
+            "--reason",
+            "x",
+            "--yes",
+        ],
+    )
+    .await;
+    assert_eq!(code(&missing), 3, "{}", stderr(&missing));
+    assert_eq!(db.snapshot().await, before, "nothing changed");
+    assert_eq!(
+        state_of(&mut client, "refund:o-3").await,
+        pb::OperationState::Unknown
+    );
+    ledger.stop().await;
+}
+
+async fn a_resolve_whose_answer_is_lost_is_sent_again_and_applied_once(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    unknown_and_confirmed(&mut client).await;
+    let proxy = LosingProxy::start(ledger.addr, b"lost-answer-7f3a".to_vec()).await;
+    // Every other answer passes.
+    let through = oncectl(proxy.addr, &["show", "refund:o-1", "--json"]).await;
+    assert_eq!(json(&through)["state"], "UNKNOWN");
+    let resolving = tokio::spawn(oncectl(
+        proxy.addr,
+        &[
+            "resolve",
+            "refund:o-1",
+            "--confirmed",
+            "--provider-ref",
+            "re_9",
+            "--result",
+            "{\"refund\":\"re_9\"}",
+            "--reason",
+            "found in the provider's dashboard",
+            "--resolution-id",
+            "lost-answer-7f3a",
+            "--yes",
+            "--json",
+        ],
+    ));
+    // The ledger applied it; its answer is lost on the way back.
+    let resolved = "SELECT count(*) FROM events WHERE kind = 'RESOLVED'";
+    let mut resolving = Some(resolving);
+    eventually(
+        Duration::from_secs(20),
+        "the resolution to be applied",
+        || {
+            let finished = resolving.as_ref().is_some_and(|r| r.is_finished());
+            let ended = finished.then(|| resolving.take().unwrap());
+            async {
+                if let Some(ended) = ended {
+                    let output = ended.await.unwrap();
+                    panic!(
+                        "oncectl ended before the resolution was applied: {}",
+                        stderr(&output)
+                    );
+                }
+                (db.scalar(resolved).await == 1).then_some(())
+            }
+        },
+    )
+    .await;
+    let resolving = resolving.unwrap();
+    proxy.cut();
+    let output = resolving.await.unwrap();
+    assert_eq!(json(&output)["state"], "CONFIRMED");
+    assert_eq!(db.scalar(resolved).await, 1, "applied once");
+    let replay = client
+        .begin(begin("refund:o-1", ARGS))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(expect_replay(&replay).result, b"{\"refund\":\"re_9\"}");
+    ledger.stop().await;
+}
+
+async fn reconcile_looks_up_now_and_shows_the_verdict(store: Store) {
+    let db = TestDb::new(store).await;
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    // The workers wait an hour: only oncectl looks anything up.
+    let config = config_file(
+        &db,
+        format!(
+            "[reconciliation]\ninterval = \"1h\"\n\n[[reconciler]]\nname = \"stripe\"\n\
+             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"0s\"\ntimeout = \"2s\"\n"
+        ),
+    );
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
+    let mut client = ledger.client().await;
+    let mut request = begin("refund:o-4", ARGS);
+    request.provider = "stripe".into();
+    request.lookup_hints_json = r#"{"payment_intent":"pi_o-4"}"#.into();
+    let grant = claim(&mut client, request).await;
+    // The refund happened at the provider; the answer never reached the executor.
+    reqwest::Client::new()
+        .post(format!("{provider}/v1/refunds"))
+        .header("Idempotency-Key", &grant.provider_key)
+        .form(&[
+            ("payment_intent", "pi_o-4"),
+            ("amount", "500"),
+            ("currency", "eur"),
+            ("metadata[once_provider_key]", grant.provider_key.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    report_unknown(&mut client, "refund:o-4", grant.fencing_token)
+        .await
+        .unwrap();
+
+    let found = json(&oncectl(ledger.addr, &["reconcile", "refund:o-4", "--json"]).await);
+    assert_eq!(found["reconciler"], "stripe");
+    assert_eq!(
+        (&found["verdict"], &found["state"]),
+        (&"CONFIRMED".into(), &"CONFIRMED".into())
+    );
+    assert!(found["detail"].as_str().unwrap().contains("re_"), "{found}");
+    // Only UNKNOWN operations are looked up.
+    let again = oncectl(ledger.addr, &["reconcile", "refund:o-4"]).await;
+    assert_eq!(code(&again), 4, "{}", stderr(&again));
+    assert!(stderr(&again).contains("NOT_UNKNOWN"), "{}", stderr(&again));
+    ledger.stop().await;
+}
+
+async fn watch_prints_every_change_once_as_json_lines(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    unknown_and_confirmed(&mut client).await;
+    // Four events so far; one more comes while it watches.
+    let watching = tokio::spawn(oncectl(
+        ledger.addr,
+        &[
+            "-o", "json", "watch", "--all", "--after", "0", "--count", "5",
+        ],
+    ));
+    let grant = claim(&mut client, begin("refund:o-5", ARGS)).await;
+    let output = watching.await.unwrap();
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let lines: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    let sequences: Vec<i64> = lines
+        .iter()
+        .map(|l| l["sequence"].as_i64().unwrap())
+        .collect();
+    let stored = db
+        .integers("SELECT sequence FROM events ORDER BY sequence")
+        .await;
+    assert_eq!(sequences, stored, "every change once, in order");
+    assert_eq!(lines[4]["operation_id"], "refund:o-5");
+    assert_eq!(lines[4]["kind"], "CLAIMED");
+    assert_eq!(lines[4]["state"], "IN_FLIGHT");
+    assert_eq!(lines[4]["attempt"], grant.attempt);
+    assert_eq!(lines[1]["tool"], "issue_refund");
+
+    // By default: what touches UNKNOWN (and the anomalies), from now on.
+    let mut watching = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
+        .args(["--addr", &format!("http://{}", ledger.addr)])
+        .args(["-o", "json", "watch", "--count", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut said = tokio::io::BufReader::new(watching.stderr.take().unwrap()).lines();
+    within(Duration::from_secs(20), "the watch to start", async {
+        while let Some(line) = said.next_line().await.unwrap() {
+            if line.contains("caught up") {
+                return;
+            }
+        }
+        panic!("oncectl watch ended before it started");
+    })
+    .await;
+    confirm(&mut client, "refund:o-5", grant.fencing_token, b"{}")
+        .await
+        .unwrap();
+    let grant = claim(&mut client, begin("refund:o-6", ARGS)).await;
+    report_unknown(&mut client, "refund:o-6", grant.fencing_token)
+        .await
+        .unwrap();
+    let output = within(
+        Duration::from_secs(20),
+        "the watch to see it",
+        watching.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    let line: Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+    assert_eq!(
+        (&line["operation_id"], &line["kind"]),
+        (&"refund:o-6".into(), &"REPORTED_UNKNOWN".into())
+    );
+    let bad = oncectl(ledger.addr, &["watch", "--kind", "EXPLODED"]).await;
+    assert_eq!(code(&bad), 2, "{}", stderr(&bad));
+    ledger.stop().await;
+}
+
+async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
+    let db = TestDb::new(store).await;
+    let admin_key = format!("oncectl-admin-{}", "5e".repeat(20));
+    let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
+    let ledger = TestLedger::spawn_with(&db, &["--admin-key-file", file.to_str().unwrap()]).await;
+    let admin = [("ONCE_KEY", admin_key.as_str())];
+
+    let created = json(
+        &oncectl_with(
+            ledger.addr,
+            &[
+                "keys",
+                "create",
+                "--tenant",
+                "default",
+                "--name",
+                "oncall",
+                "--role",
+                "operator,reader",
+                "--json",
+            ],
+            &admin,
+        )
+        .await,
+    );
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    assert_eq!(created["roles"], serde_json::json!(["reader", "operator"]));
+    let key_id = created["key_id"].as_str().unwrap().to_owned();
+
+    // The new key can list operations; without a key, nothing is answered.
+    let operator = [("ONCE_KEY", secret.as_str())];
+    let listed = oncectl_with(ledger.addr, &["list", "--json"], &operator).await;
+    assert_eq!(json(&listed)["operations"], serde_json::json!([]));
+    let nobody = oncectl(ledger.addr, &["list"]).await;
+    assert_eq!(code(&nobody), 4, "{}", stderr(&nobody));
+    assert!(
+        stderr(&nobody).contains("CREDENTIALS_MISSING"),
+        "{}",
+        stderr(&nobody)
+    );
+    // An operator key administers nothing.
+    let refused = oncectl_with(ledger.addr, &["keys", "list"], &operator).await;
+    assert_eq!(code(&refused), 4, "{}", stderr(&refused));
+
+    let keys = json(&oncectl_with(ledger.addr, &["keys", "list", "--json"], &admin).await);
+    assert!(keys
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["key_id"] == key_id.as_str()));
+    assert!(!keys.to_string().contains(&secret), "never a secret");
+    let revoked =
+        json(&oncectl_with(ledger.addr, &["keys", "revoke", &key_id, "--json"], &admin).await);
+    assert!(revoked["revoked_at_ms"].is_i64(), "{revoked}");
+    let refused = oncectl_with(ledger.addr, &["list"], &operator).await;
+    assert_eq!(code(&refused), 4, "{}", stderr(&refused));
+    ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_generate_for_every_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
+            .args(["completions", shell])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(code(&output), 0, "{shell}: {}", stderr(&output));
+        let script = String::from_utf8(output.stdout).unwrap();
+        assert!(
+            script.contains("resolve") && script.contains("watch"),
+            "{shell}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_mistake_exits_2_and_an_unreachable_ledger_1() {
+    let usage = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
+        .args(["resolve", "op", "--absent", "--confirmed", "--reason", "x"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&usage), 2);
+    // Nothing listens on a port just freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let unreachable = oncectl(port, &["list"]).await;
+    assert_eq!(code(&unreachable), 1, "{}", stderr(&unreachable));
+    assert!(
+        stderr(&unreachable).contains("unreachable"),
+        "{}",
+        stderr(&unreachable)
+    );
+}
+
+/// On a terminal (a pseudo-terminal `script` opens) the output is coloured; with NO_COLOR, or
+/// on a pipe, it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colour_on_a_terminal_only() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    unknown_and_confirmed(&mut client).await;
+    let command = format!(
+        "{} --addr http://{} list --all",
+        env!("CARGO_BIN_EXE_oncectl"),
+        ledger.addr
+    );
+    let on_terminal = |no_color: bool| {
+        let command = command.clone();
+        async move {
+            let mut script = tokio::process::Command::new("script");
+            script.args(["-qec", &command, "/dev/null"]);
+            if no_color {
+                script.env("NO_COLOR", "1");
+            } else {
+                script.env_remove("NO_COLOR");
+            }
+            let output = script.output().await.expect("script(1) runs");
+            assert_eq!(code(&output), 0, "{}", stderr(&output));
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        }
+    };
+    let coloured = on_terminal(false).await;
+    assert!(coloured.contains('\u{1b}'), "{coloured:?}");
+    assert!(coloured.contains("refund:o-1"), "{coloured:?}");
+    let plain = on_terminal(true).await;
+    assert!(!plain.contains("\u{1b}["), "{plain:?}");
+    ledger.stop().await;
+}
