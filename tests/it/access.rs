@@ -37,6 +37,7 @@ const RPCS: &[(&str, &[&str])] = &[
     ("GetOperation", &["executor", "reader", "operator"]),
     ("ListOperations", &["reader", "operator"]),
     ("WatchOperations", &["reader", "operator"]),
+    ("GetForensics", &["reader", "operator"]),
     ("Reconcile", &["operator"]),
     ("Resolve", &["operator"]),
     ("PutTenant", &["admin"]),
@@ -280,6 +281,11 @@ async fn call(
                 .list_operations(with_key(pb::ListOperationsRequest::default(), key))
                 .await,
         ),
+        "GetForensics" => Answer::of(
+            ledger
+                .get_forensics(with_key(pb::GetForensicsRequest::default(), key))
+                .await,
+        ),
         "WatchOperations" => {
             let request = with_key(pb::WatchOperationsRequest::default(), key);
             match ledger.watch_operations(request).await {
@@ -423,6 +429,35 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
             .into_inner(),
     );
     let token = grant.fencing_token;
+    // And a duplicate of it, recorded for acme's forensics (and for no one else's).
+    let duplicate = ledger
+        .begin(with_key(begin("order-1", ARGS), acme.as_deref()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision_name(&duplicate), "IN_PROGRESS");
+    eventually(
+        Duration::from_secs(10),
+        "acme's duplicate to be recorded",
+        || {
+            let mut ledger = ledger.clone();
+            let acme = acme.clone();
+            async move {
+                let found = ledger
+                    .get_operation(with_key(
+                        pb::GetOperationRequest {
+                            operation_id: "order-1".into(),
+                        },
+                        acme.as_deref(),
+                    ))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                (found.calls.len() == 2).then_some(())
+            }
+        },
+    )
+    .await;
     let before = snapshot(&mut ledger, &keys, "order-1").await;
 
     let mut outsiders = vec![Who::Nobody, Who::Stranger, Who::Revoked];
@@ -482,6 +517,17 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
                     .await;
                     assert_eq!(answer, missing, "{rpc} as {who:?}: foreign ≠ missing");
                     assert_eq!(answer.code(), Code::NotFound, "{rpc} as {who:?}");
+                }
+                None if *rpc == "GetForensics" => {
+                    let Answer::Ok(bytes) = &answer else {
+                        panic!("{rpc} as {who:?}: {answer:?}")
+                    };
+                    let found = pb::GetForensicsResponse::decode(&bytes[..]).unwrap();
+                    assert_eq!(
+                        (found.operations, found.prevented),
+                        (0, 0),
+                        "{who:?} saw acme's calls"
+                    );
                 }
                 None if *rpc == "WatchOperations" => {
                     let Answer::Ok(bytes) = &answer else {

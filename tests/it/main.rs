@@ -26,6 +26,7 @@ mod conformance;
 mod decisions;
 mod durability;
 mod fakepay;
+mod forensics;
 mod integrity;
 mod invariants;
 mod leases;

@@ -3,6 +3,7 @@
 //! Every inbound function either returns a domain command that satisfies the core's
 //! expectations or an [`Invalid`] naming the request field at fault; it never touches storage.
 
+use once_core::forensics;
 use once_core::identity::{check_name, check_text, CanonicalArguments, MAX_TOOL_BYTES};
 use once_core::once_id::{self, IntentPart};
 use once_core::*;
@@ -385,6 +386,79 @@ fn states_from_pb(raw: &[i32]) -> Result<Vec<State>, Invalid> {
     Ok(states)
 }
 
+/// One call of an operation, classified.
+pub fn call(c: forensics::Call) -> pb::Call {
+    pb::Call {
+        at: Some(timestamp(c.at)),
+        attempt: c.attempt.unwrap_or(0),
+        decision: c.decision,
+        attempt_id: c.attempt_id,
+        context: Some(context(c.context)),
+        actor: c.actor.to_string(),
+        requested_operation_id: c.requested.map(|id| id.to_string()).unwrap_or_default(),
+        origin: c.origin.map(|o| o.as_str().to_owned()).unwrap_or_default(),
+    }
+}
+
+/// An operation with its attempts, history and calls, as GetOperation answers.
+pub fn explained(
+    op: Operation,
+    attempts: Vec<Attempt>,
+    events: Vec<Event>,
+    calls: Vec<forensics::Call>,
+) -> pb::GetOperationResponse {
+    pb::GetOperationResponse {
+        operation: Some(operation(op)),
+        attempts: attempts.into_iter().map(attempt).collect(),
+        events: events.into_iter().map(event).collect(),
+        forensics: forensics::Summary::of(&calls).to_string(),
+        calls: calls.into_iter().map(call).collect(),
+    }
+}
+
+/// A validated GetForensics: the tool, and how far back in milliseconds (at most `max_ms`).
+pub fn get_forensics(
+    req: pb::GetForensicsRequest,
+    max_ms: i64,
+) -> Result<(Option<String>, i64), Invalid> {
+    let tool = optional_name("tool", req.tool, MAX_TOOL_BYTES)?;
+    let since = match req.since {
+        None => 3_600_000,
+        Some(d) => bounded("since", d, 1, max_ms)?,
+    };
+    Ok((tool, since))
+}
+
+/// What GetForensics found over `operations` operations.
+pub fn forensics_response(
+    operations: usize,
+    summary: forensics::Summary,
+) -> pb::GetForensicsResponse {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    pb::GetForensicsResponse {
+        operations: count(operations),
+        executions: count(summary.executions),
+        prevented: count(summary.prevented),
+        summary: summary.to_string(),
+        origins: summary
+            .origins
+            .iter()
+            .map(|(origin, n)| pb::OriginCount {
+                origin: origin.as_str().to_owned(),
+                count: count(*n),
+            })
+            .collect(),
+    }
+}
+
+fn context(c: AttemptContext) -> pb::AttemptContext {
+    pb::AttemptContext {
+        client_name: c.client_name.unwrap_or_default(),
+        session_id: c.session_id.unwrap_or_default(),
+        request_id: c.request_id.unwrap_or_default(),
+    }
+}
+
 /// An event with its operation, for a watcher.
 pub fn operation_event(e: OperationEvent) -> pb::OperationEvent {
     pb::OperationEvent {
@@ -686,11 +760,7 @@ pub fn attempt(a: Attempt) -> pb::Attempt {
         started_at: Some(timestamp(a.started_at)),
         lease_deadline: Some(timestamp(a.lease_deadline)),
         actor: a.actor.to_string(),
-        context: Some(pb::AttemptContext {
-            client_name: a.context.client_name.unwrap_or_default(),
-            session_id: a.context.session_id.unwrap_or_default(),
-            request_id: a.context.request_id.unwrap_or_default(),
-        }),
+        context: Some(context(a.context)),
         fencing_token: a.fencing_token.get(),
     }
 }

@@ -14,7 +14,7 @@ use tonic::Streaming;
 use crate::client::LedgerClient;
 use crate::error::ClientError;
 use crate::transport::{refusal, retryable, Retries, Transport};
-use crate::view::{OperationView, WatchedEvent};
+use crate::view::{ForensicsView, OperationView, WatchedEvent};
 use crate::wire::{self, duration, state_to_pb};
 
 /// Which operations a listing holds.
@@ -298,6 +298,29 @@ impl LedgerClient {
             state: wire::state(reconciled.state),
             detail: reconciled.detail,
         })
+    }
+
+    /// Where the repeated calls of the tenant's operations (of one tool, when given) came from
+    /// over the last `since`.
+    pub async fn forensics(
+        &self,
+        tool: Option<&str>,
+        since: Duration,
+    ) -> Result<ForensicsView, ClientError> {
+        let request = pb::GetForensicsRequest {
+            tool: tool.unwrap_or_default().to_owned(),
+            since: Some(duration(since)),
+        };
+        let found = self
+            .transport()
+            .call(
+                Retries::Tries,
+                Duration::ZERO,
+                |mut grpc, request| async move { grpc.get_forensics(request).await },
+                request,
+            )
+            .await?;
+        Ok(wire::forensics(found))
     }
 
     /// Watches the ledger's events: see [`Watch`]. Nothing is sent until the first

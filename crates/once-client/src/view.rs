@@ -41,6 +41,43 @@ pub struct OperationView {
     pub attempts: Vec<AttemptView>,
     /// The event history of the current life; empty in a listing.
     pub events: Vec<EventView>,
+    /// Every call of the current life, oldest first, each after the first with where it came
+    /// from; empty in a listing.
+    pub calls: Vec<CallView>,
+    /// The calls in a sentence ("1 execution, 2 duplicates prevented: 2 harness retries").
+    pub forensics: Option<String>,
+}
+
+/// One call of an operation: a granted attempt, or a Begin answered without a new execution
+/// right.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallView {
+    pub at: Option<SystemTime>,
+    /// The attempt it was granted, if it was.
+    pub attempt: Option<u32>,
+    /// `EXECUTE`, or the decision it was answered.
+    pub decision: String,
+    pub attempt_id: String,
+    pub context: AttemptContext,
+    pub actor: String,
+    /// The operation id asked for, when the fresh-id guard answered for this operation.
+    pub requested_operation_id: Option<String>,
+    /// `transport_retry`, `harness_retry`, `model_reissue`, `reconnect`, `other_client` or
+    /// `unattributed`; `None` for the first call.
+    pub origin: Option<String>,
+}
+
+/// Where the repeated calls of many operations came from, over a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForensicsView {
+    /// The operations looked at: those with a duplicate in the window.
+    pub operations: u32,
+    pub executions: u32,
+    pub prevented: u32,
+    /// Repeated calls by origin.
+    pub origins: Vec<(String, u32)>,
+    /// In a sentence.
+    pub summary: String,
 }
 
 /// One granted execution right, from the attempt log.

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use once_api::pb;
 use once_core::{AttemptContext, State};
 
-use crate::view::{AttemptView, EventView, OperationView, WatchedEvent};
+use crate::view::{AttemptView, CallView, EventView, ForensicsView, OperationView, WatchedEvent};
 
 pub(crate) fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
@@ -54,7 +54,44 @@ pub(crate) fn operation(found: pb::GetOperationResponse) -> OperationView {
     let mut view = summary(found.operation.unwrap_or_default());
     view.attempts = found.attempts.into_iter().map(attempt).collect();
     view.events = found.events.into_iter().map(event).collect();
+    view.calls = found.calls.into_iter().map(call).collect();
+    view.forensics = present(found.forensics);
     view
+}
+
+fn call(c: pb::Call) -> CallView {
+    CallView {
+        at: c.at.map(system_time),
+        attempt: (c.attempt != 0).then_some(c.attempt),
+        decision: c.decision,
+        attempt_id: c.attempt_id,
+        context: attempt_context(c.context.unwrap_or_default()),
+        actor: c.actor,
+        requested_operation_id: present(c.requested_operation_id),
+        origin: present(c.origin),
+    }
+}
+
+fn attempt_context(context: pb::AttemptContext) -> AttemptContext {
+    AttemptContext {
+        client_name: present(context.client_name),
+        session_id: present(context.session_id),
+        request_id: present(context.request_id),
+    }
+}
+
+pub(crate) fn forensics(found: pb::GetForensicsResponse) -> ForensicsView {
+    ForensicsView {
+        operations: found.operations,
+        executions: found.executions,
+        prevented: found.prevented,
+        origins: found
+            .origins
+            .into_iter()
+            .map(|o| (o.origin, o.count))
+            .collect(),
+        summary: found.summary,
+    }
 }
 
 /// An operation without its history, as a listing holds it.
@@ -81,6 +118,8 @@ pub(crate) fn summary(op: pb::Operation) -> OperationView {
         last_event: present(op.last_event).zip(op.last_event_at.map(system_time)),
         attempts: Vec::new(),
         events: Vec::new(),
+        calls: Vec::new(),
+        forensics: None,
     }
 }
 
@@ -98,16 +137,11 @@ pub(crate) fn state_to_pb(state: State) -> pb::OperationState {
 }
 
 fn attempt(a: pb::Attempt) -> AttemptView {
-    let context = a.context.unwrap_or_default();
     AttemptView {
         number: a.attempt,
         fencing_token: a.fencing_token,
         attempt_id: a.attempt_id,
-        context: AttemptContext {
-            client_name: present(context.client_name),
-            session_id: present(context.session_id),
-            request_id: present(context.request_id),
-        },
+        context: attempt_context(a.context.unwrap_or_default()),
         actor: a.actor,
         started_at: a.started_at.map(system_time),
         lease_deadline: a.lease_deadline.map(system_time),

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod error;
+pub mod forensics;
 pub mod identity;
 pub mod jcs;
 pub mod limits;

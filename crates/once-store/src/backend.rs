@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
+use once_core::forensics::Duplicate;
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::{
@@ -201,6 +202,38 @@ pub trait Backend: Clone + Send + Sync + 'static {
         filter: &WatchFilter,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<OperationEvent>, StoreError>> + Send;
+
+    /// Records duplicates, all in one statement.
+    fn record_duplicates(
+        &self,
+        duplicates: &[Duplicate],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The duplicates of one operation recorded at or after `since` (the start of its current
+    /// life), oldest first.
+    fn duplicates(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        since: Millis,
+    ) -> impl Future<Output = Result<Vec<Duplicate>, StoreError>> + Send;
+
+    /// At most `limit` duplicates of `tenant` (of one tool, when given) recorded at or after
+    /// `since`, oldest first.
+    fn recent_duplicates(
+        &self,
+        tenant: &str,
+        tool: Option<&str>,
+        since: Millis,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Duplicate>, StoreError>> + Send;
+
+    /// Deletes up to `limit` duplicates older than `age_ms`; returns how many.
+    fn delete_duplicates_older_than(
+        &self,
+        age_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Tells other replicas that this one committed events (PostgreSQL's NOTIFY); nothing where
     /// they cannot be told.

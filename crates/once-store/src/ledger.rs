@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use once_core::forensics;
 use once_core::machine::{self, Plan};
 use once_core::reconcile;
 use once_core::*;
@@ -333,15 +334,72 @@ impl<B: Backend> Ledger<B> {
         self.backend.ping().await
     }
 
-    /// Deletes events older than `age_ms`, in batches of `batch`.
+    /// Deletes events older than `age_ms`, in batches of `batch`, and the duplicates recorded
+    /// as long ago: they are kept as long as the history they explain.
     pub async fn sweep_events(&self, age_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
             let deleted = self.backend.delete_events_older_than(age_ms, batch).await?;
             total += deleted;
             if deleted < u64::from(batch) {
-                return Ok(total);
+                break;
             }
         }
+        while self
+            .backend
+            .delete_duplicates_older_than(age_ms, batch)
+            .await?
+            == u64::from(batch)
+        {}
+        Ok(total)
+    }
+
+    /// Every call of the current life of an operation, classified (see
+    /// [`once_core::forensics`]), with the operation, its attempts and its history.
+    pub async fn explain(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Operation, Vec<Attempt>, Vec<Event>, Vec<forensics::Call>), StoreError> {
+        let (op, attempts, events) = self.get(tenant, id).await?;
+        let duplicates = self.backend.duplicates(tenant, id, op.created_at).await?;
+        let calls = forensics::classify(&attempts, &duplicates);
+        Ok((op, attempts, events, calls))
+    }
+
+    /// Where the repeated calls of `tenant`'s operations (of one tool, when given) since
+    /// `since` came from: every operation with a duplicate recorded since then, at most
+    /// `limit` of them, each classified over its current life. Returns how many operations
+    /// were looked at, and the summary of their calls since `since`.
+    pub async fn forensics(
+        &self,
+        tenant: &str,
+        tool: Option<&str>,
+        since: Millis,
+        limit: u32,
+    ) -> Result<(usize, forensics::Summary), StoreError> {
+        let recent = self
+            .backend
+            .recent_duplicates(tenant, tool, since, limit.saturating_mul(16))
+            .await?;
+        let mut ids: Vec<&OperationId> = Vec::new();
+        for d in &recent {
+            if !ids.contains(&&d.operation_id) && ids.len() < limit as usize {
+                ids.push(&d.operation_id);
+            }
+        }
+        let mut summary = forensics::Summary::default();
+        for id in &ids {
+            match self.explain(tenant, id).await {
+                Ok((_, _, _, calls)) => {
+                    let since_then: Vec<_> = calls.into_iter().filter(|c| c.at >= since).collect();
+                    summary.add(&since_then);
+                }
+                // Deleted by retention since: its duplicates explain nothing now.
+                Err(StoreError::NotFound) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok((ids.len(), summary))
     }
 }

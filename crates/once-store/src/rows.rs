@@ -6,6 +6,7 @@
 use std::sync::LazyLock;
 
 use once_core::access::{Credential, CredentialKind, SecretHash, Tenant};
+use once_core::forensics::Duplicate;
 use once_core::{
     Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Listed,
     Millis, Operation, OperationEvent, OperationId, Source, State,
@@ -225,6 +226,44 @@ impl TryFrom<OperationRow> for Operation {
             reconcile_lookups: count(row.reconcile_lookups)?,
             reconcile_next_at: row.reconcile_next_at,
             lookup_claimed_until: row.lookup_claimed_until,
+        })
+    }
+}
+
+/// The columns of `duplicates` after its id, as [`DuplicateRow`] reads them and
+/// [`crate::Store`] writes them.
+pub(crate) const DUPLICATE_COLUMNS: &str = "tenant, operation_id, tool, at, decision, attempt_id, \
+     client_name, session_id, request_id, actor, requested_id";
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct DuplicateRow {
+    tenant: String,
+    operation_id: String,
+    tool: String,
+    at: i64,
+    decision: String,
+    attempt_id: String,
+    client_name: Option<String>,
+    session_id: Option<String>,
+    request_id: Option<String>,
+    actor: String,
+    requested_id: Option<String>,
+}
+
+impl TryFrom<DuplicateRow> for Duplicate {
+    type Error = StoreError;
+
+    fn try_from(row: DuplicateRow) -> Result<Self, StoreError> {
+        Ok(Duplicate {
+            tenant: row.tenant,
+            operation_id: operation_id(row.operation_id)?,
+            tool: row.tool,
+            at: row.at,
+            decision: row.decision,
+            attempt_id: row.attempt_id,
+            context: context(row.client_name, row.session_id, row.request_id),
+            actor: actor(&row.actor)?,
+            requested: row.requested_id.map(operation_id).transpose()?,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! The ledger's SQL, written once for every [`Dialect`].
 
 use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
+use once_core::forensics::Duplicate;
 use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
 use once_core::{
@@ -13,11 +14,11 @@ use sqlx::{
 };
 
 use crate::rows::{
-    self, AttemptRow, BlockingRow, Clocked, CredentialRow, EventRow, KeyRow, KnownCredentialRow,
-    ListedRow, OperationRow, TenantRow, WatchedEventRow, ATTEMPT_COLUMNS, CREDENTIAL_COLUMNS,
-    EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION,
-    LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS, UPDATE_OPERATION,
-    WATCHED_EVENT_COLUMNS,
+    self, AttemptRow, BlockingRow, Clocked, CredentialRow, DuplicateRow, EventRow, KeyRow,
+    KnownCredentialRow, ListedRow, OperationRow, TenantRow, WatchedEventRow, ATTEMPT_COLUMNS,
+    CREDENTIAL_COLUMNS, DUPLICATE_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT,
+    INSERT_EVENT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
+    UPDATE_OPERATION, WATCHED_EVENT_COLUMNS,
 };
 use crate::watch::Frontier;
 use crate::Announcements;
@@ -72,6 +73,7 @@ where
     for<'r> KnownCredentialRow: FromRow<'r, D::Row>,
     for<'r> WatchedEventRow: FromRow<'r, D::Row>,
     for<'r> ListedRow: FromRow<'r, D::Row>,
+    for<'r> DuplicateRow: FromRow<'r, D::Row>,
     for<'r> (i64, String): FromRow<'r, D::Row>,
     for<'q> Option<i64>: Decode<'q, D>,
     for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
@@ -615,6 +617,94 @@ where
             .fetch_all(&self.pool)
             .await?;
         rows::convert(page)
+    }
+
+    async fn record_duplicates(&self, duplicates: &[Duplicate]) -> Result<(), StoreError> {
+        if duplicates.is_empty() {
+            return Ok(());
+        }
+        let mut sql = format!("INSERT INTO duplicates ({DUPLICATE_COLUMNS}) VALUES ");
+        let mut binds = Binds::<D>::default();
+        let mut rows = Vec::with_capacity(duplicates.len());
+        for d in duplicates {
+            let values = [
+                binds.push(d.tenant.as_str())?,
+                binds.push(d.operation_id.as_str())?,
+                binds.push(d.tool.as_str())?,
+                binds.push(d.at)?,
+                binds.push(d.decision.as_str())?,
+                binds.push(d.attempt_id.as_str())?,
+                binds.push(d.context.client_name.as_deref())?,
+                binds.push(d.context.session_id.as_deref())?,
+                binds.push(d.context.request_id.as_deref())?,
+                binds.push(d.actor.to_string())?,
+                binds.push(d.requested.as_ref().map(|id| id.as_str()))?,
+            ];
+            rows.push(format!("({})", values.join(", ")));
+        }
+        sql += &rows.join(", ");
+        sqlx::query_with(&sql, binds.arguments)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn duplicates(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        since: Millis,
+    ) -> Result<Vec<Duplicate>, StoreError> {
+        let sql = format!(
+            "SELECT {DUPLICATE_COLUMNS} FROM duplicates \
+             WHERE tenant = $1 AND operation_id = $2 AND at >= $3 ORDER BY at, id"
+        );
+        let rows: Vec<DuplicateRow> = sqlx::query_as(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?;
+        rows::convert(rows)
+    }
+
+    async fn recent_duplicates(
+        &self,
+        tenant: &str,
+        tool: Option<&str>,
+        since: Millis,
+        limit: u32,
+    ) -> Result<Vec<Duplicate>, StoreError> {
+        let sql = format!(
+            "SELECT {DUPLICATE_COLUMNS} FROM duplicates WHERE tenant = $1 AND at >= $2 \
+             AND ($3 IS NULL OR tool = $3) ORDER BY at, id LIMIT $4"
+        );
+        let rows: Vec<DuplicateRow> = sqlx::query_as(&sql)
+            .bind(tenant)
+            .bind(since)
+            .bind(tool)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows::convert(rows)
+    }
+
+    async fn delete_duplicates_older_than(
+        &self,
+        age_ms: i64,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let sql = format!(
+            "DELETE FROM duplicates WHERE id IN \
+             (SELECT id FROM duplicates WHERE at <= {} - $1 ORDER BY at LIMIT $2)",
+            D::NOW
+        );
+        let deleted = sqlx::query(&sql)
+            .bind(age_ms)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(D::rows_affected(&deleted))
     }
 
     async fn announce_events(&self) -> Result<(), StoreError> {

@@ -78,7 +78,7 @@ impl Global {
 pub enum Command {
     /// Operations, oldest first: UNKNOWN ones unless told otherwise.
     List(ListArgs),
-    /// One operation: its attempts and its history.
+    /// One operation: its attempts, its calls and where they came from, and its history.
     Show {
         /// The operation id.
         operation: String,
@@ -91,6 +91,15 @@ pub enum Command {
         /// How long to wait for the lookup.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         wait: Duration,
+    },
+    /// Where repeated calls came from: retries, reconnects, re-issues, other clients.
+    Forensics {
+        /// Only this tool's operations.
+        #[arg(long)]
+        tool: Option<String>,
+        /// How far back (e.g. 15m, 1h, 1d).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        since: Duration,
     },
     /// Follow changes as they happen; reconnects and resumes without gaps or repeats.
     Watch(WatchArgs),

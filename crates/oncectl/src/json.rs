@@ -3,7 +3,9 @@
 
 use std::time::SystemTime;
 
-use once_client::{AttemptView, EventView, OperationView, Reconciled, WatchedEvent};
+use once_client::{
+    AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled, WatchedEvent,
+};
 use once_core::access::{Credential, Role};
 use once_core::State;
 use serde_json::{json, Value};
@@ -56,6 +58,39 @@ pub fn operation(op: &OperationView) -> Value {
         "last_event_at": time(op.last_event.as_ref().map(|(_, at)| *at)),
         "attempts": op.attempts.iter().map(attempt).collect::<Vec<_>>(),
         "events": op.events.iter().map(event).collect::<Vec<_>>(),
+        "calls": op.calls.iter().map(call).collect::<Vec<_>>(),
+        "forensics": op.forensics,
+    })
+}
+
+pub fn call(c: &CallView) -> Value {
+    json!({
+        "at": time(c.at),
+        "attempt": c.attempt,
+        "decision": c.decision,
+        "attempt_id": c.attempt_id,
+        "client_name": c.context.client_name,
+        "session_id": c.context.session_id,
+        "request_id": c.context.request_id,
+        "actor": c.actor,
+        "requested_operation_id": c.requested_operation_id,
+        "origin": c.origin,
+    })
+}
+
+pub fn forensics(found: &ForensicsView, since: &str) -> Value {
+    let origins: serde_json::Map<String, Value> = found
+        .origins
+        .iter()
+        .map(|(origin, count)| (origin.clone(), Value::from(*count)))
+        .collect();
+    json!({
+        "since": since,
+        "operations": found.operations,
+        "executions": found.executions,
+        "prevented": found.prevented,
+        "origins": origins,
+        "summary": found.summary,
     })
 }
 

@@ -141,6 +141,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Resolve(args) => resolve(&ledger, &out, &settings.operator, args).await,
         Command::Reconcile { operation, wait } => reconcile(&ledger, &out, &operation, wait).await,
         Command::Watch(args) => watch(&ledger, &out, args).await,
+        Command::Forensics { tool, since } => forensics(&ledger, &out, tool, since).await,
         Command::Keys(command) => keys(&ledger, &out, command).await,
         Command::Completions { .. } => unreachable!("handled above"),
     }
@@ -321,6 +322,22 @@ async fn reconcile(
         out.json(&json::reconciled(operation, &reconciled));
     } else {
         out.print(&render::reconciled(&out.look, operation, &reconciled));
+    }
+    Ok(())
+}
+
+async fn forensics(
+    ledger: &LedgerClient,
+    out: &Out,
+    tool: Option<String>,
+    since: Duration,
+) -> Result<(), Failure> {
+    let found = ledger.forensics(tool.as_deref(), since).await?;
+    let window = humantime::format_duration(since).to_string();
+    if out.json {
+        out.json(&json::forensics(&found, &window));
+    } else {
+        out.print(&render::forensics(&out.look, &found, &window));
     }
     Ok(())
 }

@@ -7,7 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use anstyle::{AnsiColor, Style};
 use comfy_table::{presets, Attribute, Cell, Color, ContentArrangement, Table};
-use once_client::{AttemptView, EventView, OperationView, Reconciled, Truth, WatchedEvent};
+use once_client::{
+    AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled, Truth, WatchedEvent,
+};
 use once_core::access::Credential;
 use once_core::State;
 
@@ -252,11 +254,81 @@ pub fn operation(look: &Look, op: &OperationView) -> String {
         out += &attempt(look, a);
     }
 
+    if !op.calls.is_empty() {
+        let verdict = op.forensics.as_deref().unwrap_or_default();
+        out += &format!("\n{}  {verdict}\n", look.bold("Calls"));
+        for c in &op.calls {
+            out += &call(look, c);
+        }
+    }
+
     out += &format!("\n{}\n", look.bold("History"));
     for e in &op.events {
         out += &event_line(look, e, None);
     }
     out
+}
+
+/// One call: when, what it was answered, where it came from, and its transport.
+fn call(look: &Look, c: &CallView) -> String {
+    let answer = match c.attempt {
+        Some(n) => format!("EXECUTE (attempt {n})"),
+        None if c.decision == "EXECUTE" => "EXECUTE (the same grant again)".to_owned(),
+        None => c.decision.clone(),
+    };
+    let origin = c.origin.as_deref().map_or("the first call", said);
+    let context = &c.context;
+    let mut out = format!(
+        "  {}  {:<30} {}\n",
+        look.dim(&clock(c.at)),
+        answer,
+        look.bold(origin)
+    );
+    out += &format!(
+        "                client {}, session {}, request {}\n",
+        context.client_name.as_deref().unwrap_or("-"),
+        context.session_id.as_deref().unwrap_or("-"),
+        context.request_id.as_deref().unwrap_or("-"),
+    );
+    if let Some(requested) = &c.requested_operation_id {
+        out += &format!("                asked for {requested} (the same intent)\n");
+    }
+    out
+}
+
+/// `oncectl forensics`: where the repeated calls came from.
+pub fn forensics(look: &Look, found: &ForensicsView, window: &str) -> String {
+    let mut out = format!(
+        "Over the last {window}, {} operations were called more than once:\n",
+        found.operations
+    );
+    for line in wrap(&found.summary, usize::from(look.width).saturating_sub(2)) {
+        out += &format!("  {line}\n");
+    }
+    if found.origins.is_empty() {
+        return out;
+    }
+    let mut table = look.table();
+    look.header(&mut table, &["ORIGIN", "CALLS"]);
+    for (origin, count) in &found.origins {
+        table.add_row(vec![Cell::new(said(origin)), Cell::new(count)]);
+    }
+    out += "\n";
+    out += &trimmed(&mut table);
+    out
+}
+
+/// Where a call came from, as people say it.
+fn said(origin: &str) -> &str {
+    match origin {
+        "transport_retry" => "transport retry",
+        "harness_retry" => "harness retry",
+        "model_reissue" => "model re-issue",
+        "reconnect" => "reconnect",
+        "other_client" => "another client",
+        "unattributed" => "unattributed",
+        other => other,
+    }
 }
 
 /// One attempt of the attempt log: when, by whom, and the transport that carried it (which

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use once_client::{AttemptContext, AttemptView, EventView, OperationView, Truth, WatchedEvent};
+use once_client::{
+    AttemptContext, AttemptView, CallView, EventView, OperationView, Truth, WatchedEvent,
+};
 use once_core::State;
 
 use super::*;
@@ -90,6 +92,40 @@ fn unknown_refund() -> OperationView {
             expired,
             lookup,
         ],
+        calls: vec![
+            call(2, Some(1), "EXECUTE", "17", None),
+            call(3, None, "IN_PROGRESS", "18", Some("harness_retry")),
+            call(80, None, "UNKNOWN", "2", Some("reconnect")),
+        ],
+        forensics: Some("1 execution, 2 duplicates prevented: 1 harness retry, 1 reconnect".into()),
+    }
+}
+
+fn call(
+    seconds: u64,
+    attempt: Option<u32>,
+    decision: &str,
+    request: &str,
+    origin: Option<&str>,
+) -> CallView {
+    let session = if origin == Some("reconnect") {
+        "9a0b7e42"
+    } else {
+        "3e5b8c1d"
+    };
+    CallView {
+        at: Some(at(seconds)),
+        attempt,
+        decision: decision.into(),
+        attempt_id: format!("attempt-{seconds}"),
+        context: AttemptContext {
+            client_name: Some("claude-desktop".into()),
+            session_id: Some(session.into()),
+            request_id: Some(request.into()),
+        },
+        actor: "executor:refund-mcp-prod".into(),
+        requested_operation_id: None,
+        origin: origin.map(str::to_owned),
     }
 }
 
@@ -106,6 +142,8 @@ fn confirmed_email() -> OperationView {
         last_event: Some(("CONFIRMED".into(), at(14 * 60 + 3))),
         attempts: Vec::new(),
         events: Vec::new(),
+        calls: Vec::new(),
+        forensics: None,
         ..unknown_refund()
     }
 }
@@ -203,4 +241,20 @@ fn ages_are_said_in_their_two_largest_units() {
     for (seconds, said) in cases {
         assert_eq!(age(Duration::from_secs(seconds)), said);
     }
+}
+
+#[test]
+fn forensics_over_a_window_say_where_repeats_came_from() {
+    let found = once_client::ForensicsView {
+        operations: 12,
+        executions: 12,
+        prevented: 42,
+        origins: vec![
+            ("harness_retry".into(), 30),
+            ("reconnect".into(), 8),
+            ("model_reissue".into(), 4),
+        ],
+        summary: "12 executions, 42 duplicates prevented: 30 harness retries, 8 reconnects, 4 model re-issues".into(),
+    };
+    insta::assert_snapshot!(forensics(&plain(), &found, "1h"));
 }

@@ -165,6 +165,35 @@ async fn list_show_and_resolve_an_unknown_operation(store: Store) {
     assert_eq!(last["actor"], "operator:alice");
     assert_eq!(last["reason"], "no refund in the provider's dashboard");
 
+    // A duplicate of the confirmed one (the harness retrying in the same session): recorded,
+    // and told apart.
+    let mut again = begin("refund:o-2", ARGS);
+    again.context.as_mut().unwrap().request_id = "2".into();
+    let replay = client.begin(again).await.unwrap().into_inner();
+    expect_replay(&replay);
+    let explained = eventually(
+        Duration::from_secs(10),
+        "the duplicate to be recorded",
+        || async {
+            let shown = json(&oncectl(ledger.addr, &["show", "refund:o-2", "--json"]).await);
+            (shown["calls"].as_array().unwrap().len() == 2).then_some(shown)
+        },
+    )
+    .await;
+    assert_eq!(explained["calls"][1]["decision"], "REPLAY");
+    assert_eq!(explained["calls"][1]["origin"], "harness_retry");
+    assert_eq!(
+        explained["forensics"],
+        "1 execution, 1 duplicate prevented: 1 harness retry"
+    );
+    let window = json(&oncectl(ledger.addr, &["forensics", "--since", "1h", "--json"]).await);
+    assert_eq!(
+        (&window["prevented"], &window["origins"]["harness_retry"]),
+        (&1.into(), &1.into())
+    );
+    let text = String::from_utf8(oncectl(ledger.addr, &["forensics"]).await.stdout).unwrap();
+    assert!(text.contains("1 harness retry"), "{text}");
+
     // The human output, on a pipe: 80 columns, no colour.
     let table = oncectl(ledger.addr, &["list", "--all"]).await;
     let text = String::from_utf8(table.stdout).unwrap();

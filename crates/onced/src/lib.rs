@@ -9,6 +9,7 @@ pub mod access;
 pub mod admin;
 pub mod cli;
 pub mod config;
+mod duplicates;
 mod reconciliation;
 mod service;
 mod status;
@@ -129,12 +130,14 @@ async fn serve<B: Backend>(
         }
     };
     let feed = watch::Feed::new(config.max_watchers, stop_watchers.clone());
+    let (recorder, duplicates) = duplicates::Recorder::new();
     let service = LedgerService::new(
         ledger.clone(),
         access.clone(),
         limits,
         &configured,
         feed.clone(),
+        recorder,
     );
     let admin_service = admin::AdminService::new(backend, access);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -156,6 +159,11 @@ async fn serve<B: Backend>(
     let stop_sweepers = CancellationToken::new();
     let sweepers = [
         tokio::spawn(feed.follow(ledger.clone())),
+        tokio::spawn(duplicates::write(
+            ledger.backend().clone(),
+            duplicates,
+            stop_sweepers.clone(),
+        )),
         tokio::spawn(service.reconciliation().run(stop_sweepers.clone())),
         tokio::spawn(sweeper::leases(
             ledger.clone(),

@@ -12,10 +12,12 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use crate::access::{Access, Allowed, Principal};
+use crate::duplicates::{self, Recorder};
 use crate::reconciliation::Reconciliation;
 use crate::status;
 use crate::wait::{self, Settled};
 use crate::watch::Feed;
+use once_core::forensics::Duplicate;
 
 pub struct LedgerService<B> {
     ledger: Ledger<B>,
@@ -26,7 +28,12 @@ pub struct LedgerService<B> {
     settled: Settled,
     /// The replica's watermark, for WatchOperations.
     feed: Feed,
+    /// Where Begins answered without a new execution right go, for forensics.
+    duplicates: Recorder,
 }
+
+/// The most operations one GetForensics looks at.
+const FORENSICS_OPERATIONS: u32 = 1000;
 
 impl<B> std::fmt::Debug for LedgerService<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -43,6 +50,7 @@ impl<B: Backend> LedgerService<B> {
         limits: Limits,
         configured: &once_reconcile::config::Reconciliation,
         feed: Feed,
+        duplicates: Recorder,
     ) -> Self {
         let settled = Settled::default();
         let reconciliation = Reconciliation::new(
@@ -58,6 +66,7 @@ impl<B: Backend> LedgerService<B> {
             reconciliation,
             settled,
             feed,
+            duplicates,
         }
     }
 
@@ -111,6 +120,9 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         .await
         .map_err(status::store)?;
         span.record("decision", decision.name());
+        if let Some(duplicate) = Duplicate::of(&cmd, &decision, duplicates::now_ms()) {
+            self.duplicates.record(duplicate);
+        }
         Ok(Response::new(convert::begin_response(
             &cmd.operation_id,
             decision,
@@ -168,16 +180,39 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let principal = self.access.admit(&request, Allowed::READ_ONE).await?;
         let id = convert::get_operation(request.into_inner()).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
-        let (op, attempts, events) = self
+        let (op, attempts, events, calls) = self
             .ledger
-            .get(&principal.tenant, &id)
+            .explain(&principal.tenant, &id)
             .await
             .map_err(status::store)?;
-        Ok(Response::new(pb::GetOperationResponse {
-            operation: Some(convert::operation(op)),
-            attempts: attempts.into_iter().map(convert::attempt).collect(),
-            events: events.into_iter().map(convert::event).collect(),
-        }))
+        Ok(Response::new(convert::explained(
+            op, attempts, events, calls,
+        )))
+    }
+
+    #[instrument(skip_all)]
+    async fn get_forensics(
+        &self,
+        request: Request<pb::GetForensicsRequest>,
+    ) -> Result<Response<pb::GetForensicsResponse>, Status> {
+        let principal = self.access.admit(&request, Allowed::READ).await?;
+        let (tool, since_ms) =
+            convert::get_forensics(request.into_inner(), self.limits.max_retention_ms)
+                .map_err(status::invalid)?;
+        let since = duplicates::now_ms() - since_ms;
+        let (operations, summary) = self
+            .ledger
+            .forensics(
+                &principal.tenant,
+                tool.as_deref(),
+                since,
+                FORENSICS_OPERATIONS,
+            )
+            .await
+            .map_err(status::store)?;
+        Ok(Response::new(convert::forensics_response(
+            operations, summary,
+        )))
     }
 
     #[instrument(skip_all)]

@@ -17,3 +17,27 @@ UPDATE events SET state = to_state WHERE to_state IS NOT NULL;
 
 -- A tenant's events in order: what a watcher reads.
 CREATE INDEX events_by_tenant ON events (tenant, sequence);
+
+-- Forensics: every Begin answered without a new execution right (a replay, IN_PROGRESS,
+-- UNKNOWN, CONFLICT, the same grant again), with the transport context that carried it, so that
+-- repeated calls can be told apart: a retry, a reconnect, a re-issue. Recorded in batches after
+-- the answer, and kept as long as events.
+CREATE TABLE duplicates (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant       TEXT   NOT NULL,
+    operation_id TEXT   NOT NULL,
+    tool         TEXT   NOT NULL,
+    at           BIGINT NOT NULL,
+    decision     TEXT   NOT NULL,
+    attempt_id   TEXT   NOT NULL,
+    client_name  TEXT,
+    session_id   TEXT,
+    request_id   TEXT,
+    actor        TEXT   NOT NULL,
+    -- The id the caller asked for, when the fresh-id guard answered for this operation.
+    requested_id TEXT
+);
+
+CREATE INDEX duplicates_by_operation ON duplicates (tenant, operation_id, at);
+CREATE INDEX duplicates_by_tenant_time ON duplicates (tenant, at);
+CREATE INDEX duplicates_by_time ON duplicates (at);

@@ -1,0 +1,38 @@
+-- Watching: every event names the operation's tool and the state the operation was in once the
+-- event was recorded, so a watcher can filter the stream without reading operations (which
+-- retention may have deleted since). Writers hold SQLite's one write lock from the start of
+-- their transaction to its commit, so events commit in the order of their sequence.
+
+ALTER TABLE events ADD COLUMN tool TEXT;
+ALTER TABLE events ADD COLUMN state TEXT;
+
+UPDATE events SET tool = (SELECT o.tool FROM operations o
+                          WHERE o.tenant = events.tenant AND o.operation_id = events.operation_id);
+UPDATE events SET state = to_state WHERE to_state IS NOT NULL;
+
+-- A tenant's events in order: what a watcher reads.
+CREATE INDEX events_by_tenant ON events (tenant, sequence);
+
+-- Forensics: every Begin answered without a new execution right (a replay, IN_PROGRESS,
+-- UNKNOWN, CONFLICT, the same grant again), with the transport context that carried it, so that
+-- repeated calls can be told apart: a retry, a reconnect, a re-issue. Recorded in batches after
+-- the answer, and kept as long as events.
+CREATE TABLE duplicates (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant       TEXT   NOT NULL,
+    operation_id TEXT   NOT NULL,
+    tool         TEXT   NOT NULL,
+    at           INTEGER NOT NULL,
+    decision     TEXT   NOT NULL,
+    attempt_id   TEXT   NOT NULL,
+    client_name  TEXT,
+    session_id   TEXT,
+    request_id   TEXT,
+    actor        TEXT   NOT NULL,
+    -- The id the caller asked for, when the fresh-id guard answered for this operation.
+    requested_id TEXT
+);
+
+CREATE INDEX duplicates_by_operation ON duplicates (tenant, operation_id, at);
+CREATE INDEX duplicates_by_tenant_time ON duplicates (tenant, at);
+CREATE INDEX duplicates_by_time ON duplicates (at);
