@@ -38,6 +38,7 @@ const RPCS: &[(&str, &[&str])] = &[
     ("ListOperations", &["reader", "operator"]),
     ("WatchOperations", &["reader", "operator"]),
     ("GetForensics", &["reader", "operator"]),
+    ("GetStats", &["reader", "operator"]),
     ("Reconcile", &["operator"]),
     ("Resolve", &["operator"]),
     ("PutTenant", &["admin"]),
@@ -281,6 +282,11 @@ async fn call(
                 .list_operations(with_key(pb::ListOperationsRequest::default(), key))
                 .await,
         ),
+        "GetStats" => Answer::of(
+            ledger
+                .get_stats(with_key(pb::GetStatsRequest::default(), key))
+                .await,
+        ),
         "GetForensics" => Answer::of(
             ledger
                 .get_forensics(with_key(pb::GetForensicsRequest::default(), key))
@@ -517,6 +523,16 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
                     .await;
                     assert_eq!(answer, missing, "{rpc} as {who:?}: foreign ≠ missing");
                     assert_eq!(answer.code(), Code::NotFound, "{rpc} as {who:?}");
+                }
+                None if *rpc == "GetStats" => {
+                    let Answer::Ok(bytes) = &answer else {
+                        panic!("{rpc} as {who:?}: {answer:?}")
+                    };
+                    let found = pb::GetStatsResponse::decode(&bytes[..]).unwrap();
+                    assert!(
+                        found.operations.is_empty(),
+                        "{who:?} counted acme's operations"
+                    );
                 }
                 None if *rpc == "GetForensics" => {
                     let Answer::Ok(bytes) = &answer else {

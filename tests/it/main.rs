@@ -34,6 +34,7 @@ mod outage;
 mod reconcile;
 mod retention;
 mod service;
+mod stats;
 mod tls;
 mod validation;
 mod watch;

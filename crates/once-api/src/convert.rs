@@ -429,6 +429,54 @@ pub fn get_forensics(
     Ok((tool, since))
 }
 
+/// A tenant's figures.
+pub fn stats_response(stats: once_core::stats::Stats) -> pb::GetStatsResponse {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let ages = |a: once_core::stats::Ages| pb::Ages {
+        count: a.count as u64,
+        p50: Some(duration(a.p50)),
+        p90: Some(duration(a.p90)),
+        p99: Some(duration(a.p99)),
+        max: Some(duration(a.max)),
+    };
+    pb::GetStatsResponse {
+        operations: stats
+            .operations
+            .into_iter()
+            .map(|(state, tool, n)| pb::StateCount {
+                state: state_to_pb(state) as i32,
+                tool,
+                count: count(n),
+            })
+            .collect(),
+        unknown: Some(ages(stats.unknown)),
+        resolved: stats
+            .resolved
+            .into_iter()
+            .map(|(door, a)| pb::DoorAges {
+                door: door.as_str().to_owned(),
+                ages: Some(ages(a)),
+            })
+            .collect(),
+        events: stats
+            .events
+            .into_iter()
+            .map(|(kind, n)| pb::KindCount {
+                kind: kind.as_str().to_owned(),
+                count: count(n),
+            })
+            .collect(),
+    }
+}
+
+/// A validated GetStats: its window in milliseconds (at most `max_ms`).
+pub fn get_stats(req: pb::GetStatsRequest, max_ms: i64) -> Result<i64, Invalid> {
+    match req.window {
+        None => Ok(3_600_000),
+        Some(d) => bounded("window", d, 1, max_ms),
+    }
+}
+
 /// What GetForensics found over `operations` operations.
 pub fn forensics_response(
     operations: usize,

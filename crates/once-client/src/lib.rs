@@ -54,4 +54,7 @@ pub use error::ClientError;
 pub use once_core::{AttemptContext, State};
 pub use operator::{ListFilter, Page, Reconciled, Resolution, Truth, Watch, WatchRequest, Watched};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};
-pub use view::{AttemptView, CallView, EventView, ForensicsView, OperationView, WatchedEvent};
+pub use view::{
+    AgesView, AttemptView, CallView, EventView, ForensicsView, OperationView, StatsView,
+    WatchedEvent,
+};

@@ -14,7 +14,7 @@ use tonic::Streaming;
 use crate::client::LedgerClient;
 use crate::error::ClientError;
 use crate::transport::{refusal, retryable, Retries, Transport};
-use crate::view::{ForensicsView, OperationView, WatchedEvent};
+use crate::view::{ForensicsView, OperationView, StatsView, WatchedEvent};
 use crate::wire::{self, duration, state_to_pb};
 
 /// Which operations a listing holds.
@@ -298,6 +298,23 @@ impl LedgerClient {
             state: wire::state(reconciled.state),
             detail: reconciled.detail,
         })
+    }
+
+    /// The tenant's figures: now, and over the last `window`.
+    pub async fn stats(&self, window: Duration) -> Result<StatsView, ClientError> {
+        let request = pb::GetStatsRequest {
+            window: Some(duration(window)),
+        };
+        let found = self
+            .transport()
+            .call(
+                Retries::Tries,
+                Duration::ZERO,
+                |mut grpc, request| async move { grpc.get_stats(request).await },
+                request,
+            )
+            .await?;
+        Ok(wire::stats(found))
     }
 
     /// Where the repeated calls of the tenant's operations (of one tool, when given) came from

@@ -1,6 +1,6 @@
 //! What the ledger holds about an operation, for status tools and people.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use once_core::{AttemptContext, State};
 
@@ -120,4 +120,28 @@ pub struct WatchedEvent {
     /// The state the operation was in once the event was recorded.
     pub state: Option<State>,
     pub event: EventView,
+}
+
+/// Durations summed up: how many, percentiles (nearest rank) and the longest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AgesView {
+    pub count: u64,
+    pub p50: Duration,
+    pub p90: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+/// A tenant's figures, now and over a window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsView {
+    /// Operations in each state, by tool, now.
+    pub operations: Vec<(State, String, u64)>,
+    /// How long the UNKNOWN operations have been UNKNOWN, now.
+    pub unknown: AgesView,
+    /// For each door out of UNKNOWN (`late_report`, `reconciler`, `operator`), how long the
+    /// operations that went through it in the window had been UNKNOWN.
+    pub resolved: Vec<(String, AgesView)>,
+    /// Anomalies and escalations recorded in the window, by kind.
+    pub events: Vec<(String, u64)>,
 }

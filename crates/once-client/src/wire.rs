@@ -6,7 +6,10 @@ use std::time::{Duration, SystemTime};
 use once_api::pb;
 use once_core::{AttemptContext, State};
 
-use crate::view::{AttemptView, CallView, EventView, ForensicsView, OperationView, WatchedEvent};
+use crate::view::{
+    AgesView, AttemptView, CallView, EventView, ForensicsView, OperationView, StatsView,
+    WatchedEvent,
+};
 
 pub(crate) fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
@@ -77,6 +80,38 @@ fn attempt_context(context: pb::AttemptContext) -> AttemptContext {
         client_name: present(context.client_name),
         session_id: present(context.session_id),
         request_id: present(context.request_id),
+    }
+}
+
+pub(crate) fn stats(found: pb::GetStatsResponse) -> StatsView {
+    let ages = |a: Option<pb::Ages>| {
+        let a = a.unwrap_or_default();
+        let d = |d: Option<prost_types::Duration>| d.map(std_duration).unwrap_or_default();
+        AgesView {
+            count: a.count,
+            p50: d(a.p50),
+            p90: d(a.p90),
+            p99: d(a.p99),
+            max: d(a.max),
+        }
+    };
+    StatsView {
+        operations: found
+            .operations
+            .into_iter()
+            .filter_map(|c| Some((state(c.state)?, c.tool, c.count)))
+            .collect(),
+        unknown: ages(found.unknown),
+        resolved: found
+            .resolved
+            .into_iter()
+            .map(|d| (d.door, ages(d.ages)))
+            .collect(),
+        events: found
+            .events
+            .into_iter()
+            .map(|e| (e.kind, e.count))
+            .collect(),
     }
 }
 

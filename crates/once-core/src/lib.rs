@@ -16,6 +16,7 @@ pub mod machine;
 pub mod model;
 pub mod once_id;
 pub mod reconcile;
+pub mod stats;
 
 #[cfg(test)]
 mod simulation_tests;

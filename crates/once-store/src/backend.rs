@@ -6,6 +6,7 @@ use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
+use once_core::stats::Stats;
 use once_core::{
     Attempt, BeginCommand, Event, FencingToken, ListQuery, Listed, Millis, Operation,
     OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
@@ -202,6 +203,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
         filter: &WatchFilter,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<OperationEvent>, StoreError>> + Send;
+
+    /// `tenant`'s figures: its operations by state and tool and the ages of its UNKNOWN ones
+    /// now, and what left UNKNOWN and the anomalies recorded over the last `window_ms`, by the
+    /// store's clock.
+    fn stats(
+        &self,
+        tenant: &str,
+        window_ms: i64,
+    ) -> impl Future<Output = Result<Stats, StoreError>> + Send;
 
     /// Records duplicates, all in one statement.
     fn record_duplicates(

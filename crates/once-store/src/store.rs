@@ -4,9 +4,10 @@ use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
 use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
+use once_core::stats::Stats;
 use once_core::{
-    Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Listed, Millis, Operation,
-    OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
+    Attempt, BeginCommand, Blocking, Event, EventKind, FencingToken, ListQuery, Listed, Millis,
+    Operation, OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
 };
 use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row,
@@ -74,6 +75,9 @@ where
     for<'r> WatchedEventRow: FromRow<'r, D::Row>,
     for<'r> ListedRow: FromRow<'r, D::Row>,
     for<'r> DuplicateRow: FromRow<'r, D::Row>,
+    for<'r> (String, String, i64): FromRow<'r, D::Row>,
+    for<'r> (String, Option<i64>): FromRow<'r, D::Row>,
+    for<'r> (String, i64): FromRow<'r, D::Row>,
     for<'r> (i64, String): FromRow<'r, D::Row>,
     for<'q> Option<i64>: Decode<'q, D>,
     for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
@@ -617,6 +621,68 @@ where
             .fetch_all(&self.pool)
             .await?;
         rows::convert(page)
+    }
+
+    async fn stats(&self, tenant: &str, window_ms: i64) -> Result<Stats, StoreError> {
+        let now = D::NOW;
+        let counts: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT state, tool, COUNT(*) FROM operations WHERE tenant = $1 \
+             GROUP BY state, tool ORDER BY state, tool",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
+        let counts = counts
+            .into_iter()
+            .map(|(state, tool, n)| Ok((rows::state(&state)?, tool, n)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let ages: Vec<(i64,)> = sqlx::query_as(&format!(
+            "SELECT {now} - COALESCE(unknown_since, updated_at) FROM operations \
+             WHERE tenant = $1 AND state = 'UNKNOWN'"
+        ))
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
+        // Each move out of UNKNOWN in the window, and how long after the operation's latest
+        // move into UNKNOWN in the same life.
+        let resolved: Vec<(String, Option<i64>)> = sqlx::query_as(&format!(
+            "SELECT e.kind, e.at - (SELECT MAX(u.at) FROM events u WHERE u.tenant = e.tenant \
+             AND u.operation_id = e.operation_id AND u.life = e.life AND u.to_state = 'UNKNOWN' \
+             AND u.sequence < e.sequence) FROM events e WHERE e.tenant = $1 \
+             AND e.at >= {now} - $2 AND e.from_state = 'UNKNOWN' \
+             AND e.to_state IN ('CONFIRMED', 'ABSENT')"
+        ))
+        .bind(tenant)
+        .bind(window_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let resolved = resolved
+            .into_iter()
+            .filter_map(|(kind, took)| Some((EventKind::parse(&kind)?, took?)))
+            .collect();
+        let kinds: Vec<String> = once_core::stats::COUNTED
+            .iter()
+            .map(|k| format!("'{}'", k.as_str()))
+            .collect();
+        let events: Vec<(String, i64)> = sqlx::query_as(&format!(
+            "SELECT kind, COUNT(*) FROM events WHERE tenant = $1 AND at >= {now} - $2 \
+             AND kind IN ({}) GROUP BY kind",
+            kinds.join(", ")
+        ))
+        .bind(tenant)
+        .bind(window_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let events = events
+            .into_iter()
+            .filter_map(|(kind, n)| Some((EventKind::parse(&kind)?, n)))
+            .collect();
+        Ok(Stats::of(
+            counts,
+            ages.into_iter().map(|(age,)| age).collect(),
+            resolved,
+            events,
+        ))
     }
 
     async fn record_duplicates(&self, duplicates: &[Duplicate]) -> Result<(), StoreError> {

@@ -92,6 +92,12 @@ pub enum Command {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         wait: Duration,
     },
+    /// Counts by state and tool, UNKNOWN ages, time to resolution by door, anomalies.
+    Stats {
+        /// How far back resolutions and anomalies are counted.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        window: Duration,
+    },
     /// Where repeated calls came from: retries, reconnects, re-issues, other clients.
     Forensics {
         /// Only this tool's operations.

@@ -4,7 +4,8 @@
 use std::time::SystemTime;
 
 use once_client::{
-    AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled, WatchedEvent,
+    AgesView, AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled,
+    StatsView, WatchedEvent,
 };
 use once_core::access::{Credential, Role};
 use once_core::State;
@@ -75,6 +76,42 @@ pub fn call(c: &CallView) -> Value {
         "actor": c.actor,
         "requested_operation_id": c.requested_operation_id,
         "origin": c.origin,
+    })
+}
+
+fn ages(a: &AgesView) -> Value {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    json!({
+        "count": a.count,
+        "p50_ms": ms(a.p50),
+        "p90_ms": ms(a.p90),
+        "p99_ms": ms(a.p99),
+        "max_ms": ms(a.max),
+    })
+}
+
+pub fn stats(s: &StatsView, window: &str) -> Value {
+    let operations: Vec<Value> = s
+        .operations
+        .iter()
+        .map(|(state, tool, count)| json!({"state": state.as_str(), "tool": tool, "count": count}))
+        .collect();
+    let resolved: serde_json::Map<String, Value> = s
+        .resolved
+        .iter()
+        .map(|(door, a)| (door.clone(), ages(a)))
+        .collect();
+    let events: serde_json::Map<String, Value> = s
+        .events
+        .iter()
+        .map(|(kind, n)| (kind.clone(), Value::from(*n)))
+        .collect();
+    json!({
+        "window": window,
+        "operations": operations,
+        "unknown": ages(&s.unknown),
+        "resolved": resolved,
+        "events": events,
     })
 }
 

@@ -142,6 +142,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Reconcile { operation, wait } => reconcile(&ledger, &out, &operation, wait).await,
         Command::Watch(args) => watch(&ledger, &out, args).await,
         Command::Forensics { tool, since } => forensics(&ledger, &out, tool, since).await,
+        Command::Stats { window } => stats(&ledger, &out, window).await,
         Command::Keys(command) => keys(&ledger, &out, command).await,
         Command::Completions { .. } => unreachable!("handled above"),
     }
@@ -322,6 +323,17 @@ async fn reconcile(
         out.json(&json::reconciled(operation, &reconciled));
     } else {
         out.print(&render::reconciled(&out.look, operation, &reconciled));
+    }
+    Ok(())
+}
+
+async fn stats(ledger: &LedgerClient, out: &Out, window: Duration) -> Result<(), Failure> {
+    let found = ledger.stats(window).await?;
+    let window = humantime::format_duration(window).to_string();
+    if out.json {
+        out.json(&json::stats(&found, &window));
+    } else {
+        out.print(&render::stats(&out.look, &found, &window));
     }
     Ok(())
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 use anstyle::{AnsiColor, Style};
 use comfy_table::{presets, Attribute, Cell, Color, ContentArrangement, Table};
 use once_client::{
-    AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled, Truth, WatchedEvent,
+    AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled, StatsView, Truth,
+    WatchedEvent,
 };
 use once_core::access::Credential;
 use once_core::State;
@@ -292,6 +293,69 @@ fn call(look: &Look, c: &CallView) -> String {
     );
     if let Some(requested) = &c.requested_operation_id {
         out += &format!("                asked for {requested} (the same intent)\n");
+    }
+    out
+}
+
+/// `oncectl stats`: the tenant's figures.
+pub fn stats(look: &Look, s: &StatsView, window: &str) -> String {
+    let mut out = format!("{}\n", look.bold("Operations now"));
+    if s.operations.is_empty() {
+        out += "  none\n";
+    } else {
+        let mut table = look.table();
+        look.header(&mut table, &["STATE", "TOOL", "COUNT"]);
+        for (state, tool, count) in &s.operations {
+            table.add_row(vec![state_cell(*state), Cell::new(tool), Cell::new(count)]);
+        }
+        out += &trimmed(&mut table);
+    }
+    let u = &s.unknown;
+    if u.count > 0 {
+        out += &format!(
+            "UNKNOWN for: p50 {}, p90 {}, p99 {}, the oldest {} ({} operations)\n",
+            age(u.p50),
+            age(u.p90),
+            age(u.p99),
+            age(u.max),
+            u.count
+        );
+    }
+    out += &format!(
+        "\n{}\n",
+        look.bold(&format!("Left UNKNOWN over the last {window}"))
+    );
+    let mut table = look.table();
+    look.header(
+        &mut table,
+        &["DOOR", "COUNT", "P50", "P90", "P99", "LONGEST"],
+    );
+    for (door, a) in &s.resolved {
+        let took = |d: Duration| if a.count == 0 { "-".to_owned() } else { age(d) };
+        table.add_row(vec![
+            Cell::new(door.replace('_', " ")),
+            Cell::new(a.count),
+            Cell::new(took(a.p50)),
+            Cell::new(took(a.p90)),
+            Cell::new(took(a.p99)),
+            Cell::new(took(a.max)),
+        ]);
+    }
+    out += &trimmed(&mut table);
+    let events: Vec<String> = s
+        .events
+        .iter()
+        .map(|(kind, n)| format!("{n} {kind}"))
+        .collect();
+    out += &format!(
+        "\n{}\n",
+        look.bold(&format!("Anomalies and escalations over the last {window}"))
+    );
+    for line in wrap(
+        &events.join(", "),
+        usize::from(look.width).saturating_sub(2),
+    ) {
+        out += &format!("  {line}\n");
     }
     out
 }

@@ -258,3 +258,35 @@ fn forensics_over_a_window_say_where_repeats_came_from() {
     };
     insta::assert_snapshot!(forensics(&plain(), &found, "1h"));
 }
+
+#[test]
+fn stats_fit_80_columns() {
+    let minutes = |m: u64| Duration::from_secs(60 * m);
+    let ages = |count, p50, max| once_client::AgesView {
+        count,
+        p50: minutes(p50),
+        p90: minutes(max),
+        p99: minutes(max),
+        max: minutes(max),
+    };
+    let figures = once_client::StatsView {
+        operations: vec![
+            (State::Confirmed, "issue_refund".into(), 1204),
+            (State::Unknown, "issue_refund".into(), 3),
+        ],
+        unknown: ages(3, 4, 12),
+        resolved: vec![
+            ("late_report".into(), ages(2, 0, 1)),
+            ("reconciler".into(), ages(5, 2, 9)),
+            ("operator".into(), ages(0, 0, 0)),
+        ],
+        events: vec![
+            ("DOUBLE_EXECUTION".into(), 0),
+            ("RESOLUTION_CONTRADICTED".into(), 0),
+            ("ESCALATED".into(), 1),
+        ],
+    };
+    let text = stats(&plain(), &figures, "1h");
+    assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+    insta::assert_snapshot!(text);
+}

@@ -165,6 +165,24 @@ async fn list_show_and_resolve_an_unknown_operation(store: Store) {
     assert_eq!(last["actor"], "operator:alice");
     assert_eq!(last["reason"], "no refund in the provider's dashboard");
 
+    // The figures: the resolution went through the operator's door.
+    let stats = json(&oncectl(ledger.addr, &["stats", "--window", "1h", "--json"]).await);
+    assert_eq!(stats["resolved"]["operator"]["count"], 1);
+    assert_eq!(stats["resolved"]["reconciler"]["count"], 0);
+    assert_eq!(stats["unknown"]["count"], 0);
+    let states: Vec<(&str, i64)> = stats["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["state"].as_str().unwrap(), c["count"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(states, [("ABSENT", 1), ("CONFIRMED", 1)]);
+    let text = String::from_utf8(oncectl(ledger.addr, &["stats"]).await.stdout).unwrap();
+    assert!(
+        text.contains("operator") && text.contains("ESCALATED"),
+        "{text}"
+    );
+
     // A duplicate of the confirmed one (the harness retrying in the same session): recorded,
     // and told apart.
     let mut again = begin("refund:o-2", ARGS);

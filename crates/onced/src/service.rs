@@ -191,6 +191,23 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
     }
 
     #[instrument(skip_all)]
+    async fn get_stats(
+        &self,
+        request: Request<pb::GetStatsRequest>,
+    ) -> Result<Response<pb::GetStatsResponse>, Status> {
+        let principal = self.access.admit(&request, Allowed::READ).await?;
+        let window = convert::get_stats(request.into_inner(), self.limits.max_retention_ms)
+            .map_err(status::invalid)?;
+        let stats = self
+            .ledger
+            .backend()
+            .stats(&principal.tenant, window)
+            .await
+            .map_err(status::store)?;
+        Ok(Response::new(convert::stats_response(stats)))
+    }
+
+    #[instrument(skip_all)]
     async fn get_forensics(
         &self,
         request: Request<pb::GetForensicsRequest>,
