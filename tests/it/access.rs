@@ -272,6 +272,7 @@ async fn call(
                 .get_operation(with_key(
                     pb::GetOperationRequest {
                         operation_id: id.into(),
+                        ..Default::default()
                     },
                     key,
                 ))
@@ -394,6 +395,7 @@ async fn snapshot(ledger: &mut LedgerClient<Channel>, keys: &Keys, id: &str) -> 
         .get_operation(with_key(
             pb::GetOperationRequest {
                 operation_id: id.into(),
+                ..Default::default()
             },
             Some(&find(&keys.own, "reader")),
         ))
@@ -453,6 +455,7 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
                     .get_operation(with_key(
                         pb::GetOperationRequest {
                             operation_id: "order-1".into(),
+                            ..Default::default()
                         },
                         acme.as_deref(),
                     ))
@@ -699,6 +702,129 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
     server.stop().await;
 }
 
+on_both_backends!(only_an_admin_reads_another_tenant);
+
+/// A read may name a tenant: its own, or — with the admin role, which is ledger-wide — any.
+/// Naming another without it is refused alike for every name, so the refusal reveals nothing.
+async fn only_an_admin_reads_another_tenant(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &[]).await;
+    let mut ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    let keys = keys_for_matrix(&mut admin, &admin_key).await;
+    let acme = find(&keys.own, "executor");
+    let begun = ledger
+        .begin(with_key(begin("order-9", ARGS), Some(&acme)))
+        .await
+        .unwrap()
+        .into_inner();
+    expect_execute(&begun);
+
+    let list = |tenant: &str| pb::ListOperationsRequest {
+        tenant: tenant.into(),
+        ..Default::default()
+    };
+    let ids = |response: pb::ListOperationsResponse| -> Vec<String> {
+        response
+            .operations
+            .into_iter()
+            .map(|o| o.operation_id)
+            .collect()
+    };
+    // globex's admin reads acme's operations, by name.
+    let globex_admin = find(&keys.other, "admin");
+    let listed = ledger
+        .list_operations(with_key(list("acme"), Some(&globex_admin)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ids(listed), ["order-9"]);
+    let found = ledger
+        .get_operation(with_key(
+            pb::GetOperationRequest {
+                operation_id: "order-9".into(),
+                tenant: "acme".into(),
+            },
+            Some(&globex_admin),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(found.operation.unwrap().operation_id, "order-9");
+    let stats = ledger
+        .get_stats(with_key(
+            pb::GetStatsRequest {
+                tenant: "acme".into(),
+                ..Default::default()
+            },
+            Some(&globex_admin),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.operations.len(), 1);
+    let mut watched = ledger
+        .watch_operations(with_key(
+            pb::WatchOperationsRequest {
+                tenant: "acme".into(),
+                ..Default::default()
+            },
+            Some(&globex_admin),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watched.message().await.unwrap().unwrap();
+    assert!(
+        matches!(first.item, Some(pb::watch_operations_response::Item::Event(e)) if e.operation_id == "order-9")
+    );
+    let invalid = ledger
+        .list_operations(with_key(list("Not A Tenant"), Some(&globex_admin)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (invalid.code(), field(&invalid)),
+        (Code::InvalidArgument, "tenant".to_owned())
+    );
+
+    // acme's reader may name its own tenant; globex's reader and operator may not name acme,
+    // and are told so exactly as for a tenant that does not exist.
+    let acme_reader = find(&keys.own, "reader");
+    let listed = ledger
+        .list_operations(with_key(list("acme"), Some(&acme_reader)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ids(listed), ["order-9"]);
+    for role in ["reader", "operator"] {
+        let key = find(&keys.other, role);
+        let named = ledger
+            .list_operations(with_key(list("acme"), Some(&key)))
+            .await
+            .unwrap_err();
+        let missing = ledger
+            .list_operations(with_key(list("no-such-tenant"), Some(&key)))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (named.code(), reason(&named)),
+            (Code::PermissionDenied, "ROLE_NOT_ALLOWED".to_owned())
+        );
+        let info = |status: &Status| {
+            use tonic_types::StatusExt as _;
+            let info = status.get_error_details().error_info().cloned().unwrap();
+            let metadata: std::collections::BTreeMap<_, _> = info.metadata.into_iter().collect();
+            (info.reason, info.domain, metadata)
+        };
+        assert_eq!(
+            (named.message(), info(&named)),
+            (missing.message(), info(&missing)),
+            "{role}"
+        );
+    }
+    server.stop().await;
+}
+
 on_both_backends!(an_open_ledger_closes_when_its_first_key_is_created);
 
 /// Without credentials the ledger is open (tenant `default`); once one exists, it is required:
@@ -730,6 +856,7 @@ async fn an_open_ledger_closes_when_its_first_key_is_created(store: Store) {
         .get_operation(with_key(
             pb::GetOperationRequest {
                 operation_id: "open-1".into(),
+                ..Default::default()
             },
             Some(&key.secret),
         ))
@@ -925,6 +1052,7 @@ async fn revocation_reaches_every_replica_within_the_credential_ttl(store: Store
         .get_operation(with_key(
             pb::GetOperationRequest {
                 operation_id: "rev-1".into(),
+                ..Default::default()
             },
             Some(acme),
         ))
@@ -1019,6 +1147,7 @@ async fn each_tenant_is_looked_up_with_its_own_credentials(store: Store) {
                     .get_operation(with_key(
                         pb::GetOperationRequest {
                             operation_id: "ticket-1".into(),
+                            ..Default::default()
                         },
                         Some(key),
                     ))

@@ -117,6 +117,7 @@ async fn each_repeated_call_is_recorded_and_its_origin_told(store: Store) {
         .get_forensics(pb::GetForensicsRequest {
             tool: "issue_refund".into(),
             since: Some(ms(3_600_000)),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -144,6 +145,7 @@ async fn each_repeated_call_is_recorded_and_its_origin_told(store: Store) {
         .get_forensics(pb::GetForensicsRequest {
             tool: "send_email".into(),
             since: None,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -38,7 +38,7 @@ async fn stats_count_states_unknown_ages_doors_and_anomalies(store: Store) {
     claim(&mut client, email).await;
 
     let stats = client
-        .get_stats(pb::GetStatsRequest { window: None })
+        .get_stats(pb::GetStatsRequest::default())
         .await
         .unwrap()
         .into_inner();

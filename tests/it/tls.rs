@@ -84,6 +84,7 @@ async fn tls_with_a_private_ca_refuses_plaintext(store: Store) {
     let missing = LedgerClient::new(trusting)
         .get_operation(once_api::pb::GetOperationRequest {
             operation_id: "tls-2".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -180,6 +181,7 @@ async fn client_certificates_stand_in_for_keys(store: Store) {
     let history = LedgerClient::new(channel)
         .get_operation(once_api::pb::GetOperationRequest {
             operation_id: "mtls-1".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

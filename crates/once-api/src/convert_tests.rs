@@ -371,6 +371,7 @@ fn cases(token: u64) -> Vec<(&'static str, Call, &'static str)> {
             "get without operation id",
             Call::Get(pb::GetOperationRequest {
                 operation_id: String::new(),
+                ..Default::default()
             }),
             "operation_id",
         ),

@@ -22,6 +22,8 @@ use crate::wire::{self, duration, std_duration, system_time};
 #[derive(Debug, Clone)]
 pub struct LedgerClient {
     transport: Transport,
+    /// The tenant its reads name, if not the key's own (see [`LedgerClient::reading`]).
+    tenant: Option<String>,
 }
 
 impl LedgerClient {
@@ -29,7 +31,22 @@ impl LedgerClient {
     pub fn connect(config: ClientConfig) -> Result<Self, ClientError> {
         Ok(Self {
             transport: Transport::new(config)?,
+            tenant: None,
         })
+    }
+
+    /// The same client, its reads (`get`, listings, watches, figures) naming `tenant`: another
+    /// tenant's operations, for a key with the admin role.
+    pub fn reading(&self, tenant: impl Into<String>) -> Self {
+        Self {
+            transport: self.transport.clone(),
+            tenant: Some(tenant.into()),
+        }
+    }
+
+    /// The tenant reads name: empty for the key's own.
+    pub(crate) fn read_tenant(&self) -> String {
+        self.tenant.clone().unwrap_or_default()
     }
 
     pub(crate) fn transport(&self) -> &Transport {
@@ -166,6 +183,7 @@ impl LedgerClient {
     pub async fn get(&self, operation_id: &str) -> Result<OperationView, ClientError> {
         let request = pb::GetOperationRequest {
             operation_id: operation_id.into(),
+            tenant: self.read_tenant(),
         };
         let found = self
             .transport

@@ -112,6 +112,8 @@ pub enum Watched {
 pub struct Watch {
     transport: Transport,
     request: WatchRequest,
+    /// The tenant it names: empty for the key's own.
+    tenant: String,
     stream: Option<Streaming<pb::WatchOperationsResponse>>,
     /// Failed tries to open the stream since it last yielded something.
     failures: u32,
@@ -192,6 +194,7 @@ impl Watch {
                 .collect(),
             kinds: self.request.kinds.clone(),
             tool: self.request.tool.clone().unwrap_or_default(),
+            tenant: self.tenant.clone(),
         };
         // No deadline: the stream lasts as long as the watcher wants it.
         let request = self.transport.authorized(request);
@@ -220,6 +223,7 @@ impl LedgerClient {
             older_than: filter.older_than.map(duration),
             page_size,
             page_token: page.unwrap_or_default().to_owned(),
+            tenant: self.read_tenant(),
         };
         let listed = self
             .transport()
@@ -304,6 +308,7 @@ impl LedgerClient {
     pub async fn stats(&self, window: Duration) -> Result<StatsView, ClientError> {
         let request = pb::GetStatsRequest {
             window: Some(duration(window)),
+            tenant: self.read_tenant(),
         };
         let found = self
             .transport()
@@ -327,6 +332,7 @@ impl LedgerClient {
         let request = pb::GetForensicsRequest {
             tool: tool.unwrap_or_default().to_owned(),
             since: Some(duration(since)),
+            tenant: self.read_tenant(),
         };
         let found = self
             .transport()
@@ -346,6 +352,7 @@ impl LedgerClient {
         Watch {
             transport: self.transport().clone(),
             request,
+            tenant: self.read_tenant(),
             stream: None,
             failures: 0,
         }

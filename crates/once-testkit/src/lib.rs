@@ -622,6 +622,7 @@ pub async fn resolve(
     let examined = client
         .get_operation(pb::GetOperationRequest {
             operation_id: id.into(),
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner().operation.unwrap_or_default().fencing_token)
@@ -666,6 +667,7 @@ pub async fn get(client: &mut LedgerClient<Channel>, id: &str) -> pb::GetOperati
     client
         .get_operation(pb::GetOperationRequest {
             operation_id: id.into(),
+            ..Default::default()
         })
         .await
         .expect("get operation")

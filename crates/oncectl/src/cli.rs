@@ -82,6 +82,9 @@ pub enum Command {
     Show {
         /// The operation id.
         operation: String,
+        /// Another tenant's (a key with the admin role).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Settle an UNKNOWN operation, with the attempt you examined and a reason.
     Resolve(ResolveArgs),
@@ -97,6 +100,9 @@ pub enum Command {
         /// How far back resolutions and anomalies are counted.
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         window: Duration,
+        /// Another tenant's (a key with the admin role).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Where repeated calls came from: retries, reconnects, re-issues, other clients.
     Forensics {
@@ -106,6 +112,9 @@ pub enum Command {
         /// How far back (e.g. 15m, 1h, 1d).
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         since: Duration,
+        /// Another tenant's (a key with the admin role).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Follow changes as they happen; reconnects and resumes without gaps or repeats.
     Watch(WatchArgs),
@@ -160,6 +169,9 @@ pub struct ListArgs {
     /// At most this many (every page is fetched until then).
     #[arg(long, default_value_t = 500)]
     pub limit: usize,
+    /// Another tenant's (a key with the admin role).
+    #[arg(long)]
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -215,6 +227,9 @@ pub struct WatchArgs {
     /// Stop after this many events.
     #[arg(long)]
     pub count: Option<usize>,
+    /// Another tenant's (a key with the admin role).
+    #[arg(long)]
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -136,15 +136,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let out = Out::new(&cli.global);
     let ledger = LedgerClient::connect(settings.client).map_err(Failure::from)?;
     match cli.command {
-        Command::List(args) => list(&ledger, &out, args).await,
-        Command::Show { operation } => show(&ledger, &out, &operation).await,
+        Command::List(args) => list(&reading(&ledger, &args.tenant), &out, args).await,
+        Command::Show { operation, tenant } => {
+            show(&reading(&ledger, &tenant), &out, &operation).await
+        }
         Command::Resolve(args) => resolve(&ledger, &out, &settings.operator, args).await,
         Command::Reconcile { operation, wait } => reconcile(&ledger, &out, &operation, wait).await,
-        Command::Watch(args) => watch(&ledger, &out, args).await,
-        Command::Forensics { tool, since } => forensics(&ledger, &out, tool, since).await,
-        Command::Stats { window } => stats(&ledger, &out, window).await,
+        Command::Watch(args) => watch(&reading(&ledger, &args.tenant), &out, args).await,
+        Command::Forensics {
+            tool,
+            since,
+            tenant,
+        } => forensics(&reading(&ledger, &tenant), &out, tool, since).await,
+        Command::Stats { window, tenant } => stats(&reading(&ledger, &tenant), &out, window).await,
         Command::Keys(command) => keys(&ledger, &out, command).await,
         Command::Completions { .. } => unreachable!("handled above"),
+    }
+}
+
+/// The client, its reads naming `tenant` when one is given.
+fn reading(ledger: &LedgerClient, tenant: &Option<String>) -> LedgerClient {
+    match tenant {
+        Some(tenant) => ledger.reading(tenant),
+        None => ledger.clone(),
     }
 }
 

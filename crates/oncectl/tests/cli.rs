@@ -548,6 +548,16 @@ async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
         "{}",
         stderr(&nobody)
     );
+    // Only an admin reads another tenant's operations.
+    let other = oncectl_with(
+        ledger.addr,
+        &["list", "--tenant", "globex", "--json"],
+        &admin,
+    )
+    .await;
+    assert_eq!(json(&other)["operations"], serde_json::json!([]));
+    let refused = oncectl_with(ledger.addr, &["list", "--tenant", "globex"], &operator).await;
+    assert_eq!(code(&refused), 4, "{}", stderr(&refused));
     // An operator key administers nothing.
     let refused = oncectl_with(ledger.addr, &["keys", "list"], &operator).await;
     assert_eq!(code(&refused), 4, "{}", stderr(&refused));

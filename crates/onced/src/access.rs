@@ -91,6 +91,9 @@ impl Allowed {
     pub const READ: Allowed = Allowed::limited(&[Role::Reader, Role::Operator]);
     pub const OPERATOR: Allowed = Allowed::limited(&[Role::Operator]);
     pub const ADMIN: Allowed = Allowed::limited(&[Role::Admin]);
+    /// Any role: for a read naming a tenant, whose roles [`Access::admit_read`] checks itself.
+    const ANY: Allowed =
+        Allowed::limited(&[Role::Executor, Role::Reader, Role::Operator, Role::Admin]);
 
     const fn limited(roles: &'static [Role]) -> Self {
         Allowed {
@@ -238,6 +241,34 @@ impl<B: Backend> Access<B> {
             max_in_flight: tenant.max_in_flight,
             credential: Some(credential),
         })
+    }
+
+    /// Admits a read of a tenant's operations and says whose: the caller's own tenant when
+    /// `named` is empty (or names it), with a role `allowed` names; any tenant, for a key with
+    /// the admin role (which is ledger-wide). Naming another tenant without it is refused the
+    /// same way whichever tenant is named, so the refusal says nothing of that tenant.
+    pub async fn admit_read<T>(
+        &self,
+        request: &Request<T>,
+        allowed: Allowed,
+        named: &str,
+    ) -> Result<String, Status> {
+        if named.is_empty() {
+            return Ok(self.admit(request, allowed).await?.tenant);
+        }
+        let principal = self.admit(request, Allowed::ANY).await?;
+        let roles = principal.credential.as_ref().map(|c| c.roles);
+        let holds = |role: Role| roles.is_none_or(|held| held.contains(role));
+        if named == principal.tenant && allowed.roles.iter().any(|r| holds(*r)) {
+            return Ok(principal.tenant);
+        }
+        if !holds(Role::Admin) {
+            let held = roles.map_or_else(|| "every role".to_owned(), |r| r.to_string());
+            return Err(status::permission_denied("admin", &held));
+        }
+        once_core::access::check_tenant_name(named)
+            .map_err(|message| status::invalid(once_core::Invalid::new("tenant", message)))?;
+        Ok(named.to_owned())
     }
 
     /// Refuses a Begin that would start a new execution while its tenant holds its cap of

@@ -177,12 +177,16 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetOperationRequest>,
     ) -> Result<Response<pb::GetOperationResponse>, Status> {
-        let principal = self.access.admit(&request, Allowed::READ_ONE).await?;
+        let named = request.get_ref().tenant.clone();
+        let tenant = self
+            .access
+            .admit_read(&request, Allowed::READ_ONE, &named)
+            .await?;
         let id = convert::get_operation(request.into_inner()).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         let (op, attempts, events, calls) = self
             .ledger
-            .explain(&principal.tenant, &id)
+            .explain(&tenant, &id)
             .await
             .map_err(status::store)?;
         Ok(Response::new(convert::explained(
@@ -195,13 +199,17 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        let principal = self.access.admit(&request, Allowed::READ).await?;
+        let named = request.get_ref().tenant.clone();
+        let tenant = self
+            .access
+            .admit_read(&request, Allowed::READ, &named)
+            .await?;
         let window = convert::get_stats(request.into_inner(), self.limits.max_retention_ms)
             .map_err(status::invalid)?;
         let stats = self
             .ledger
             .backend()
-            .stats(&principal.tenant, window)
+            .stats(&tenant, window)
             .await
             .map_err(status::store)?;
         Ok(Response::new(convert::stats_response(stats)))
@@ -212,19 +220,18 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetForensicsRequest>,
     ) -> Result<Response<pb::GetForensicsResponse>, Status> {
-        let principal = self.access.admit(&request, Allowed::READ).await?;
+        let named = request.get_ref().tenant.clone();
+        let tenant = self
+            .access
+            .admit_read(&request, Allowed::READ, &named)
+            .await?;
         let (tool, since_ms) =
             convert::get_forensics(request.into_inner(), self.limits.max_retention_ms)
                 .map_err(status::invalid)?;
         let since = duplicates::now_ms() - since_ms;
         let (operations, summary) = self
             .ledger
-            .forensics(
-                &principal.tenant,
-                tool.as_deref(),
-                since,
-                FORENSICS_OPERATIONS,
-            )
+            .forensics(&tenant, tool.as_deref(), since, FORENSICS_OPERATIONS)
             .await
             .map_err(status::store)?;
         Ok(Response::new(convert::forensics_response(
@@ -237,11 +244,15 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ListOperationsRequest>,
     ) -> Result<Response<pb::ListOperationsResponse>, Status> {
-        let principal = self.access.admit(&request, Allowed::READ).await?;
+        let named = request.get_ref().tenant.clone();
+        let tenant = self
+            .access
+            .admit_read(&request, Allowed::READ, &named)
+            .await?;
         let query = convert::list_operations(request.into_inner()).map_err(status::invalid)?;
         let (operations, next) = self
             .ledger
-            .list(&principal.tenant, &query)
+            .list(&tenant, &query)
             .await
             .map_err(status::store)?;
         Ok(Response::new(pb::ListOperationsResponse {
@@ -259,17 +270,16 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::WatchOperationsRequest>,
     ) -> Result<Response<Self::WatchOperationsStream>, Status> {
-        let principal = self.access.admit(&request, Allowed::READ).await?;
+        let named = request.get_ref().tenant.clone();
+        let tenant = self
+            .access
+            .admit_read(&request, Allowed::READ, &named)
+            .await?;
         let (start, filter) =
             convert::watch_operations(request.into_inner()).map_err(status::invalid)?;
         let stream = self
             .feed
-            .watch(
-                self.ledger.backend().clone(),
-                principal.tenant,
-                start,
-                filter,
-            )
+            .watch(self.ledger.backend().clone(), tenant, start, filter)
             .await?;
         Ok(Response::new(ReceiverStream::new(stream)))
     }
