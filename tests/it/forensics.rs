@@ -8,7 +8,10 @@ use once_api::pb;
 
 use crate::support::*;
 
-on_both_backends!(each_repeated_call_is_recorded_and_its_origin_told);
+on_both_backends!(
+    each_repeated_call_is_recorded_and_its_origin_told,
+    an_operation_replayed_without_end_explains_its_latest_calls,
+);
 
 /// A Begin of `id` with these arguments and this transport context.
 fn call(id: &str, client: &str, session: &str, request: &str) -> pb::BeginRequest {
@@ -151,5 +154,41 @@ async fn each_repeated_call_is_recorded_and_its_origin_told(store: Store) {
         .unwrap()
         .into_inner();
     assert_eq!((other_tool.operations, other_tool.prevented), (0, 0));
+    ledger.stop().await;
+}
+
+async fn an_operation_replayed_without_end_explains_its_latest_calls(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    let grant = claim(&mut client, call("refund:o-2", "claude", "s-1", "1")).await;
+    confirm(&mut client, "refund:o-2", grant.fencing_token, b"{}")
+        .await
+        .unwrap();
+    let replays = once_store::EXPLAINED_DUPLICATES as usize + 30;
+    for n in 0..replays {
+        let replay = client
+            .begin(call("refund:o-2", "claude", "s-1", &format!("r-{n}")))
+            .await
+            .unwrap()
+            .into_inner();
+        expect_replay(&replay);
+    }
+    let recorded = format!("SELECT count(*) FROM duplicates WHERE operation_id = 'refund:o-2'");
+    eventually(
+        Duration::from_secs(10),
+        "every replay to be recorded",
+        || async { (db.scalar(&recorded).await == replays as i64).then_some(()) },
+    )
+    .await;
+    let found = get(&mut client, "refund:o-2").await;
+    // The attempt and the latest duplicates, the last of them the latest replay.
+    assert_eq!(
+        found.calls.len(),
+        once_store::EXPLAINED_DUPLICATES as usize + 1
+    );
+    assert_eq!(found.calls[0].decision, "EXECUTE");
+    let last = found.calls.last().unwrap().context.clone().unwrap();
+    assert_eq!(last.request_id, format!("r-{}", replays - 1));
     ledger.stop().await;
 }

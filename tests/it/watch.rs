@@ -15,6 +15,7 @@ on_both_backends!(
     a_watch_from_now_gets_only_what_is_committed_after_it_began,
     a_slow_watcher_holds_up_no_one_and_still_gets_everything,
     shutdown_ends_open_watches_with_where_to_resume,
+    shutdown_is_not_held_up_by_a_watcher_that_reads_nothing,
 );
 
 /// A once-client for the ledger at `addr`.
@@ -387,4 +388,80 @@ async fn across_replicas_with_a_reconnect_every_event_arrives_once_in_order() {
     assert_eq!(received.len(), stored.len(), "no event missed or repeated");
     assert_eq!(received, stored, "in order");
     first.stop().await;
+}
+
+async fn shutdown_is_not_held_up_by_a_watcher_that_reads_nothing(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    let _stalled = client
+        .watch_operations(pb::WatchOperationsRequest::default())
+        .await
+        .expect("watch")
+        .into_inner();
+    // More than its stream and the connection's flow-control window hold: its task waits for
+    // it to read.
+    for n in 0..300 {
+        let id = format!("stalled-{n}");
+        let grant = claim(&mut client, begin(&id, ARGS)).await;
+        confirm(&mut client, &id, grant.fencing_token, b"{}")
+            .await
+            .unwrap();
+    }
+    // Stops within the harness's limit, though the watcher never read anything.
+    ledger.stop().await;
+}
+
+/// A watch from now starts after the newest event, even while a writer holds the write gate
+/// (so the watermark has not reached it yet): it never replays what came before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_now_replays_nothing_while_a_writer_holds_the_gate() {
+    use once_store::Backend as _;
+    let db = TestDb::new(Store::Postgres).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    some_history(&mut client).await;
+    let before = *sequences(&db).await.last().unwrap();
+    let backend =
+        once_store::PgBackend::connect(&db.url, &once_store::postgres::PgSettings::default())
+            .await
+            .unwrap();
+    let mut writing = backend.begin_write().await.unwrap();
+    let id = once_core::OperationId::parse("id", "held").unwrap();
+    backend.lock(&mut writing, "default", &id).await.unwrap();
+
+    let watching = client
+        .watch_operations(pb::WatchOperationsRequest {
+            from_now: true,
+            ..Default::default()
+        })
+        .await
+        .expect("watch");
+    let starts_after: i64 = watching
+        .metadata()
+        .get(once_api::WATCH_START_HEADER)
+        .expect("the start is said")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        starts_after, before,
+        "after the newest event, not the watermark"
+    );
+    let mut stream = watching.into_inner();
+    claim(&mut client, begin("w-after", ARGS)).await;
+    drop(writing);
+    let first = within(Duration::from_secs(10), "the next event", async {
+        loop {
+            let item = stream.message().await.unwrap().unwrap().item;
+            if let Some(pb::watch_operations_response::Item::Event(e)) = item {
+                return e;
+            }
+        }
+    })
+    .await;
+    assert_eq!(first.operation_id, "w-after");
+    assert!(first.event.unwrap().sequence > before);
+    ledger.stop().await;
 }

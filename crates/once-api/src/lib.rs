@@ -8,6 +8,10 @@ pub mod admin;
 pub mod codec;
 pub mod convert;
 
+/// The response header of WatchOperations naming the sequence the stream starts after, so a
+/// watch from now that breaks before its first message resumes there.
+pub const WATCH_START_HEADER: &str = "once-after-sequence";
+
 /// The `ErrorInfo.domain` of every error the ledger returns.
 pub const ERROR_DOMAIN: &str = "once.ledger.v1";
 

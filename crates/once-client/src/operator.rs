@@ -131,7 +131,12 @@ impl Watch {
         loop {
             let Some(stream) = self.stream.as_mut() else {
                 match self.open().await {
-                    Ok(stream) => {
+                    Ok((stream, start)) => {
+                        // A watch from now resumes where it started, even if it breaks before
+                        // its first message.
+                        if self.request.after.is_none() {
+                            self.request.after = start;
+                        }
                         self.stream = Some(stream);
                         continue;
                     }
@@ -182,7 +187,10 @@ impl Watch {
         })
     }
 
-    async fn open(&self) -> Result<Streaming<pb::WatchOperationsResponse>, tonic::Status> {
+    /// Opens the stream; returns it and the sequence it starts after, as the ledger says.
+    async fn open(
+        &self,
+    ) -> Result<(Streaming<pb::WatchOperationsResponse>, Option<i64>), tonic::Status> {
         let request = pb::WatchOperationsRequest {
             after_sequence: self.request.after.unwrap_or(0),
             from_now: self.request.after.is_none(),
@@ -199,7 +207,12 @@ impl Watch {
         // No deadline: the stream lasts as long as the watcher wants it.
         let request = self.transport.authorized(request);
         let response = self.transport.grpc().watch_operations(request).await?;
-        Ok(response.into_inner())
+        let start = response
+            .metadata()
+            .get(once_api::WATCH_START_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse().ok());
+        Ok((response.into_inner(), start))
     }
 }
 

@@ -30,7 +30,7 @@ pub struct Duplicate {
     /// stopped it.
     pub operation_id: OperationId,
     pub tool: String,
-    /// When it was answered, by the answering replica's clock.
+    /// When it was decided, by the store's clock.
     pub at: Millis,
     /// `REPLAY`, `IN_PROGRESS`, `UNKNOWN`, `CONFLICT`, or `EXECUTE` for the same grant again.
     pub decision: String,

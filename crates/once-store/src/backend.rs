@@ -219,13 +219,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
         duplicates: &[Duplicate],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// The duplicates of one operation recorded at or after `since` (the start of its current
-    /// life), oldest first.
+    /// The latest `limit` duplicates of one operation recorded at or after `since` (the start
+    /// of its current life), oldest first.
     fn duplicates(
         &self,
         tenant: &str,
         id: &OperationId,
         since: Millis,
+        limit: u32,
     ) -> impl Future<Output = Result<Vec<Duplicate>, StoreError>> + Send;
 
     /// At most `limit` duplicates of `tenant` (of one tool, when given) recorded at or after
@@ -254,6 +255,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn listen_for_events(
         &self,
     ) -> impl Future<Output = Result<Option<Announcements>, StoreError>> + Send;
+
+    /// The store's clock.
+    fn clock(&self) -> impl Future<Output = Result<Millis, StoreError>> + Send;
 
     /// Checks that the database answers and accepts writes.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

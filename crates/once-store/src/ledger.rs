@@ -10,6 +10,10 @@ use tokio::sync::Notify;
 
 use crate::{Backend, StoreError};
 
+/// The most duplicates of one operation [`Ledger::explain`] reads: the latest, so an operation
+/// replayed without end still answers GetOperation in one small message.
+pub const EXPLAINED_DUPLICATES: u32 = 100;
+
 /// How often a first claim is retried after losing the race to create the row.
 const CLAIM_RACE_RETRIES: usize = 3;
 
@@ -48,8 +52,9 @@ impl<B: Backend> Ledger<B> {
         Ok(())
     }
 
-    /// Decides a Begin and commits whatever the decision needs before returning it.
-    pub async fn begin(&self, cmd: &BeginCommand) -> Result<BeginDecision, StoreError> {
+    /// Decides a Begin and commits whatever the decision needs before returning it, with the
+    /// moment it was decided, by the store's clock.
+    pub async fn begin(&self, cmd: &BeginCommand) -> Result<(BeginDecision, Millis), StoreError> {
         // Most Begins that write nothing (replays, IN_PROGRESS, UNKNOWN, a retried grant) are
         // answered from a plain read: those states only change under a lock, and each answer is
         // true of the committed state it was read from.
@@ -58,7 +63,7 @@ impl<B: Backend> Ledger<B> {
             machine::begin(current.as_ref(), cmd, now)
         {
             if plan.is_empty() {
-                return Ok(decision);
+                return Ok((decision, now));
             }
         }
         for _ in 0..CLAIM_RACE_RETRIES {
@@ -85,7 +90,7 @@ impl<B: Backend> Ledger<B> {
                 other => other?,
             }
             self.commit(tx, &plan).await?;
-            return Ok(decision);
+            return Ok((decision, now));
         }
         Err(StoreError::Duplicate)
     }
@@ -354,30 +359,35 @@ impl<B: Backend> Ledger<B> {
         Ok(total)
     }
 
-    /// Every call of the current life of an operation, classified (see
-    /// [`once_core::forensics`]), with the operation, its attempts and its history.
+    /// Every call of the current life of an operation (of its duplicates, the latest
+    /// [`EXPLAINED_DUPLICATES`]), classified (see [`once_core::forensics`]), with the operation,
+    /// its attempts and its history.
     pub async fn explain(
         &self,
         tenant: &str,
         id: &OperationId,
     ) -> Result<(Operation, Vec<Attempt>, Vec<Event>, Vec<forensics::Call>), StoreError> {
         let (op, attempts, events) = self.get(tenant, id).await?;
-        let duplicates = self.backend.duplicates(tenant, id, op.created_at).await?;
+        let duplicates = self
+            .backend
+            .duplicates(tenant, id, op.created_at, EXPLAINED_DUPLICATES)
+            .await?;
         let calls = forensics::classify(&attempts, &duplicates);
         Ok((op, attempts, events, calls))
     }
 
-    /// Where the repeated calls of `tenant`'s operations (of one tool, when given) since
-    /// `since` came from: every operation with a duplicate recorded since then, at most
-    /// `limit` of them, each classified over its current life. Returns how many operations
-    /// were looked at, and the summary of their calls since `since`.
+    /// Where the repeated calls of `tenant`'s operations (of one tool, when given) over the
+    /// last `window_ms` came from: every operation with a duplicate recorded since then, at
+    /// most `limit` of them, each classified over its current life. Returns how many
+    /// operations were looked at, and the summary of their calls in the window.
     pub async fn forensics(
         &self,
         tenant: &str,
         tool: Option<&str>,
-        since: Millis,
+        window_ms: i64,
         limit: u32,
     ) -> Result<(usize, forensics::Summary), StoreError> {
+        let since = self.backend.clock().await? - window_ms;
         let recent = self
             .backend
             .recent_duplicates(tenant, tool, since, limit.saturating_mul(16))

@@ -25,7 +25,7 @@ pub mod watch;
 pub use backend::Backend;
 pub use dialect::Dialect;
 pub use error::StoreError;
-pub use ledger::Ledger;
+pub use ledger::{Ledger, EXPLAINED_DUPLICATES};
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
 pub use store::{Statements, Store};

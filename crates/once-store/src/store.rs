@@ -643,14 +643,19 @@ where
         .bind(tenant)
         .fetch_all(&self.pool)
         .await?;
+        // The window's events are read by (tenant, sequence) from the sequence of the first
+        // event in it by time (one probe of the time index), not by scanning the tenant's.
+        let window = format!(
+            "e.tenant = $1 AND e.at >= {now} - $2 AND e.sequence >= COALESCE((SELECT w.sequence \
+             FROM events w WHERE w.at >= {now} - $2 ORDER BY w.at LIMIT 1), 0)"
+        );
         // Each move out of UNKNOWN in the window, and how long after the operation's latest
         // move into UNKNOWN in the same life.
         let resolved: Vec<(String, Option<i64>)> = sqlx::query_as(&format!(
             "SELECT e.kind, e.at - (SELECT MAX(u.at) FROM events u WHERE u.tenant = e.tenant \
              AND u.operation_id = e.operation_id AND u.life = e.life AND u.to_state = 'UNKNOWN' \
-             AND u.sequence < e.sequence) FROM events e WHERE e.tenant = $1 \
-             AND e.at >= {now} - $2 AND e.from_state = 'UNKNOWN' \
-             AND e.to_state IN ('CONFIRMED', 'ABSENT')"
+             AND u.sequence < e.sequence) FROM events e WHERE {window} \
+             AND e.from_state = 'UNKNOWN' AND e.to_state IN ('CONFIRMED', 'ABSENT')"
         ))
         .bind(tenant)
         .bind(window_ms)
@@ -665,8 +670,8 @@ where
             .map(|k| format!("'{}'", k.as_str()))
             .collect();
         let events: Vec<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT kind, COUNT(*) FROM events WHERE tenant = $1 AND at >= {now} - $2 \
-             AND kind IN ({}) GROUP BY kind",
+            "SELECT e.kind, COUNT(*) FROM events e WHERE {window} AND e.kind IN ({}) \
+             GROUP BY e.kind",
             kinds.join(", ")
         ))
         .bind(tenant)
@@ -720,17 +725,21 @@ where
         tenant: &str,
         id: &OperationId,
         since: Millis,
+        limit: u32,
     ) -> Result<Vec<Duplicate>, StoreError> {
         let sql = format!(
             "SELECT {DUPLICATE_COLUMNS} FROM duplicates \
-             WHERE tenant = $1 AND operation_id = $2 AND at >= $3 ORDER BY at, id"
+             WHERE tenant = $1 AND operation_id = $2 AND at >= $3 ORDER BY at DESC, id DESC \
+             LIMIT $4"
         );
-        let rows: Vec<DuplicateRow> = sqlx::query_as(&sql)
+        let mut rows: Vec<DuplicateRow> = sqlx::query_as(&sql)
             .bind(tenant)
             .bind(id.as_str())
             .bind(since)
+            .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
+        rows.reverse();
         rows::convert(rows)
     }
 
@@ -779,6 +788,13 @@ where
 
     async fn listen_for_events(&self) -> Result<Option<Announcements>, StoreError> {
         D::listen_for_events(&self.pool).await
+    }
+
+    async fn clock(&self) -> Result<Millis, StoreError> {
+        let (now,): (i64,) = sqlx::query_as(&format!("SELECT {}", D::NOW))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(now)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

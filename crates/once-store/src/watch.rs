@@ -139,4 +139,9 @@ impl Announcements {
         self.listener.try_recv().await?;
         Ok(())
     }
+
+    /// Takes an announcement already received, without waiting; whether there was one.
+    pub fn pending(&mut self) -> bool {
+        self.listener.next_buffered().is_some()
+    }
 }

@@ -10,10 +10,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use once_core::forensics::Duplicate;
-use once_core::Millis;
 use once_store::Backend;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -53,14 +52,6 @@ impl Recorder {
             }
         }
     }
-}
-
-/// The replica's clock, in milliseconds since the epoch: when a duplicate was answered.
-pub fn now_ms() -> Millis {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// Writes queued records until `stop`, then what is left.

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use crate::access::{Access, Allowed, Principal};
-use crate::duplicates::{self, Recorder};
+use crate::duplicates::Recorder;
 use crate::reconciliation::Reconciliation;
 use crate::status;
 use crate::wait::{self, Settled};
@@ -110,7 +110,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         span.record("tool", cmd.tool.as_str());
 
         let wait = Duration::from_millis(u64::try_from(input.wait_ms).unwrap_or(0));
-        let decision = wait::begin(
+        let (decision, at) = wait::begin(
             &self.ledger,
             &self.reconciliation,
             &self.settled,
@@ -120,7 +120,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         .await
         .map_err(status::store)?;
         span.record("decision", decision.name());
-        if let Some(duplicate) = Duplicate::of(&cmd, &decision, duplicates::now_ms()) {
+        if let Some(duplicate) = Duplicate::of(&cmd, &decision, at) {
             self.duplicates.record(duplicate);
         }
         Ok(Response::new(convert::begin_response(
@@ -228,10 +228,9 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let (tool, since_ms) =
             convert::get_forensics(request.into_inner(), self.limits.max_retention_ms)
                 .map_err(status::invalid)?;
-        let since = duplicates::now_ms() - since_ms;
         let (operations, summary) = self
             .ledger
-            .forensics(&tenant, tool.as_deref(), since, FORENSICS_OPERATIONS)
+            .forensics(&tenant, tool.as_deref(), since_ms, FORENSICS_OPERATIONS)
             .await
             .map_err(status::store)?;
         Ok(Response::new(convert::forensics_response(
@@ -277,11 +276,15 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .await?;
         let (start, filter) =
             convert::watch_operations(request.into_inner()).map_err(status::invalid)?;
-        let stream = self
+        let (stream, after) = self
             .feed
             .watch(self.ledger.backend().clone(), tenant, start, filter)
             .await?;
-        Ok(Response::new(ReceiverStream::new(stream)))
+        let mut response = Response::new(ReceiverStream::new(stream));
+        response
+            .metadata_mut()
+            .insert(once_api::WATCH_START_HEADER, after.into());
+        Ok(response)
     }
 
     #[instrument(skip_all, fields(operation_id))]

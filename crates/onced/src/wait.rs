@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use once_core::{BeginCommand, BeginDecision};
+use once_core::{BeginCommand, BeginDecision, Millis};
 use once_store::{Backend, Ledger, StoreError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -26,19 +26,20 @@ impl Settled {
 
 /// Decides a Begin, waiting up to `wait` for a better answer: while this very operation is
 /// IN_PROGRESS, for its outcome; while it is UNKNOWN, for one synchronous lookup (if one is
-/// due), and the decision its verdict allows.
+/// due), and the decision its verdict allows. Returns the decision and when it was made, by the
+/// store's clock.
 pub async fn begin<B: Backend>(
     ledger: &Ledger<B>,
     reconciliation: &Reconciliation<B>,
     settled: &Settled,
     cmd: &BeginCommand,
     wait: Duration,
-) -> Result<BeginDecision, StoreError> {
+) -> Result<(BeginDecision, Millis), StoreError> {
     let deadline = Instant::now() + wait;
     let mut looked_up = false;
     loop {
         let woken = settled.0.notified();
-        let decision = ledger.begin(cmd).await?;
+        let (decision, at) = ledger.begin(cmd).await?;
         if let BeginDecision::Unknown { blocking: None, .. } = &decision {
             if !looked_up && !wait.is_zero() {
                 looked_up = true;
@@ -51,11 +52,11 @@ pub async fn begin<B: Backend>(
             }
         }
         let Some(retry_after) = worth_waiting_for(&decision) else {
-            return Ok(decision);
+            return Ok((decision, at));
         };
         let now = Instant::now();
         if now >= deadline {
-            return Ok(decision);
+            return Ok((decision, at));
         }
         let pause = retry_after.min(MAX_WAIT_POLL).min(deadline - now);
         tokio::select! {

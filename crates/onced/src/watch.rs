@@ -39,11 +39,17 @@ const KEEPALIVE: Duration = Duration::from_secs(5);
 const WAITING_POLL: Duration = Duration::from_millis(20);
 /// The shortest pause between two announcements of this replica's commits.
 const ANNOUNCE_EVERY: Duration = Duration::from_millis(10);
+/// The shortest pause between two readings of the frontier, however many announcements come.
+const READ_EVERY: Duration = Duration::from_millis(5);
+/// How long a replica waits before listening again after it could not.
+const LISTEN_AGAIN: Duration = Duration::from_secs(5);
 
 /// The watermark as the feed last read it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Mark {
     reached: i64,
+    /// The newest sequence visible at that reading: where a watch from now starts.
+    newest: i64,
     /// Counts readings, so a watcher can wait for a fresh one.
     readings: u64,
 }
@@ -76,6 +82,7 @@ impl Feed {
         let mut announcements: Option<Announcements> = None;
         let mut announce = false;
         let mut last_error: Option<tokio::time::Instant> = None;
+        let mut listen_after = tokio::time::Instant::now();
         loop {
             if announce {
                 announce = false;
@@ -85,20 +92,23 @@ impl Feed {
             }
             let watched = self.marks.receiver_count() > 0;
             if watched {
-                if announcements.is_none() {
+                if announcements.is_none() && tokio::time::Instant::now() >= listen_after {
                     announcements = match backend.listen_for_events().await {
                         Ok(listening) => listening,
                         Err(error) => {
                             tracing::debug!(%error, "could not listen for other replicas' events");
+                            listen_after = tokio::time::Instant::now() + LISTEN_AGAIN;
                             None
                         }
                     };
                 }
                 match backend.event_frontier().await {
                     Ok(frontier) => {
+                        let newest = frontier.newest;
                         let reached = watermark.observe(frontier);
                         self.marks.send_modify(|mark| {
                             mark.reached = reached;
+                            mark.newest = newest;
                             mark.readings += 1;
                         });
                     }
@@ -140,17 +150,23 @@ impl Feed {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(pause) => {}
             }
+            // One reading answers every announcement that came meanwhile.
+            tokio::time::sleep(READ_EVERY).await;
+            if let Some(listening) = announcements.as_mut() {
+                while listening.pending() {}
+            }
         }
     }
 
-    /// Starts a watcher's stream: its tenant's events `filter` wants, from `start`.
+    /// Starts a watcher's stream: its tenant's events `filter` wants, from `start`. Returns
+    /// the stream and the sequence it starts after.
     pub async fn watch<B: Backend>(
         &self,
         backend: B,
         tenant: String,
         start: WatchStart,
         filter: WatchFilter,
-    ) -> Result<mpsc::Receiver<Result<pb::WatchOperationsResponse, Status>>, Status> {
+    ) -> Result<(Receiver, i64), Status> {
         let permit = self
             .watchers
             .clone()
@@ -163,9 +179,11 @@ impl Feed {
         if !matches!(fresh, Ok(Ok(()))) {
             return Err(status::events_unreadable());
         }
+        // From now: after the newest event visible at a reading taken since the request came
+        // (the watermark may still be below it, or be an old one: the stream waits for it).
         let cursor = match start {
             WatchStart::After(sequence) => sequence,
-            WatchStart::Now => marks.borrow_and_update().reached,
+            WatchStart::Now => marks.borrow_and_update().newest,
         };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let stream = Stream {
@@ -179,9 +197,12 @@ impl Feed {
             _permit: permit,
         };
         tokio::spawn(stream.run());
-        Ok(receiver)
+        Ok((receiver, cursor))
     }
 }
+
+/// What a watcher's stream is read from.
+pub type Receiver = mpsc::Receiver<Result<pb::WatchOperationsResponse, Status>>;
 
 /// One watcher's stream.
 struct Stream<B> {
@@ -263,9 +284,10 @@ impl<B: Backend> Stream<B> {
         }
     }
 
-    /// Ends the stream with `status`.
+    /// Ends the stream with `status`, if the watcher has room for it: a stalled watcher must
+    /// not hold a shutting-down server open.
     async fn end(&self, status: Status) -> Result<(), Gone> {
-        let _ = self.sender.send(Err(status)).await;
+        let _ = self.sender.try_send(Err(status));
         Ok(())
     }
 }
