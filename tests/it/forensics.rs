@@ -174,11 +174,11 @@ async fn an_operation_replayed_without_end_explains_its_latest_calls(store: Stor
             .into_inner();
         expect_replay(&replay);
     }
-    let recorded = format!("SELECT count(*) FROM duplicates WHERE operation_id = 'refund:o-2'");
+    let recorded = "SELECT count(*) FROM duplicates WHERE operation_id = 'refund:o-2'";
     eventually(
         Duration::from_secs(10),
         "every replay to be recorded",
-        || async { (db.scalar(&recorded).await == replays as i64).then_some(()) },
+        || async { (db.scalar(recorded).await == replays as i64).then_some(()) },
     )
     .await;
     let found = get(&mut client, "refund:o-2").await;
