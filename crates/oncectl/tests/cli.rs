@@ -651,3 +651,59 @@ async fn colour_on_a_terminal_only() {
     assert!(!plain.contains("\u{1b}["), "{plain:?}");
     ledger.stop().await;
 }
+
+/// `resolve` asks on a terminal (a pseudo-terminal `script` opens, fed the answer): "n" sends
+/// nothing and exits 4; "y" resolves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_asks_on_a_terminal_and_does_what_it_is_told() {
+    use tokio::io::AsyncWriteExt as _;
+    let db = TestDb::new(Store::Sqlite).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    unknown_and_confirmed(&mut client).await;
+    let command = format!(
+        "{} --addr http://{} resolve refund:o-1 --absent --reason 'no such refund at the provider'",
+        env!("CARGO_BIN_EXE_oncectl"),
+        ledger.addr
+    );
+    let answer = |reply: &'static str| {
+        let command = command.clone();
+        async move {
+            let mut script = tokio::process::Command::new("script")
+                .args(["-qec", &command, "/dev/null"])
+                .env("USER", "alice")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("script(1) runs");
+            let mut stdin = script.stdin.take().unwrap();
+            stdin.write_all(reply.as_bytes()).await.unwrap();
+            let output = within(
+                Duration::from_secs(30),
+                "oncectl to answer",
+                script.wait_with_output(),
+            )
+            .await
+            .unwrap();
+            drop(stdin);
+            (
+                code(&output),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
+        }
+    };
+    let (declined, said) = answer("n\n").await;
+    assert!(said.contains("Resolve? [y/N]"), "{said}");
+    assert!(said.contains("bound to attempt 1"), "{said}");
+    assert_eq!(declined, 4, "{said}");
+    assert_eq!(
+        state_of(&mut client, "refund:o-1").await,
+        pb::OperationState::Unknown,
+        "declined: nothing was sent"
+    );
+    let (accepted, said) = answer("y\n").await;
+    assert_eq!(accepted, 0, "{said}");
+    assert!(said.contains("refund:o-1 is now ABSENT"), "{said}");
+    ledger.stop().await;
+}
