@@ -47,6 +47,36 @@ impl<D: Database> Store<D> {
     }
 }
 
+impl<D> Store<D>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+    for<'q> i64: Encode<'q, D> + Type<D>,
+{
+    /// Deletes up to `limit` rows of `table` (of history: events, duplicates; its key `key`)
+    /// whose `at` is older than `age_ms`, oldest first; returns how many.
+    async fn delete_older(
+        &self,
+        table: &str,
+        key: &str,
+        age_ms: i64,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let sql = format!(
+            "DELETE FROM {table} WHERE {key} IN \
+             (SELECT {key} FROM {table} WHERE at <= {} - $1 ORDER BY {key} LIMIT $2)",
+            D::NOW
+        );
+        let deleted = sqlx::query(&sql)
+            .bind(age_ms)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(D::rows_affected(&deleted))
+    }
+}
+
 // What the shared SQL needs of a database's sqlx driver: that its connections execute queries,
 // and that it encodes and decodes the handful of types the ledger's columns hold. SQLite's and
 // PostgreSQL's drivers both do; the compiler checks it where a backend is named.
@@ -459,17 +489,7 @@ where
     }
 
     async fn delete_events_older_than(&self, age_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let sql = format!(
-            "DELETE FROM events WHERE sequence IN \
-             (SELECT sequence FROM events WHERE at <= {} - $1 ORDER BY sequence LIMIT $2)",
-            D::NOW
-        );
-        let deleted = sqlx::query(&sql)
-            .bind(age_ms)
-            .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await?;
-        Ok(D::rows_affected(&deleted))
+        self.delete_older("events", "sequence", age_ms, limit).await
     }
 
     async fn put_tenant(&self, tenant: &Tenant) -> Result<Tenant, StoreError> {
@@ -769,17 +789,7 @@ where
         age_ms: i64,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let sql = format!(
-            "DELETE FROM duplicates WHERE id IN \
-             (SELECT id FROM duplicates WHERE at <= {} - $1 ORDER BY at LIMIT $2)",
-            D::NOW
-        );
-        let deleted = sqlx::query(&sql)
-            .bind(age_ms)
-            .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await?;
-        Ok(D::rows_affected(&deleted))
+        self.delete_older("duplicates", "id", age_ms, limit).await
     }
 
     async fn announce_events(&self) -> Result<(), StoreError> {

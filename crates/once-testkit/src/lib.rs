@@ -140,28 +140,7 @@ impl TestDb {
     /// the first row as an integer (0 when there is no row). The same text runs on both
     /// backends.
     pub async fn scalar(&self, sql: &str) -> i64 {
-        match self.store {
-            Store::Sqlite => {
-                let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&self.url)
-                    .await
-                    .expect("open sqlite");
-                sqlx::query_scalar::<_, i64>(sql)
-                    .fetch_optional(&mut conn)
-                    .await
-                    .expect(sql)
-                    .unwrap_or(0)
-            }
-            Store::Postgres => {
-                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
-                    .await
-                    .expect("connect postgres");
-                sqlx::query_scalar::<_, i64>(sql)
-                    .fetch_optional(&mut conn)
-                    .await
-                    .expect(sql)
-                    .unwrap_or(0)
-            }
-        }
+        self.integers(sql).await.first().copied().unwrap_or(0)
     }
 
     /// Runs one query directly and returns the first column of every row as an integer.
