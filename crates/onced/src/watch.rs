@@ -41,6 +41,8 @@ const WAITING_POLL: Duration = Duration::from_millis(20);
 const ANNOUNCE_EVERY: Duration = Duration::from_millis(10);
 /// The shortest pause between two readings of the frontier, however many announcements come.
 const READ_EVERY: Duration = Duration::from_millis(5);
+/// The shortest pause between two reads of the store for one watcher.
+const WATCHER_READ_EVERY: Duration = Duration::from_millis(50);
 /// How long a replica waits before listening again after it could not.
 const LISTEN_AGAIN: Duration = Duration::from_secs(5);
 
@@ -265,6 +267,15 @@ impl<B: Backend> Stream<B> {
                 changed = self.marks.changed() => {
                     if changed.is_err() {
                         return self.end(status::shutting_down(self.cursor)).await;
+                    }
+                    // Under steady writes the watermark moves every few milliseconds; a
+                    // watcher reads the store at most every WATCHER_READ_EVERY, taking
+                    // everything committed meanwhile in one query.
+                    tokio::select! {
+                        _ = tokio::time::sleep(WATCHER_READ_EVERY) => {}
+                        _ = self.stop.cancelled() => {
+                            return self.end(status::shutting_down(self.cursor)).await
+                        }
                     }
                 }
                 _ = tokio::time::sleep_until(keepalive) => {}
