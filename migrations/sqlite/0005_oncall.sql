@@ -36,3 +36,11 @@ CREATE TABLE duplicates (
 CREATE INDEX duplicates_by_operation ON duplicates (tenant, operation_id, at);
 CREATE INDEX duplicates_by_tenant_time ON duplicates (tenant, at);
 CREATE INDEX duplicates_by_time ON duplicates (at);
+
+-- The highest event sequence retention has deleted: a watcher resuming below it would miss
+-- what was deleted, and is told so instead.
+CREATE TABLE event_horizon (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    deleted_through BIGINT  NOT NULL
+);
+INSERT INTO event_horizon (id, deleted_through) VALUES (1, 0);

@@ -16,6 +16,7 @@ on_both_backends!(
     a_slow_watcher_holds_up_no_one_and_still_gets_everything,
     shutdown_ends_open_watches_with_where_to_resume,
     shutdown_is_not_held_up_by_a_watcher_that_reads_nothing,
+    a_watch_resuming_after_what_retention_deleted_is_told_so,
 );
 
 /// A once-client for the ledger at `addr`.
@@ -463,5 +464,51 @@ async fn a_watch_from_now_replays_nothing_while_a_writer_holds_the_gate() {
     .await;
     assert_eq!(first.operation_id, "w-after");
     assert!(first.event.unwrap().sequence > before);
+    ledger.stop().await;
+}
+
+async fn a_watch_resuming_after_what_retention_deleted_is_told_so(store: Store) {
+    let db = TestDb::new(store).await;
+    let flags = [
+        "--event-retention",
+        "1ms",
+        "--retention-sweep-interval",
+        "50ms",
+    ];
+    let ledger = TestLedger::spawn_with(&db, &flags).await;
+    let mut client = ledger.client().await;
+    some_history(&mut client).await;
+    eventually(
+        Duration::from_secs(10),
+        "retention to delete every event",
+        || async { (db.scalar("SELECT count(*) FROM events").await == 0).then_some(()) },
+    )
+    .await;
+    let refused = client
+        .watch_operations(pb::WatchOperationsRequest {
+            after_sequence: 2,
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner()
+        .message()
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        (refused.code(), reason(&refused)),
+        (tonic::Code::FailedPrecondition, "EVENTS_EXPIRED".to_owned())
+    );
+    // From the start, or from now, it goes on.
+    let mut from_start = client
+        .watch_operations(pb::WatchOperationsRequest::default())
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = from_start.message().await.expect("stream").expect("open");
+    assert!(matches!(
+        first.item,
+        Some(pb::watch_operations_response::Item::CaughtUpTo(_))
+    ));
     ledger.stop().await;
 }

@@ -190,6 +190,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// How many operations of `tenant` are IN_FLIGHT.
     fn in_flight(&self, tenant: &str) -> impl Future<Output = Result<i64, StoreError>> + Send;
 
+    /// The highest event sequence retention has deleted (0 when none).
+    fn deleted_through(&self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
     /// Reads the newest event sequence and the transactions that may still commit older
     /// events: see [`crate::watch`].
     fn event_frontier(&self) -> impl Future<Output = Result<Frontier, StoreError>> + Send;

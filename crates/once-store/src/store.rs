@@ -54,7 +54,7 @@ where
     for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
     for<'q> i64: Encode<'q, D> + Type<D>,
 {
-    /// Deletes up to `limit` rows of `table` (of history: events, duplicates; its key `key`)
+    /// Deletes up to `limit` rows of `table` (history kept beside the ledger; its key `key`)
     /// whose `at` is older than `age_ms`, oldest first; returns how many.
     async fn delete_older(
         &self,
@@ -489,7 +489,39 @@ where
     }
 
     async fn delete_events_older_than(&self, age_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        self.delete_older("events", "sequence", age_ms, limit).await
+        // The deletion and the horizon it moves commit together: a watcher that reads the
+        // horizon after its events sees every deletion that took events from under it.
+        let mut tx = D::begin_write(&self.pool).await?;
+        let sql = format!(
+            "DELETE FROM events WHERE sequence IN \
+             (SELECT sequence FROM events WHERE at <= {} - $1 ORDER BY sequence LIMIT $2) \
+             RETURNING sequence",
+            D::NOW
+        );
+        let deleted: Vec<(i64,)> = sqlx::query_as(&sql)
+            .bind(age_ms)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        if let Some(through) = deleted.iter().map(|(sequence,)| *sequence).max() {
+            sqlx::query(
+                "UPDATE event_horizon SET deleted_through = \
+                 CASE WHEN deleted_through < $1 THEN $1 ELSE deleted_through END WHERE id = 1",
+            )
+            .bind(through)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(deleted.len() as u64)
+    }
+
+    async fn deleted_through(&self) -> Result<i64, StoreError> {
+        let (through,): (i64,) =
+            sqlx::query_as("SELECT deleted_through FROM event_horizon WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(through)
     }
 
     async fn put_tenant(&self, tenant: &Tenant) -> Result<Tenant, StoreError> {

@@ -127,6 +127,19 @@ pub fn too_many_watchers() -> Status {
     )
 }
 
+/// Retention deleted events after the sequence a watch resumes after.
+pub fn events_expired(after: i64, through: i64) -> Status {
+    status(
+        Code::FailedPrecondition,
+        "EVENTS_EXPIRED",
+        format!(
+            "retention has deleted events after sequence {after} (up to {through}): watch again \
+             from 0 for every event kept, or from now"
+        ),
+        vec![("deleted_through".into(), through.to_string())],
+    )
+}
+
 /// The replica could not read the newest events to start a watch from.
 pub fn events_unreadable() -> Status {
     status(

@@ -232,6 +232,16 @@ impl<B: Backend> Stream<B> {
 
     async fn serve(&mut self) -> Result<(), Gone> {
         let mut caught_up = false;
+        // A watch resuming after a sequence checks that retention took nothing after it: at
+        // once, and again after its first page (the horizon moves in the deletion's
+        // transaction, so a read after the page sees any deletion the page missed events to).
+        let resumed_after = self.cursor;
+        let mut horizon_checked = resumed_after == 0;
+        if !horizon_checked {
+            if let Some(expired) = self.expired(resumed_after).await {
+                return self.end(expired).await;
+            }
+        }
         let mut keepalive = tokio::time::Instant::now() + KEEPALIVE;
         loop {
             let reached = self.marks.borrow_and_update().reached;
@@ -244,6 +254,12 @@ impl<B: Backend> Stream<B> {
                     Ok(page) => page,
                     Err(error) => return self.end(status::store(error)).await,
                 };
+                if !horizon_checked {
+                    if let Some(expired) = self.expired(resumed_after).await {
+                        return self.end(expired).await;
+                    }
+                    horizon_checked = true;
+                }
                 let full = page.len() == PAGE as usize;
                 for event in page {
                     let sequence = event.event.sequence;
@@ -284,6 +300,15 @@ impl<B: Backend> Stream<B> {
                     return self.end(status::shutting_down(self.cursor)).await
                 }
             }
+        }
+    }
+
+    /// Why a watch resuming after `after` cannot go on, if retention deleted events after it.
+    async fn expired(&self, after: i64) -> Option<Status> {
+        match self.backend.deleted_through().await {
+            Ok(through) if through > after => Some(status::events_expired(after, through)),
+            Ok(_) => None,
+            Err(error) => Some(status::store(error)),
         }
     }
 
