@@ -299,6 +299,29 @@ pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Inva
     })
 }
 
+/// A read that may name the tenant whose operations it reads: empty for the caller's own.
+pub trait TenantRead {
+    fn tenant(&self) -> &str;
+}
+
+macro_rules! tenant_read {
+    ($($message:ty),*) => {
+        $(impl TenantRead for $message {
+            fn tenant(&self) -> &str {
+                &self.tenant
+            }
+        })*
+    };
+}
+
+tenant_read!(
+    pb::GetOperationRequest,
+    pb::ListOperationsRequest,
+    pb::WatchOperationsRequest,
+    pb::GetStatsRequest,
+    pb::GetForensicsRequest
+);
+
 /// Where a watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchStart {

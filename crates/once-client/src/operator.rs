@@ -15,7 +15,8 @@ use crate::client::LedgerClient;
 use crate::error::ClientError;
 use crate::transport::{refusal, retryable, Retries, Transport};
 use crate::view::{ForensicsView, OperationView, StatsView, WatchedEvent};
-use crate::wire::{self, duration, state_to_pb};
+use crate::wire::{self, duration};
+use once_api::convert::state_to_pb;
 
 /// Which operations a listing holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

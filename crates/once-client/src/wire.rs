@@ -167,10 +167,6 @@ pub(crate) fn watched(e: pb::OperationEvent) -> WatchedEvent {
     }
 }
 
-pub(crate) fn state_to_pb(state: State) -> pb::OperationState {
-    once_api::convert::state_to_pb(state)
-}
-
 fn attempt(a: pb::Attempt) -> AttemptView {
     AttemptView {
         number: a.attempt,

@@ -47,34 +47,32 @@ impl<D: Database> Store<D> {
     }
 }
 
-impl<D> Store<D>
+/// Deletes up to `limit` rows of `table` (history kept beside the ledger, keyed by `key`)
+/// whose `at` is older than `age_ms`, oldest first, in `tx`; returns their keys.
+async fn delete_older<D>(
+    tx: &mut Transaction<'static, D>,
+    (table, key): (&str, &str),
+    age_ms: i64,
+    limit: u32,
+) -> Result<Vec<i64>, StoreError>
 where
     D: Dialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
-    for<'q> i64: Encode<'q, D> + Type<D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
 {
-    /// Deletes up to `limit` rows of `table` (history kept beside the ledger; its key `key`)
-    /// whose `at` is older than `age_ms`, oldest first; returns how many.
-    async fn delete_older(
-        &self,
-        table: &str,
-        key: &str,
-        age_ms: i64,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        let sql = format!(
-            "DELETE FROM {table} WHERE {key} IN \
-             (SELECT {key} FROM {table} WHERE at <= {} - $1 ORDER BY {key} LIMIT $2)",
-            D::NOW
-        );
-        let deleted = sqlx::query(&sql)
-            .bind(age_ms)
-            .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await?;
-        Ok(D::rows_affected(&deleted))
-    }
+    let sql = format!(
+        "DELETE FROM {table} WHERE {key} IN \
+         (SELECT {key} FROM {table} WHERE at <= {} - $1 ORDER BY {key} LIMIT $2) RETURNING {key}",
+        D::NOW
+    );
+    let deleted: Vec<(i64,)> = sqlx::query_as(&sql)
+        .bind(age_ms)
+        .bind(i64::from(limit))
+        .fetch_all(&mut **tx)
+        .await?;
+    Ok(deleted.into_iter().map(|(key,)| key).collect())
 }
 
 // What the shared SQL needs of a database's sqlx driver: that its connections execute queries,
@@ -492,18 +490,8 @@ where
         // The deletion and the horizon it moves commit together: a watcher that reads the
         // horizon after its events sees every deletion that took events from under it.
         let mut tx = D::begin_write(&self.pool).await?;
-        let sql = format!(
-            "DELETE FROM events WHERE sequence IN \
-             (SELECT sequence FROM events WHERE at <= {} - $1 ORDER BY sequence LIMIT $2) \
-             RETURNING sequence",
-            D::NOW
-        );
-        let deleted: Vec<(i64,)> = sqlx::query_as(&sql)
-            .bind(age_ms)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await?;
-        if let Some(through) = deleted.iter().map(|(sequence,)| *sequence).max() {
+        let deleted = delete_older(&mut tx, ("events", "sequence"), age_ms, limit).await?;
+        if let Some(&through) = deleted.iter().max() {
             sqlx::query(
                 "UPDATE event_horizon SET deleted_through = \
                  CASE WHEN deleted_through < $1 THEN $1 ELSE deleted_through END WHERE id = 1",
@@ -821,7 +809,10 @@ where
         age_ms: i64,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        self.delete_older("duplicates", "id", age_ms, limit).await
+        let mut tx = D::begin_write(&self.pool).await?;
+        let deleted = delete_older(&mut tx, ("duplicates", "id"), age_ms, limit).await?;
+        tx.commit().await?;
+        Ok(deleted.len() as u64)
     }
 
     async fn announce_events(&self) -> Result<(), StoreError> {

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use once_api::convert::TenantRead;
 use once_core::access::{Credential, CredentialKind, Role, SecretHash, Tenant};
 use once_core::Actor;
 use once_store::{Backend, StoreError};
@@ -243,16 +244,16 @@ impl<B: Backend> Access<B> {
         })
     }
 
-    /// Admits a read of a tenant's operations and says whose: the caller's own tenant when
-    /// `named` is empty (or names it), with a role `allowed` names; any tenant, for a key with
-    /// the admin role (which is ledger-wide). Naming another tenant without it is refused the
-    /// same way whichever tenant is named, so the refusal says nothing of that tenant.
-    pub async fn admit_read<T>(
+    /// Admits a read of a tenant's operations and says whose: the caller's own tenant when the
+    /// request names none (or names it), with a role `allowed` names; any tenant, for a key
+    /// with the admin role (which is ledger-wide). Naming another tenant without it is refused
+    /// the same way whichever tenant is named, so the refusal says nothing of that tenant.
+    pub async fn admit_read<T: TenantRead>(
         &self,
         request: &Request<T>,
         allowed: Allowed,
-        named: &str,
     ) -> Result<String, Status> {
+        let named = request.get_ref().tenant();
         if named.is_empty() {
             return Ok(self.admit(request, allowed).await?.tenant);
         }

@@ -177,11 +177,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetOperationRequest>,
     ) -> Result<Response<pb::GetOperationResponse>, Status> {
-        let named = request.get_ref().tenant.clone();
-        let tenant = self
-            .access
-            .admit_read(&request, Allowed::READ_ONE, &named)
-            .await?;
+        let tenant = self.access.admit_read(&request, Allowed::READ_ONE).await?;
         let id = convert::get_operation(request.into_inner()).map_err(status::invalid)?;
         tracing::Span::current().record("operation_id", id.as_str());
         let (op, attempts, events, calls) = self
@@ -199,11 +195,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        let named = request.get_ref().tenant.clone();
-        let tenant = self
-            .access
-            .admit_read(&request, Allowed::READ, &named)
-            .await?;
+        let tenant = self.access.admit_read(&request, Allowed::READ).await?;
         let window = convert::get_stats(request.into_inner(), self.limits.max_retention_ms)
             .map_err(status::invalid)?;
         let stats = self
@@ -220,11 +212,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetForensicsRequest>,
     ) -> Result<Response<pb::GetForensicsResponse>, Status> {
-        let named = request.get_ref().tenant.clone();
-        let tenant = self
-            .access
-            .admit_read(&request, Allowed::READ, &named)
-            .await?;
+        let tenant = self.access.admit_read(&request, Allowed::READ).await?;
         let (tool, since_ms) =
             convert::get_forensics(request.into_inner(), self.limits.max_retention_ms)
                 .map_err(status::invalid)?;
@@ -243,11 +231,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ListOperationsRequest>,
     ) -> Result<Response<pb::ListOperationsResponse>, Status> {
-        let named = request.get_ref().tenant.clone();
-        let tenant = self
-            .access
-            .admit_read(&request, Allowed::READ, &named)
-            .await?;
+        let tenant = self.access.admit_read(&request, Allowed::READ).await?;
         let query = convert::list_operations(request.into_inner()).map_err(status::invalid)?;
         let (operations, next) = self
             .ledger
@@ -269,11 +253,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::WatchOperationsRequest>,
     ) -> Result<Response<Self::WatchOperationsStream>, Status> {
-        let named = request.get_ref().tenant.clone();
-        let tenant = self
-            .access
-            .admit_read(&request, Allowed::READ, &named)
-            .await?;
+        let tenant = self.access.admit_read(&request, Allowed::READ).await?;
         let (start, filter) =
             convert::watch_operations(request.into_inner()).map_err(status::invalid)?;
         let (stream, after) = self
