@@ -33,6 +33,15 @@ impl Drop for OncedProcess {
     }
 }
 
+/// The address in the first "onced serving" line of a log.
+fn served_address(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|line| line.contains("onced serving"))?;
+    let field = line
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("address="))?;
+    field.parse().ok()
+}
+
 impl OncedProcess {
     pub async fn spawn(url: &str, log: PathBuf, extra: &[&str]) -> Self {
         Self::spawn_with_env(url, log, extra, &[]).await
@@ -60,15 +69,12 @@ impl OncedProcess {
         env: &[(&str, &str)],
         ready: impl FnOnce(SocketAddr) -> tonic::transport::Endpoint,
     ) -> Self {
-        let port = {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap().port()
-        };
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        // On port 0, learning the port from the log: a port picked in advance could be taken
+        // meanwhile (an outgoing connection's local port is drawn from the same range).
         let log_path = log;
         let log = std::fs::File::create(&log_path).expect("log file");
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_onced"))
-            .args(["--database-url", url, "--listen", &addr.to_string()])
+            .args(["--database-url", url, "--listen", "127.0.0.1:0"])
             .args(TEST_FLAGS)
             .args(extra)
             .envs(env.iter().copied())
@@ -78,13 +84,20 @@ impl OncedProcess {
             .spawn()
             .expect("start onced");
         // An onced that exits before it serves says why in its log: fail with that.
-        tokio::select! {
-            _ = wait_serving_on(ready(addr)) => {}
+        let addr = tokio::select! {
+            addr = async {
+                let addr = eventually(Duration::from_secs(30), "onced to say where it serves", || async {
+                    served_address(&std::fs::read_to_string(&log_path).unwrap_or_default())
+                })
+                .await;
+                wait_serving_on(ready(addr)).await;
+                addr
+            } => addr,
             exited = child.wait() => panic!(
                 "onced exited before serving ({exited:?}): {}",
                 std::fs::read_to_string(&log_path).unwrap_or_default()
             ),
-        }
+        };
         OncedProcess {
             addr,
             child,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -52,6 +53,23 @@ def wait_for(what: str, probe, limit: float = 20.0):
         pause = min(pause * 2, 0.2)
 
 
+def served_port(log: Path, announcement: str, before: int) -> int | None:
+    """The port in the `address=` field of the first line saying `announcement` after the
+    `before` such lines already in `log`, once it is there. Servers are started on port 0 and
+    say where they listen: a port picked in advance could be taken meanwhile (an outgoing
+    connection's local port is drawn from the same range)."""
+    lines = [line for line in log.read_text().splitlines() if announcement in line] if log.exists() else []
+    if len(lines) <= before:
+        return None
+    found = re.search(r"address=\S*:(\d+)", lines[before])
+    assert found, f"{log.name} says {announcement!r} without an address: {lines[before]}"
+    return int(found.group(1))
+
+
+def announcements(log: Path, announcement: str) -> int:
+    return log.read_text().count(announcement) if log.exists() else 0
+
+
 def keep_logs(directory: Path) -> None:
     """Copies a test's logs where `make test` scans them for secrets after the suite."""
     kept = os.environ.get("ONCE_TEST_LOG_DIR")
@@ -60,11 +78,6 @@ def keep_logs(directory: Path) -> None:
     Path(kept).mkdir(parents=True, exist_ok=True)
     for log in directory.glob("*.log"):
         shutil.copyfile(log, Path(kept) / f"mcp-{uuid.uuid4().hex[:8]}-{log.name}")
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def http(method: str, url: str, body: dict | None = None) -> dict:
@@ -76,6 +89,9 @@ def http(method: str, url: str, body: dict | None = None) -> dict:
 
 def psql(sql: str) -> None:
     subprocess.run(["psql", POSTGRES, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql], check=True, capture_output=True)
+
+
+REFUND_HTTP_SERVING = "refund-mcp serving MCP over Streamable HTTP"
 
 
 class Process:
@@ -118,17 +134,20 @@ class Stack:
             self.pg_name = f"once_mcp_{self.marker}"
             psql(f"CREATE DATABASE {self.pg_name}")
             self.database_url = POSTGRES.rsplit("/", 1)[0] + "/" + self.pg_name
-        self.ledger_port = free_port()
-        self.provider_port = free_port()
-        self.mcp_port = free_port()
+        # Each is learnt from its server's log when it first starts, and kept across restarts.
+        self.ledger_port = 0
+        self.provider_port = 0
+        self.mcp_port = 0
         self.ledger: Process | None = None
         self.refund_http: Process | None = None
         # Tenants and an executor key each, made with `onced` on the database before it serves:
         # the ledger then requires a key from every caller.
         self.keys = {tenant: self.create_tenant(tenant) for tenant in tenants}
-        self.start_ledger()
-        self.provider = self.spawn("fakepay", ["--listen", f"127.0.0.1:{self.provider_port}"])
+        # The provider first: the ledger's reconciler is pointed at it.
+        self.provider = self.spawn("fakepay", ["--listen", "127.0.0.1:0"])
+        self.provider_port = wait_for("fakepay", lambda: served_port(self.tmp / "fakepay.log", "fakepay listening", 0))
         wait_for("fakepay", lambda: http("GET", f"{self.provider_url}/_fakepay/stats"))
+        self.start_ledger()
         if transport == "http":
             self.start_refund_http()
 
@@ -156,11 +175,11 @@ class Stack:
             )
             args += ["--config", str(config)]
         log = self.tmp / "onced.log"
-        served = log.read_text().count("onced serving") if log.exists() else 0
+        served = announcements(log, "onced serving")
         self.ledger = self.spawn("onced", args)
         # Its port opens before the store is ready (a PostgreSQL database is connected to and
-        # migrated first): the ledger says in its log when it serves.
-        wait_for("onced", lambda: log.read_text().count("onced serving") > served)
+        # migrated first): the ledger says in its log when it serves, and where.
+        self.ledger_port = wait_for("onced", lambda: served_port(log, "onced serving", served))
 
     def onced_command(self, *args: str) -> str:
         done = subprocess.run(
@@ -179,18 +198,19 @@ class Stack:
         ))
         return created["secret"]
 
-    def start_tenant_refund_http(self, tenant: str | None, port: int) -> Process:
-        """A refund-mcp over Streamable HTTP on `port`, presenting `tenant`'s key (none for None)."""
+    def start_tenant_refund_http(self, tenant: str | None) -> int:
+        """Starts a refund-mcp over Streamable HTTP presenting `tenant`'s key (none for None);
+        returns its port."""
         env = {**os.environ}
         env.pop("ONCE_LEDGER_KEY", None)
         if tenant is not None:
             env["ONCE_LEDGER_KEY"] = self.keys[tenant]
-        args = [*self.refund_args(), "--http", f"127.0.0.1:{port}"]
+        args = [*self.refund_args(), "--http", "127.0.0.1:0"]
         args[args.index("--instance") + 1] = f"{self.instance}-{tenant}"
-        process = Process([str(BIN / "refund-mcp"), *args], self.tmp / f"refund-mcp-{tenant}.log", env=env)
+        log = self.tmp / f"refund-mcp-{tenant}.log"
+        process = Process([str(BIN / "refund-mcp"), *args], log, env=env)
         self.processes.append(process)
-        wait_for("refund-mcp", lambda: port_open(port))
-        return process
+        return wait_for("refund-mcp", lambda: served_port(log, REFUND_HTTP_SERVING, 0))
 
     @contextlib.asynccontextmanager
     async def session_at(self, port: int):
@@ -210,8 +230,12 @@ class Stack:
         ]
 
     def start_refund_http(self) -> None:
+        """Starts refund-mcp over Streamable HTTP: on a new port the first time, on the same
+        port again after it was killed."""
+        log = self.tmp / "refund-mcp.log"
+        served = announcements(log, REFUND_HTTP_SERVING)
         self.refund_http = self.spawn("refund-mcp", [*self.refund_args(), "--http", f"127.0.0.1:{self.mcp_port}"])
-        wait_for("refund-mcp", lambda: port_open(self.mcp_port))
+        self.mcp_port = wait_for("refund-mcp", lambda: served_port(log, REFUND_HTTP_SERVING, served))
 
     def kill_refund_mcp(self) -> None:
         """SIGKILL every refund-mcp of this stack, whichever transport started it."""

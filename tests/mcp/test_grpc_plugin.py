@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import duration_pb2
 from grpc_tools import protoc
 
-from conftest import BIN, ROOT, free_port, wait_for
+from conftest import BIN, ROOT, free_port, served_port, wait_for
 
 sys.path.insert(0, str(ROOT / "examples"))
 import reconciler_plugin  # noqa: E402  (the example plugin, as a plugin author would write it)
@@ -44,14 +44,13 @@ def test_a_python_plugin_settles_operations(tmp_path, ledger_stubs):
         '[reconciliation]\ninterval = "100ms"\nfirst_backoff = "100ms"\n\n'
         f'[[reconciler]]\nname = "bank"\nkind = "grpc"\nendpoint = "http://127.0.0.1:{plugin_port}"\n'
     )
-    ledger_port = free_port()
     onced = subprocess.Popen(
         [str(BIN / "onced"), "--database-url", f"sqlite://{tmp_path / 'ledger.db'}",
-         "--listen", f"127.0.0.1:{ledger_port}", "--config", str(config)],
+         "--listen", "127.0.0.1:0", "--config", str(config)],
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "onced.log", "wb"),
     )
     try:
-        wait_for("onced", lambda: "onced serving" in (tmp_path / "onced.log").read_text())
+        ledger_port = wait_for("onced", lambda: served_port(tmp_path / "onced.log", "onced serving", 0))
         ledger = rpc.LedgerStub(grpc.insecure_channel(f"127.0.0.1:{ledger_port}"))
 
         def begin(operation_id: str):

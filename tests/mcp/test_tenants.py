@@ -6,8 +6,6 @@ import json
 
 import pytest
 
-from conftest import free_port
-
 pytestmark = pytest.mark.anyio
 
 
@@ -28,9 +26,7 @@ async def status(session, order_id: str = "order_4821") -> dict:
 
 
 async def test_two_tenants_refund_the_same_order_once_each_and_see_only_their_own(tenant_stack):
-    ports = {tenant: free_port() for tenant in ("acme", "globex")}
-    for tenant, port in ports.items():
-        tenant_stack.start_tenant_refund_http(tenant, port)
+    ports = {tenant: tenant_stack.start_tenant_refund_http(tenant) for tenant in ("acme", "globex")}
 
     refunds = {}
     for tenant, port in ports.items():
@@ -59,8 +55,7 @@ async def test_two_tenants_refund_the_same_order_once_each_and_see_only_their_ow
     assert seen["acme"]["operation_id"] == seen["globex"]["operation_id"]
 
     # A server without a key is refused by the ledger: nothing is performed.
-    keyless = free_port()
-    tenant_stack.start_tenant_refund_http(None, keyless)
+    keyless = tenant_stack.start_tenant_refund_http(None)
     async with tenant_stack.session_at(keyless) as session:
         refused = await refund(session, "order_9999")
     assert refused.is_error
