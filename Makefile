@@ -2,6 +2,8 @@
 .PHONY: run test build fmt lint demo model-long
 
 VENV := .venv
+# Prometheus and promtool, for the telemetry tests: Debian's package.
+PROMTOOL := /usr/bin/promtool
 
 # Start the ledger on its embedded default: a SQLite file (once.db) in this directory.
 run:
@@ -10,7 +12,7 @@ run:
 # Unit tests, the Rust integration suite (SQLite and the PostgreSQL on 127.0.0.1:5432), then
 # the MCP tests with the official Python MCP SDK against the built binaries.
 # Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials).
-test: $(VENV)/installed
+test: $(VENV)/installed $(PROMTOOL)
 	cargo build --workspace
 	rm -rf target/test-logs
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs cargo test --workspace
@@ -37,3 +39,7 @@ lint:
 # A project-local virtual environment with the Python MCP SDK (nothing installed globally).
 $(VENV)/installed: tests/mcp/requirements.txt
 	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q -r tests/mcp/requirements.txt && touch $@
+
+# The real Prometheus the telemetry tests scrape with, and promtool for the shipped alerts.
+$(PROMTOOL):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus

@@ -14,7 +14,8 @@
 //!   `tls::an_exposed_listener_needs_tls_and_credentials_or_insecure` (SQLite): about the
 //!   listener, not the store;
 //! - `conformance` runs the store's trait on both backends itself, and checks one thing only
-//!   SQLite does: a blocked guard takes no token (PostgreSQL takes it with its intent lock).
+//!   SQLite does: a blocked guard takes no token (PostgreSQL takes it with its intent lock);
+//! - `telemetry::the_shipped_alerts_pass_promtool`: about the rules files, not the store.
 //!
 //! The client's tests are `once-client`'s own (`cargo test -p once-client`).
 
@@ -35,6 +36,7 @@ mod reconcile;
 mod retention;
 mod service;
 mod stats;
+mod telemetry;
 mod tls;
 mod validation;
 mod watch;

@@ -33,9 +33,9 @@ impl Drop for OncedProcess {
     }
 }
 
-/// The address in the first "onced serving" line of a log.
-fn served_address(log: &str) -> Option<SocketAddr> {
-    let line = log.lines().find(|line| line.contains("onced serving"))?;
+/// The address in the first line of a log that says `announcement`.
+pub fn announced_address(log: &str, announcement: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|line| line.contains(announcement))?;
     let field = line
         .split_whitespace()
         .find_map(|word| word.strip_prefix("address="))?;
@@ -87,7 +87,10 @@ impl OncedProcess {
         let addr = tokio::select! {
             addr = async {
                 let addr = eventually(Duration::from_secs(30), "onced to say where it serves", || async {
-                    served_address(&std::fs::read_to_string(&log_path).unwrap_or_default())
+                    announced_address(
+                        &std::fs::read_to_string(&log_path).unwrap_or_default(),
+                        "onced serving",
+                    )
                 })
                 .await;
                 wait_serving_on(ready(addr)).await;
@@ -107,6 +110,11 @@ impl OncedProcess {
 
     pub async fn client(&self) -> LedgerClient<Channel> {
         client(self.addr).await
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Sends SIGHUP: re-read the TLS files.

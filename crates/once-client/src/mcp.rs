@@ -46,6 +46,59 @@ pub fn attempt_context(ctx: &RequestContext<RoleServer>) -> AttemptContext {
     }
 }
 
+/// The span of one `tools/call` of `tool`, as the MCP semantic conventions name it
+/// (`tools/call {tool}`, kind server, `mcp.method.name`, `gen_ai.tool.name`, `mcp.session.id`,
+/// `jsonrpc.request.id`), continuing the trace the client sent in the request's `_meta`
+/// (`traceparent`, `tracestate`). Run the tool's work in it: the ledger calls it makes carry
+/// its trace context, so one tool call is one trace from the MCP client to the ledger and the
+/// provider. `once.operation_id` and `once.outcome` are left for the tool to record.
+pub fn tool_span(ctx: &RequestContext<RoleServer>, tool: &str) -> tracing::Span {
+    let facts = attempt_context(ctx);
+    let span = tracing::info_span!(
+        "tool",
+        otel.name = format!("tools/call {tool}"),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        mcp.method.name = "tools/call",
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = tool,
+        mcp.session.id = facts.session_id.as_deref(),
+        jsonrpc.request.id = facts.request_id.as_deref(),
+        once.operation_id = tracing::field::Empty,
+        once.outcome = tracing::field::Empty,
+    );
+    once_telemetry::propagation::continue_trace(&span, |key| {
+        ctx.meta
+            .get(key)
+            .and_then(|value| value.as_str())
+            .map(str::to_owned)
+    });
+    span
+}
+
+/// Records on `span` (a [`tool_span`]) how the call ended.
+pub fn record_outcome(span: &tracing::Span, outcome: &Result<Outcome, ClientError>) {
+    let (operation_id, name) = match outcome {
+        Ok(Outcome::Executed { operation_id, .. }) => (Some(operation_id.as_str()), "EXECUTED"),
+        Ok(Outcome::Replayed(replay)) => (Some(replay.operation_id.as_str()), "REPLAYED"),
+        Ok(Outcome::NotPerformed { operation_id, .. }) => {
+            (Some(operation_id.as_str()), "NOT_PERFORMED")
+        }
+        Ok(Outcome::Ambiguous { operation_id, .. }) => (Some(operation_id.as_str()), "AMBIGUOUS"),
+        Ok(Outcome::Unknown(unknown)) => (Some(unknown.operation_id.as_str()), "UNKNOWN"),
+        Ok(Outcome::InProgress(progress)) => (Some(progress.operation_id.as_str()), "IN_PROGRESS"),
+        Ok(Outcome::Conflict(conflict)) => (Some(conflict.operation_id.as_str()), "CONFLICT"),
+        Err(_) => (None, "LEDGER_FAILED"),
+    };
+    if let Some(id) = operation_id {
+        span.record("once.operation_id", id);
+    }
+    span.record("once.outcome", name);
+    if outcome.is_err() {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
 /// The explicit idempotency key a client put in the request's `_meta`, if any.
 pub fn meta_idempotency_key(ctx: &RequestContext<RoleServer>) -> Option<String> {
     ctx.meta

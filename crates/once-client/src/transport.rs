@@ -98,9 +98,11 @@ impl Transport {
         AdminGrpc::new(self.channel.clone())
     }
 
-    /// `message` as a request carrying the API key, if there is one.
+    /// `message` as a request carrying the API key, if there is one, and the trace context of
+    /// the current span, if it is traced.
     pub(crate) fn authorized<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
+        once_telemetry::propagation::inject_grpc(request.metadata_mut());
         if let Some(token) = &self.config.token {
             if let Ok(mut value) = MetadataValue::try_from(format!("Bearer {token}")) {
                 value.set_sensitive(true);

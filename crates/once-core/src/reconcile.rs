@@ -45,6 +45,17 @@ pub enum Verdict {
     Unknown { why: String },
 }
 
+impl Verdict {
+    /// `confirmed`, `absent` or `unknown`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Confirmed { .. } => "confirmed",
+            Verdict::Absent { .. } => "absent",
+            Verdict::Unknown { .. } => "unknown",
+        }
+    }
+}
+
 /// How lookups of one UNKNOWN operation are spaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {

@@ -129,6 +129,27 @@ impl Stats {
     }
 }
 
+/// The ages a gauge of UNKNOWN operations counts at or past, in milliseconds: 0 (all of them),
+/// a minute, 5 and 15 minutes, an hour, 6 hours, a day.
+pub const UNKNOWN_AGE_THRESHOLDS: [Millis; 7] = [
+    0, 60_000, 300_000, 900_000, 3_600_000, 21_600_000, 86_400_000,
+];
+
+/// What the whole store holds now, across tenants, for a replica's gauges: every replica reads
+/// the same figures.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// How many operations are open (IN_FLIGHT or UNKNOWN), by state and tool.
+    pub open: Vec<(State, String, i64)>,
+    /// For each of [`UNKNOWN_AGE_THRESHOLDS`], how many UNKNOWN operations have been UNKNOWN
+    /// at least that long.
+    pub unknown_older_than: Vec<(Millis, i64)>,
+    /// How long the oldest UNKNOWN operation has been UNKNOWN; none when none is.
+    pub oldest_unknown: Option<Millis>,
+    /// IN_FLIGHT operations whose lease has ended (the lease sweeper has yet to move them).
+    pub past_lease: i64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

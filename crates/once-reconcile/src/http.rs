@@ -106,7 +106,7 @@ impl Reconciler for HttpReconciler {
         if let Some(key) = &self.api_key {
             call = call.bearer_auth(key);
         }
-        let response = match call.send().await {
+        let response = match once_telemetry::http::send(call).await {
             Ok(response) => response,
             Err(error) => {
                 return Verdict::Unknown {

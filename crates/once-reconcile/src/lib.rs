@@ -80,12 +80,25 @@ impl Registered {
 
     /// Runs one lookup within the deadline; running out of time is `Unknown`.
     pub async fn lookup(&self, request: &LookupRequest) -> Verdict {
-        match tokio::time::timeout(self.timeout, self.reconciler.lookup(request)).await {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!(
+            "lookup",
+            otel.name = format!("reconcile {}", self.name),
+            once.reconciler = %self.name,
+            once.operation_id = %request.operation_id,
+            once.verdict = tracing::field::Empty,
+        );
+        let looked_up = tokio::time::timeout(self.timeout, self.reconciler.lookup(request))
+            .instrument(span.clone())
+            .await;
+        let verdict = match looked_up {
             Ok(verdict) => verdict,
             Err(_) => Verdict::Unknown {
                 why: format!("the lookup took longer than {:?}", self.timeout),
             },
-        }
+        };
+        span.record("once.verdict", verdict.name());
+        verdict
     }
 }
 

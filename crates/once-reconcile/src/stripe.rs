@@ -72,8 +72,7 @@ impl StripeReconciler {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        let response = request
-            .send()
+        let response = once_telemetry::http::send(request)
             .await
             .map_err(|e| format!("the provider did not answer: {}", e.without_url()))?;
         let status = response.status();

@@ -6,7 +6,7 @@ use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
 use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
-use once_core::stats::Stats;
+use once_core::stats::{Gauges, Stats};
 use once_core::{
     Attempt, BeginCommand, Event, FencingToken, ListQuery, Listed, Millis, Operation,
     OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
@@ -14,6 +14,14 @@ use once_core::{
 
 use crate::watch::Frontier;
 use crate::{Announcements, StoreError};
+
+/// The connection pool at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolUse {
+    pub open: u32,
+    pub idle: u32,
+    pub max: u32,
+}
 
 /// A database that can hold the ledger.
 ///
@@ -215,6 +223,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
         tenant: &str,
         window_ms: i64,
     ) -> impl Future<Output = Result<Stats, StoreError>> + Send;
+
+    /// Every tenant's open operations, the ages of the UNKNOWN ones and the leases past their
+    /// end, now, in one statement.
+    fn gauges(&self) -> impl Future<Output = Result<Gauges, StoreError>> + Send;
+
+    /// The connection pool now: connections open, idle, and the most it opens.
+    fn pool_use(&self) -> PoolUse;
 
     /// Records duplicates, all in one statement.
     fn record_duplicates(

@@ -1,12 +1,14 @@
 //! The domain state machine run over a [`Backend`]: read, decide, write, commit.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use once_core::forensics;
 use once_core::machine::{self, Plan};
 use once_core::reconcile;
 use once_core::*;
 use tokio::sync::Notify;
+use tracing::Instrument as _;
 
 use crate::{Backend, StoreError};
 
@@ -23,6 +25,17 @@ pub struct Ledger<B> {
     backend: B,
     /// Signalled after every commit that wrote events, for the replica's watch feed.
     committed: Arc<Notify>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+/// What a replica learns from its ledger's writes, for its metrics. Called after the fact,
+/// on the writing task: it must be quick and must not block.
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    /// A write transaction started `waited` after it was asked for: the wait for a pooled
+    /// connection, then BEGIN.
+    fn transaction_started(&self, waited: Duration);
+    /// `plan` was committed over `before` (none for an operation it created), at `now`.
+    fn committed(&self, before: Option<&Operation>, plan: &Plan, now: Millis);
 }
 
 impl<B: Backend> Ledger<B> {
@@ -30,7 +43,35 @@ impl<B: Backend> Ledger<B> {
         Self {
             backend,
             committed: Arc::default(),
+            observer: None,
         }
+    }
+
+    /// This ledger, telling `observer` about its writes.
+    pub fn observed(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The span of one store call that may write, a child of the RPC or sweep it serves.
+    fn span(&self, operation: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "db.transaction",
+            otel.name = format!("{operation} {}", self.backend.kind()),
+            otel.kind = "client",
+            db.system.name = self.backend.kind(),
+            db.operation.name = operation,
+        )
+    }
+
+    /// Starts a write transaction, timing the start for the observer.
+    async fn begin_write(&self) -> Result<B::Tx, StoreError> {
+        let started = tokio::time::Instant::now();
+        let tx = self.backend.begin_write().await?;
+        if let Some(observer) = &self.observer {
+            observer.transaction_started(started.elapsed());
+        }
+        Ok(tx)
     }
 
     pub fn backend(&self) -> &B {
@@ -43,11 +84,20 @@ impl<B: Backend> Ledger<B> {
         self.committed.notified().await
     }
 
-    /// Commits `tx`, which wrote `plan`.
-    async fn commit(&self, tx: B::Tx, plan: &Plan) -> Result<(), StoreError> {
+    /// Commits `tx`, which wrote `plan` over `before` at `now`.
+    async fn commit(
+        &self,
+        tx: B::Tx,
+        before: Option<&Operation>,
+        plan: &Plan,
+        now: Millis,
+    ) -> Result<(), StoreError> {
         self.backend.commit(tx).await?;
         if !plan.events.is_empty() {
             self.committed.notify_one();
+        }
+        if let Some(observer) = &self.observer {
+            observer.committed(before, plan, now);
         }
         Ok(())
     }
@@ -55,6 +105,15 @@ impl<B: Backend> Ledger<B> {
     /// Decides a Begin and commits whatever the decision needs before returning it, with the
     /// moment it was decided, by the store's clock.
     pub async fn begin(&self, cmd: &BeginCommand) -> Result<(BeginDecision, Millis), StoreError> {
+        self.begin_in_store(cmd)
+            .instrument(self.span("begin"))
+            .await
+    }
+
+    async fn begin_in_store(
+        &self,
+        cmd: &BeginCommand,
+    ) -> Result<(BeginDecision, Millis), StoreError> {
         // Most Begins that write nothing (replays, IN_PROGRESS, UNKNOWN, a retried grant) are
         // answered from a plain read: those states only change under a lock, and each answer is
         // true of the committed state it was read from.
@@ -67,7 +126,7 @@ impl<B: Backend> Ledger<B> {
             }
         }
         for _ in 0..CLAIM_RACE_RETRIES {
-            let mut tx = self.backend.begin_write().await?;
+            let mut tx = self.begin_write().await?;
             let (current, now) = self
                 .backend
                 .lock(&mut tx, &cmd.tenant, &cmd.operation_id)
@@ -89,7 +148,7 @@ impl<B: Backend> Ledger<B> {
                 Err(StoreError::Duplicate) => continue,
                 other => other?,
             }
-            self.commit(tx, &plan).await?;
+            self.commit(tx, current.as_ref(), &plan, now).await?;
             return Ok((decision, now));
         }
         Err(StoreError::Duplicate)
@@ -102,7 +161,18 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ReportCommand,
     ) -> Result<State, StoreError> {
-        let mut tx = self.backend.begin_write().await?;
+        self.report_in_store(tenant, id, cmd)
+            .instrument(self.span("report"))
+            .await
+    }
+
+    async fn report_in_store(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        cmd: &ReportCommand,
+    ) -> Result<State, StoreError> {
+        let mut tx = self.begin_write().await?;
         let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
         let op = current.ok_or(StoreError::NotFound)?;
         // A superseded attempt of this life is known by its record in the attempt log.
@@ -114,7 +184,7 @@ impl<B: Backend> Ledger<B> {
             None
         };
         let (answer, plan) = machine::report(&op, cmd, earlier.as_ref(), now);
-        self.commit_plan(tx, tenant, id, &plan, now).await?;
+        self.commit_plan(tx, tenant, id, &op, &plan, now).await?;
         if answer.is_err() && cmd.fencing_token < op.life {
             tracing::warn!(operation_id = %id, fencing_token = %cmd.fencing_token, life = %op.life, "refused a report from an earlier life of the operation");
         }
@@ -129,11 +199,14 @@ impl<B: Backend> Ledger<B> {
         fencing_token: FencingToken,
         ttl_ms: i64,
     ) -> Result<Millis, StoreError> {
-        self.locked(tenant, id, |op, now| {
-            match machine::heartbeat(op, fencing_token, ttl_ms, now) {
-                Ok((deadline, plan)) => (Ok(deadline), plan),
-                Err(rejection) => (Err(rejection.into()), Plan::default()),
-            }
+        self.locked("heartbeat", tenant, id, |op, now| match machine::heartbeat(
+            op,
+            fencing_token,
+            ttl_ms,
+            now,
+        ) {
+            Ok((deadline, plan)) => (Ok(deadline), plan),
+            Err(rejection) => (Err(rejection.into()), Plan::default()),
         })
         .await
     }
@@ -147,7 +220,18 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ResolveCommand,
     ) -> Result<State, StoreError> {
-        let mut tx = self.backend.begin_write().await?;
+        self.resolve_in_store(tenant, id, cmd)
+            .instrument(self.span("resolve"))
+            .await
+    }
+
+    async fn resolve_in_store(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        cmd: &ResolveCommand,
+    ) -> Result<State, StoreError> {
+        let mut tx = self.begin_write().await?;
         let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
         let prior = self
             .backend
@@ -159,17 +243,22 @@ impl<B: Backend> Ledger<B> {
             (None, None) => return Err(StoreError::NotFound),
         };
         let (state, plan) = machine::resolve(&op, cmd, prior, now)?;
-        self.commit_plan(tx, tenant, id, &plan, now).await?;
+        self.commit_plan(tx, tenant, id, &op, &plan, now).await?;
         Ok(state)
     }
 
     /// Turns one IN_FLIGHT operation whose lease has ended into UNKNOWN. Returns whether it did.
     pub async fn expire_lease(&self, tenant: &str, id: &OperationId) -> Result<bool, StoreError> {
         let expired = self
-            .locked(tenant, id, |op, now| match machine::expire_lease(op, now) {
-                Some(plan) => (Ok(true), plan),
-                None => (Ok(false), Plan::default()),
-            })
+            .locked(
+                "expire_lease",
+                tenant,
+                id,
+                |op, now| match machine::expire_lease(op, now) {
+                    Some(plan) => (Ok(true), plan),
+                    None => (Ok(false), Plan::default()),
+                },
+            )
             .await;
         match expired {
             Err(StoreError::NotFound) => Ok(false),
@@ -181,18 +270,23 @@ impl<B: Backend> Ledger<B> {
     /// plan (even when the answer is a refusal: a refusal may record an anomaly).
     async fn locked<T>(
         &self,
+        operation: &'static str,
         tenant: &str,
         id: &OperationId,
         decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan),
     ) -> Result<T, StoreError> {
-        let mut tx = self.backend.begin_write().await?;
-        let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
-        let Some(op) = current else {
-            return Err(StoreError::NotFound);
-        };
-        let (answer, plan) = decide(&op, now);
-        self.commit_plan(tx, tenant, id, &plan, now).await?;
-        answer
+        async {
+            let mut tx = self.begin_write().await?;
+            let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
+            let Some(op) = current else {
+                return Err(StoreError::NotFound);
+            };
+            let (answer, plan) = decide(&op, now);
+            self.commit_plan(tx, tenant, id, &op, &plan, now).await?;
+            answer
+        }
+        .instrument(self.span(operation))
+        .await
     }
 
     /// Writes and commits `plan`, if it writes anything (a transaction dropped uncommitted
@@ -202,6 +296,7 @@ impl<B: Backend> Ledger<B> {
         mut tx: B::Tx,
         tenant: &str,
         id: &OperationId,
+        before: &Operation,
         plan: &Plan,
         now: Millis,
     ) -> Result<(), StoreError> {
@@ -209,7 +304,7 @@ impl<B: Backend> Ledger<B> {
             return Ok(());
         }
         self.backend.apply(&mut tx, tenant, id, plan, now).await?;
-        self.commit(tx, plan).await
+        self.commit(tx, Some(before), plan, now).await
     }
 
     /// One operation as stored, and the store's clock; no lock is taken.
@@ -301,7 +396,7 @@ impl<B: Backend> Ledger<B> {
         policy: &reconcile::LookupPolicy,
         jitter: f64,
     ) -> Result<(reconcile::Applied, bool), StoreError> {
-        self.locked(tenant, id, |op, now| {
+        self.locked("apply_verdict", tenant, id, |op, now| {
             let (applied, plan) =
                 reconcile::apply_verdict(op, lookup, verdict, policy, jitter, now);
             let escalated = plan.events.iter().any(|e| e.kind == EventKind::Escalated);

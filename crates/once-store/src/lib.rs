@@ -22,10 +22,10 @@ pub mod sqlite;
 mod store;
 pub mod watch;
 
-pub use backend::Backend;
+pub use backend::{Backend, PoolUse};
 pub use dialect::Dialect;
 pub use error::StoreError;
-pub use ledger::{Ledger, EXPLAINED_DUPLICATES};
+pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
 pub use store::{Statements, Store};

@@ -4,7 +4,7 @@ use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
 use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
-use once_core::stats::Stats;
+use once_core::stats::{Gauges, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
     Attempt, BeginCommand, Blocking, Event, EventKind, FencingToken, ListQuery, Listed, Millis,
     Operation, OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
@@ -728,6 +728,53 @@ where
             resolved,
             events,
         ))
+    }
+
+    async fn gauges(&self) -> Result<Gauges, StoreError> {
+        let now = D::NOW;
+        // One statement, each part on the open operations only (their partial indexes): the
+        // open counts, then one row for each age threshold, the oldest age, and the leases past.
+        let mut sql = String::from(
+            "SELECT state, tool, COUNT(*) FROM operations WHERE state IN ('IN_FLIGHT', 'UNKNOWN') \
+             GROUP BY state, tool",
+        );
+        let since = "COALESCE(unknown_since, updated_at)";
+        for threshold in UNKNOWN_AGE_THRESHOLDS {
+            sql.push_str(&format!(
+                " UNION ALL SELECT 'AGE', '{threshold}', COUNT(*) FROM operations \
+                 WHERE state = 'UNKNOWN' AND {since} <= {now} - {threshold}"
+            ));
+        }
+        sql.push_str(&format!(
+            " UNION ALL SELECT 'OLDEST', '', COALESCE({now} - MIN({since}), -1) FROM operations \
+             WHERE state = 'UNKNOWN' \
+             UNION ALL SELECT 'PAST_LEASE', '', COUNT(*) FROM operations \
+             WHERE state = 'IN_FLIGHT' AND lease_deadline < {now}"
+        ));
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+        let mut gauges = Gauges::default();
+        for (kind, key, n) in rows {
+            match kind.as_str() {
+                "AGE" => {
+                    let threshold = key.parse().map_err(|_| {
+                        StoreError::Corrupt(format!("an age threshold read back as {key:?}"))
+                    })?;
+                    gauges.unknown_older_than.push((threshold, n));
+                }
+                "OLDEST" => gauges.oldest_unknown = (n >= 0).then_some(n),
+                "PAST_LEASE" => gauges.past_lease = n,
+                state => gauges.open.push((rows::state(state)?, key, n)),
+            }
+        }
+        Ok(gauges)
+    }
+
+    fn pool_use(&self) -> crate::backend::PoolUse {
+        crate::backend::PoolUse {
+            open: self.pool.size(),
+            idle: u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX),
+            max: self.pool.options().get_max_connections(),
+        }
     }
 
     async fn record_duplicates(&self, duplicates: &[Duplicate]) -> Result<(), StoreError> {

@@ -122,6 +122,16 @@ pub struct Config {
     #[arg(long, env = "ONCE_MAX_WATCHERS", default_value_t = 256)]
     pub max_watchers: usize,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given). Metrics are also
+    /// pushed over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    #[arg(long, env = "ONCE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// How often the gauges read from the database (open operations, UNKNOWN ages) are
+    /// refreshed, while metrics are on.
+    #[arg(long, env = "ONCE_METRICS_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub metrics_interval: Duration,
+
     /// PostgreSQL connections per replica.
     #[arg(long, env = "ONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -202,6 +212,7 @@ impl Config {
         if self.lease_sweep_interval.is_zero()
             || self.retention_sweep_interval.is_zero()
             || self.health_check_interval.is_zero()
+            || self.metrics_interval.is_zero()
         {
             return Err(ConfigError::ZeroInterval);
         }

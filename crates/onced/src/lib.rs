@@ -14,6 +14,7 @@ mod reconciliation;
 mod service;
 mod status;
 mod sweeper;
+mod telemetry;
 mod tls;
 mod wait;
 mod watch;
@@ -77,7 +78,16 @@ async fn serve<B: Backend>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let ledger = Ledger::new(backend.clone());
+    let metrics = telemetry::Metrics::new();
+    let ledger = Ledger::new(backend.clone()).observed(metrics.clone());
+    let metrics_listener = match config.metrics_listen {
+        Some(address) => Some(
+            TcpListener::bind(address)
+                .await
+                .with_context(|| format!("listening for metrics scrapes on {address}"))?,
+        ),
+        None => None,
+    };
     let admin_key = config.admin_key()?;
     if let Some(key) = &admin_key {
         admin::Admin::new(backend.clone())
@@ -138,6 +148,7 @@ async fn serve<B: Backend>(
         &configured,
         feed.clone(),
         recorder,
+        metrics.clone(),
     );
     let admin_service = admin::AdminService::new(backend, access);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -173,7 +184,14 @@ async fn serve<B: Backend>(
         tokio::spawn(sweeper::health(
             ledger.clone(),
             health.clone(),
+            metrics.clone(),
             config.health_check_interval,
+            stop_sweepers.clone(),
+        )),
+        tokio::spawn(telemetry::gauges(
+            ledger.clone(),
+            metrics.clone(),
+            config.metrics_interval,
             stop_sweepers.clone(),
         )),
         tokio::spawn(sweeper::retention(
@@ -184,8 +202,19 @@ async fn serve<B: Backend>(
         )),
     ];
 
+    let scrapes = match metrics_listener {
+        Some(listener) => Some(tokio::spawn(telemetry::serve_metrics(
+            listener,
+            stop_sweepers.clone(),
+        )?)),
+        None => None,
+    };
+
     let address = listener.local_addr()?;
     let router = tonic::transport::Server::builder()
+        .layer(telemetry::RpcLayer {
+            metrics: metrics.clone(),
+        })
         .layer(status::TooLargeLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -219,6 +248,9 @@ async fn serve<B: Backend>(
     stop_sweepers.cancel();
     for sweeper in sweepers {
         let _ = sweeper.await;
+    }
+    if let Some(scrapes) = scrapes {
+        let _ = scrapes.await;
     }
     ledger.backend().close().await;
     tracing::info!("database pool closed; bye");

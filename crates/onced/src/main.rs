@@ -1,29 +1,28 @@
 //! The `onced` binary: configuration, telemetry, the listener and the shutdown signal.
 
 use clap::Parser;
+use once_telemetry::Telemetry;
 use onced::Config;
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let mut config = Config::parse();
     if let Some(command) = config.command.take() {
-        return onced::administer(config, command).await;
+        let telemetry = Telemetry::init("onced", false)?;
+        let done = onced::administer(config, command).await;
+        telemetry.shutdown();
+        return done;
     }
+    let telemetry = Telemetry::init("onced", config.metrics_listen.is_some())?;
     // SIGHUP re-reads the TLS files once serving; until then (the store is being opened) it
     // must not end the process, as it would by default. A handler registered once stays.
     drop(tokio::signal::unix::signal(
         tokio::signal::unix::SignalKind::hangup(),
     )?);
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    onced::run(config, listener, shutdown_signal()).await
+    let served = onced::run(config, listener, shutdown_signal()).await;
+    telemetry.shutdown();
+    served
 }
 
 /// Completes on Ctrl-C or SIGTERM.

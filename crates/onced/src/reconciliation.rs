@@ -14,6 +14,7 @@ use once_store::{Backend, Ledger, StoreError};
 use tokio_util::sync::CancellationToken;
 
 use crate::sweeper;
+use crate::telemetry::Metrics;
 use crate::wait::Settled;
 
 /// Lookups one replica runs at once. Each round claims at most this many operations and looks
@@ -34,6 +35,7 @@ pub struct Reconciliation<B> {
     /// The result limit a found effect is held to, as a Confirm's is.
     max_result_bytes: usize,
     settled: Settled,
+    metrics: std::sync::Arc<Metrics>,
 }
 
 /// What an operator's Reconcile did.
@@ -67,7 +69,11 @@ impl<B: Backend> Reconciliation<B> {
         configured: &once_reconcile::config::Reconciliation,
         max_result_bytes: usize,
         settled: Settled,
+        metrics: std::sync::Arc<Metrics>,
     ) -> Self {
+        for (_, name) in configured.registry.names() {
+            metrics.reconciler_configured(name);
+        }
         Self {
             ledger,
             reconcilers: configured.registry.clone(),
@@ -75,6 +81,7 @@ impl<B: Backend> Reconciliation<B> {
             claim_ms: i64::try_from(configured.settings.claim.as_millis()).unwrap_or(i64::MAX),
             max_result_bytes,
             settled,
+            metrics,
         }
     }
 
@@ -93,7 +100,10 @@ impl<B: Backend> Reconciliation<B> {
         op: &Operation,
         lookup: &Lookup,
     ) -> (Verdict, Result<(Applied, bool), StoreError>) {
+        let started = tokio::time::Instant::now();
         let verdict = registered.lookup(&lookup_request(op)).await;
+        self.metrics
+            .looked_up(&registered.name, verdict.name(), started.elapsed());
         let jitter = jitter(op.operation_id.as_str(), op.reconcile_lookups);
         let applied = self
             .ledger
@@ -269,6 +279,7 @@ impl<B: Backend> Reconciliation<B> {
                     if let Some(url) = &self.settings.webhook {
                         tokio::spawn(send_escalation(
                             http.clone(),
+                            self.metrics.clone(),
                             url.clone(),
                             escalation_summary(op, &verdict),
                         ));
@@ -320,15 +331,22 @@ fn escalation_summary(op: &Operation, verdict: &Verdict) -> serde_json::Value {
 }
 
 /// POSTs an escalation, retrying with backoff; runs beside the worker, never blocking it.
-async fn send_escalation(http: reqwest::Client, url: String, summary: serde_json::Value) {
+async fn send_escalation(
+    http: reqwest::Client,
+    metrics: std::sync::Arc<Metrics>,
+    url: String,
+    summary: serde_json::Value,
+) {
     let mut pause = Duration::from_millis(200);
     for try_number in 1..=WEBHOOK_TRIES {
         match http.post(&url).json(&summary).send().await {
             Ok(response) if response.status().is_success() => return,
             Ok(response) => {
+                metrics.webhook_failed();
                 tracing::warn!(status = %response.status(), try_number, "escalation webhook refused")
             }
             Err(error) => {
+                metrics.webhook_failed();
                 tracing::warn!(error = %error.without_url(), try_number, "escalation webhook failed")
             }
         }

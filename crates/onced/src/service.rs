@@ -9,12 +9,12 @@ use once_core::Limits;
 use once_store::{Backend, Ledger};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
-use tracing::instrument;
 
 use crate::access::{Access, Allowed, Principal};
 use crate::duplicates::Recorder;
 use crate::reconciliation::Reconciliation;
 use crate::status;
+use crate::telemetry::Metrics;
 use crate::wait::{self, Settled};
 use crate::watch::Feed;
 use once_core::forensics::Duplicate;
@@ -30,6 +30,7 @@ pub struct LedgerService<B> {
     feed: Feed,
     /// Where Begins answered without a new execution right go, for forensics.
     duplicates: Recorder,
+    metrics: std::sync::Arc<Metrics>,
 }
 
 /// The most operations one GetForensics looks at.
@@ -51,6 +52,7 @@ impl<B: Backend> LedgerService<B> {
         configured: &once_reconcile::config::Reconciliation,
         feed: Feed,
         duplicates: Recorder,
+        metrics: std::sync::Arc<Metrics>,
     ) -> Self {
         let settled = Settled::default();
         let reconciliation = Reconciliation::new(
@@ -58,6 +60,7 @@ impl<B: Backend> LedgerService<B> {
             configured,
             limits.max_result_bytes,
             settled.clone(),
+            metrics.clone(),
         );
         Self {
             ledger,
@@ -67,6 +70,7 @@ impl<B: Backend> LedgerService<B> {
             settled,
             feed,
             duplicates,
+            metrics,
         }
     }
 
@@ -74,6 +78,37 @@ impl<B: Backend> LedgerService<B> {
     /// Begins.
     pub(crate) fn reconciliation(&self) -> Reconciliation<B> {
         self.reconciliation.clone()
+    }
+}
+
+/// The attempt a decision is about, for the RPC span.
+fn decision_attempt(decision: &once_core::BeginDecision) -> Option<u32> {
+    use once_core::BeginDecision::*;
+    match decision {
+        Execute(grant) => Some(grant.attempt),
+        Replay { attempt, .. } | InProgress { attempt, .. } => Some(*attempt),
+        Unknown { .. } | Conflict { .. } => None,
+    }
+}
+
+fn report_kind(report: &once_core::Report) -> &'static str {
+    match report {
+        once_core::Report::Confirm { .. } => "confirm",
+        once_core::Report::Absent { .. } => "absent",
+        once_core::Report::Unknown { .. } => "unknown",
+    }
+}
+
+/// How a report ended, for the reports counter: `stale` is a superseded attempt's.
+fn report_outcome(answer: &Result<once_core::State, once_store::StoreError>) -> &'static str {
+    use once_core::Rejection;
+    use once_store::StoreError;
+    match answer {
+        Ok(_) => "accepted",
+        Err(StoreError::Rejected(Rejection::ExecutionRightLost { .. })) => "stale",
+        Err(StoreError::Rejected(Rejection::AlreadySettled { .. })) => "settled",
+        Err(StoreError::Rejected(_) | StoreError::NotFound) => "refused",
+        Err(_) => "failed",
     }
 }
 
@@ -87,7 +122,6 @@ fn caller(principal: &Principal, client_name: Option<&str>) -> Caller {
 
 #[tonic::async_trait]
 impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
-    #[instrument(skip_all, fields(operation_id, tool, decision))]
     async fn begin(
         &self,
         request: Request<pb::BeginRequest>,
@@ -106,8 +140,8 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .check_in_flight(&principal, &cmd.operation_id)
             .await?;
         let span = tracing::Span::current();
-        span.record("operation_id", cmd.operation_id.as_str());
-        span.record("tool", cmd.tool.as_str());
+        span.record("once.operation_id", cmd.operation_id.as_str());
+        span.record("once.tool", cmd.tool.as_str());
 
         let wait = Duration::from_millis(u64::try_from(input.wait_ms).unwrap_or(0));
         let (decision, at) = wait::begin(
@@ -119,7 +153,11 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         )
         .await
         .map_err(status::store)?;
-        span.record("decision", decision.name());
+        span.record("once.decision", decision.name());
+        if let Some(attempt) = decision_attempt(&decision) {
+            span.record("once.attempt", attempt);
+        }
+        self.metrics.decided(decision.name(), &cmd.tool);
         if let Some(duplicate) = Duplicate::of(&cmd, &decision, at) {
             self.duplicates.record(duplicate);
         }
@@ -129,7 +167,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         )))
     }
 
-    #[instrument(skip_all, fields(operation_id))]
     async fn confirm(
         &self,
         request: Request<pb::ConfirmRequest>,
@@ -137,7 +174,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         self.report(request).await
     }
 
-    #[instrument(skip_all, fields(operation_id))]
     async fn report_absent(
         &self,
         request: Request<pb::ReportAbsentRequest>,
@@ -145,7 +181,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         self.report(request).await
     }
 
-    #[instrument(skip_all, fields(operation_id))]
     async fn report_unknown(
         &self,
         request: Request<pb::ReportUnknownRequest>,
@@ -153,7 +188,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         self.report(request).await
     }
 
-    #[instrument(skip_all, fields(operation_id))]
     async fn heartbeat(
         &self,
         request: Request<pb::HeartbeatRequest>,
@@ -161,7 +195,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let principal = self.access.admit(&request, Allowed::SETTLE).await?;
         let (id, token, ttl) =
             convert::heartbeat(request.into_inner(), &self.limits).map_err(status::invalid)?;
-        tracing::Span::current().record("operation_id", id.as_str());
+        tracing::Span::current().record("once.operation_id", id.as_str());
         let deadline = self
             .ledger
             .heartbeat(&principal.tenant, &id, token, ttl)
@@ -172,14 +206,13 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         }))
     }
 
-    #[instrument(skip_all, fields(operation_id))]
     async fn get_operation(
         &self,
         request: Request<pb::GetOperationRequest>,
     ) -> Result<Response<pb::GetOperationResponse>, Status> {
         let tenant = self.access.admit_read(&request, Allowed::READ_ONE).await?;
         let id = convert::get_operation(request.into_inner()).map_err(status::invalid)?;
-        tracing::Span::current().record("operation_id", id.as_str());
+        tracing::Span::current().record("once.operation_id", id.as_str());
         let (op, attempts, events, calls) = self
             .ledger
             .explain(&tenant, &id)
@@ -190,7 +223,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         )))
     }
 
-    #[instrument(skip_all)]
     async fn get_stats(
         &self,
         request: Request<pb::GetStatsRequest>,
@@ -207,7 +239,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         Ok(Response::new(convert::stats_response(stats)))
     }
 
-    #[instrument(skip_all)]
     async fn get_forensics(
         &self,
         request: Request<pb::GetForensicsRequest>,
@@ -226,7 +257,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         )))
     }
 
-    #[instrument(skip_all)]
     async fn list_operations(
         &self,
         request: Request<pb::ListOperationsRequest>,
@@ -248,7 +278,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
 
     type WatchOperationsStream = ReceiverStream<Result<pb::WatchOperationsResponse, Status>>;
 
-    #[instrument(skip_all)]
     async fn watch_operations(
         &self,
         request: Request<pb::WatchOperationsRequest>,
@@ -267,14 +296,13 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         Ok(response)
     }
 
-    #[instrument(skip_all, fields(operation_id))]
     async fn reconcile(
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let principal = self.access.admit(&request, Allowed::OPERATOR).await?;
         let id = convert::reconcile(request.into_inner()).map_err(status::invalid)?;
-        tracing::Span::current().record("operation_id", id.as_str());
+        tracing::Span::current().record("once.operation_id", id.as_str());
         let reconciled = self
             .reconciliation
             .now(&principal.tenant, &id)
@@ -288,7 +316,6 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         }))
     }
 
-    #[instrument(skip_all, fields(operation_id, actor))]
     async fn resolve(
         &self,
         request: Request<pb::ResolveRequest>,
@@ -300,8 +327,8 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             cmd.actor = principal.operator(given);
         }
         let span = tracing::Span::current();
-        span.record("operation_id", id.as_str());
-        span.record("actor", cmd.actor.to_string());
+        span.record("once.operation_id", id.as_str());
+        span.record("once.actor", cmd.actor.to_string());
         let state = self
             .ledger
             .resolve(&principal.tenant, &id, &cmd)
@@ -324,9 +351,13 @@ impl<B: Backend> LedgerService<B> {
         let principal = self.access.admit(&request, Allowed::SETTLE).await?;
         let (id, cmd) =
             convert::report(request.into_inner(), &self.limits).map_err(status::invalid)?;
-        tracing::Span::current().record("operation_id", id.as_str());
+        let span = tracing::Span::current();
+        span.record("once.operation_id", id.as_str());
+        span.record("once.fencing_token", cmd.fencing_token.get());
         let state = self.ledger.report(&principal.tenant, &id, &cmd).await;
         self.settled.notify();
+        self.metrics
+            .reported(report_kind(&cmd.report), report_outcome(&state));
         let state = state.map_err(status::store)?;
         Ok(Response::new(pb::ReportResponse {
             state: convert::state_to_pb(state) as i32,

@@ -92,13 +92,15 @@ pub async fn retention<B: Backend>(
 pub async fn health<B: Backend>(
     ledger: Ledger<B>,
     reporter: tonic_health::server::HealthReporter,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
     interval: Duration,
     stop: CancellationToken,
 ) {
     let serving = AtomicBool::new(true);
-    let (ledger, reporter, serving) = (&ledger, &reporter, &serving);
+    let (ledger, reporter, serving, metrics) = (&ledger, &reporter, &serving, &metrics);
     every(interval, &stop, || async move {
         let up = ledger.ping().await.is_ok();
+        metrics.store_up(up);
         if serving.swap(up, Ordering::Relaxed) != up {
             announce::<B>(reporter, up).await;
         }

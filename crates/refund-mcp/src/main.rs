@@ -88,15 +88,16 @@ impl std::fmt::Debug for Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // stdout carries the MCP protocol in stdio mode: logs go to stderr.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
     let args = Args::parse();
+    // stdout carries the MCP protocol in stdio mode: logs go to stderr.
+    let telemetry = once_telemetry::Telemetry::init("refund-mcp", false)?;
+    let served = serve(args).await;
+    // What is still queued is exported before the process ends.
+    telemetry.shutdown();
+    served
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     tracing::info!(instance = %args.instance, ledger = %args.ledger, provider = %args.provider, "refund-mcp starting");
     let mut config = ClientConfig::new(args.ledger.clone());
     config.client_name = args.instance.clone();
@@ -139,7 +140,13 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(address = %listener.local_addr()?, "refund-mcp serving MCP over Streamable HTTP at /mcp");
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {
-                    let _ = tokio::signal::ctrl_c().await;
+                    let mut terminate =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                            .expect("a SIGTERM handler");
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = terminate.recv() => {}
+                    }
                     stop.cancel();
                 })
                 .await?;

@@ -46,23 +46,19 @@ impl Provider {
             ("metadata[once_provider_key]", idempotency_key),
             ("metadata[once_operation_id]", operation_id),
         ];
-        let response = self
+        let request = self
             .http
             .post(format!("{}/v1/refunds", self.base))
             .header("Idempotency-Key", idempotency_key)
-            .form(&form)
-            .send()
-            .await
-            .map_err(|error| {
-                if error.is_connect() {
-                    // The request never left: nothing can have happened.
-                    EffectError::NotPerformed(format!(
-                        "the payment provider is unreachable: {error}"
-                    ))
-                } else {
-                    EffectError::Ambiguous(format!("no answer from the payment provider: {error}"))
-                }
-            })?;
+            .form(&form);
+        let response = once_telemetry::http::send(request).await.map_err(|error| {
+            if error.is_connect() {
+                // The request never left: nothing can have happened.
+                EffectError::NotPerformed(format!("the payment provider is unreachable: {error}"))
+            } else {
+                EffectError::Ambiguous(format!("no answer from the payment provider: {error}"))
+            }
+        })?;
         let status = response.status();
         let body: Value = response.json().await.map_err(|error| {
             EffectError::Ambiguous(format!(

@@ -7,6 +7,7 @@ use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabiliti
 use rmcp::service::RequestContext;
 use rmcp::{schemars, tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
+use tracing::Instrument as _;
 
 use crate::provider::Provider;
 use crate::Args;
@@ -100,6 +101,7 @@ impl RefundServer {
         Parameters(request): Parameters<IssueRefund>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let span = mcp::tool_span(&ctx, "issue_refund");
         let key = request
             .idempotency_key
             .clone()
@@ -133,7 +135,10 @@ impl RefundServer {
             });
             Ok(Effect::new(result.to_string().into_bytes()).with_provider_ref(refund.id))
         });
-        let outcome = mcp::with_progress(&ctx, "refund in progress", run).await;
+        let outcome = mcp::with_progress(&ctx, "refund in progress", run)
+            .instrument(span.clone())
+            .await;
+        mcp::record_outcome(&span, &outcome);
         Ok(match outcome {
             Ok(outcome) => mcp::tool_result(&outcome, STATUS_TOOL),
             Err(error) => {

@@ -1,0 +1,405 @@
+//! Logs, traces and metrics for once-ledger's processes (`onced`, `refund-mcp`).
+//!
+//! [`Telemetry::init`] installs, once per process:
+//! - logs to stderr, filtered by `RUST_LOG` (default `info`), coloured only on a terminal;
+//! - OpenTelemetry traces exported over OTLP/gRPC when the standard variables ask for them
+//!   (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or
+//!   `OTEL_TRACES_EXPORTER=otlp`), every `tracing` span becoming an OpenTelemetry span;
+//! - OpenTelemetry metrics pushed the same way (`…_METRICS_ENDPOINT`, `OTEL_METRICS_EXPORTER`,
+//!   every `OTEL_METRIC_EXPORT_INTERVAL`), and kept for a Prometheus scrape when asked.
+//!
+//! With none of those variables set no exporter, batch queue or tracing layer exists: spans are
+//! only what the log needs, and instruments are the API's no-op ones. `OTEL_SDK_DISABLED=true`
+//! turns everything off.
+//!
+//! [`propagation`] carries the W3C trace context (`traceparent`, `tracestate`) in gRPC metadata,
+//! HTTP headers and an MCP request's `_meta`.
+
+pub mod http;
+pub mod propagation;
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use anyhow::Context as _;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::EnvFilter;
+
+/// The instrumentation scope of every span and instrument the project makes.
+pub const SCOPE: &str = "once-ledger";
+
+static TRACES_EXPORTED: AtomicBool = AtomicBool::new(false);
+static METRICS_ON: AtomicBool = AtomicBool::new(false);
+static PROMETHEUS: OnceLock<Prometheus> = OnceLock::new();
+
+/// Whether spans are exported: only then is a trace context worth carrying.
+pub fn traces_exported() -> bool {
+    TRACES_EXPORTED.load(Ordering::Relaxed)
+}
+
+/// Whether instruments record anything: metrics are exported or kept for a scrape.
+pub fn metrics_on() -> bool {
+    METRICS_ON.load(Ordering::Relaxed)
+}
+
+/// The process's Prometheus registry, when [`Telemetry::init`] was asked for one.
+pub fn prometheus() -> Option<Prometheus> {
+    PROMETHEUS.get().cloned()
+}
+
+/// The meter every instrument of the project comes from: the no-op one unless metrics are on.
+pub fn meter() -> opentelemetry::metrics::Meter {
+    opentelemetry::global::meter(SCOPE)
+}
+
+/// What the process set up; dropping it does not flush, [`Telemetry::shutdown`] does.
+#[derive(Debug)]
+pub struct Telemetry {
+    tracer: Option<SdkTracerProvider>,
+    meter: Option<SdkMeterProvider>,
+}
+
+/// The metrics kept for a Prometheus scrape.
+#[derive(Debug, Clone)]
+pub struct Prometheus {
+    registry: prometheus::Registry,
+}
+
+impl Prometheus {
+    /// The metrics in Prometheus's text exposition format.
+    pub fn render(&self) -> anyhow::Result<String> {
+        use prometheus::Encoder as _;
+        let mut text = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut text)
+            .context("encoding the metrics")?;
+        String::from_utf8(text).context("the metrics are not UTF-8")
+    }
+}
+
+/// Which OpenTelemetry signals the environment turns on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Signals {
+    traces: bool,
+    metrics: bool,
+}
+
+impl Signals {
+    fn from_env(var: impl Fn(&str) -> Option<String>) -> Self {
+        let set = |name: &str| var(name).is_some_and(|v| !v.trim().is_empty());
+        if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Signals {
+                traces: false,
+                metrics: false,
+            };
+        }
+        let wanted = |signal: &str, exporter_var: &str| {
+            let exporter = var(exporter_var).map(|v| v.trim().to_ascii_lowercase());
+            match exporter.as_deref() {
+                Some("none") => false,
+                Some("otlp") => true,
+                Some("") | None => {
+                    set("OTEL_EXPORTER_OTLP_ENDPOINT")
+                        || set(&format!("OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"))
+                }
+                Some(other) => {
+                    eprintln!("{exporter_var}={other} is not supported (only otlp); not exporting");
+                    false
+                }
+            }
+        };
+        let grpc = |signal: &str| {
+            let protocol = var(&format!("OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"))
+                .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+                .map(|v| v.trim().to_ascii_lowercase());
+            match protocol.as_deref() {
+                None | Some("") | Some("grpc") => true,
+                Some(other) => {
+                    eprintln!(
+                        "OTLP over {other} is not built in (only grpc); {} are not exported",
+                        signal.to_ascii_lowercase()
+                    );
+                    false
+                }
+            }
+        };
+        Signals {
+            traces: wanted("TRACES", "OTEL_TRACES_EXPORTER") && grpc("TRACES"),
+            metrics: wanted("METRICS", "OTEL_METRICS_EXPORTER") && grpc("METRICS"),
+        }
+    }
+}
+
+impl Telemetry {
+    /// Sets up logs, and traces and metrics as the environment asks, for the process named
+    /// `service` (unless `OTEL_SERVICE_NAME` names it). `prometheus` keeps the metrics for a
+    /// scrape ([`prometheus()`]). Call it once, inside the Tokio runtime when anything is
+    /// exported (the OTLP exporters are gRPC clients).
+    pub fn init(service: &'static str, prometheus: bool) -> anyhow::Result<Self> {
+        let signals = Signals::from_env(|name| std::env::var(name).ok());
+        let resource = {
+            let builder = Resource::builder();
+            match std::env::var("OTEL_SERVICE_NAME") {
+                Ok(name) if !name.trim().is_empty() => builder.build(),
+                _ => builder.with_service_name(service).build(),
+            }
+        };
+
+        let tracer = if signals.traces {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .build()
+                .context("setting up the OTLP trace exporter")?;
+            Some(
+                SdkTracerProvider::builder()
+                    .with_resource(resource.clone())
+                    .with_batch_exporter(exporter)
+                    .build(),
+            )
+        } else {
+            None
+        };
+
+        let meter = if signals.metrics || prometheus {
+            let mut builder = SdkMeterProvider::builder().with_resource(resource);
+            if prometheus {
+                let registry = prometheus::Registry::new();
+                let exporter = opentelemetry_prometheus::exporter()
+                    .with_registry(registry.clone())
+                    .scope_info_enabled(false)
+                    .build()
+                    .context("setting up the Prometheus exporter")?;
+                builder = builder.with_reader(exporter);
+                let _ = PROMETHEUS.set(Prometheus { registry });
+            }
+            if signals.metrics {
+                let exporter = opentelemetry_otlp::MetricExporter::builder()
+                    .with_tonic()
+                    .build()
+                    .context("setting up the OTLP metric exporter")?;
+                builder = builder.with_reader(PeriodicReader::builder(exporter).build());
+            }
+            let provider = builder.build();
+            opentelemetry::global::set_meter_provider(provider.clone());
+            METRICS_ON.store(true, Ordering::Relaxed);
+            Some(provider)
+        } else {
+            None
+        };
+
+        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+        let logs = tracing_subscriber::fmt::layer()
+            .fmt_fields(LogFields)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        let spans = tracer.as_ref().map(|provider| {
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer(SCOPE))
+                .with_error_records_to_exceptions(true)
+        });
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(logs)
+            .with(spans)
+            .try_init()
+            .context("installing the log subscriber")?;
+        TRACES_EXPORTED.store(tracer.is_some(), Ordering::Relaxed);
+        if tracer.is_some() || signals.metrics {
+            tracing::info!(
+                traces = tracer.is_some(),
+                metrics = signals.metrics,
+                "exporting telemetry over OTLP"
+            );
+        }
+        Ok(Telemetry { tracer, meter })
+    }
+
+    /// Exports what is still queued, then stops the exporters.
+    pub fn shutdown(self) {
+        if let Some(tracer) = self.tracer {
+            if let Err(error) = tracer.shutdown() {
+                tracing::warn!(%error, "could not flush the last spans");
+            }
+        }
+        if let Some(meter) = self.meter {
+            if let Err(error) = meter.shutdown() {
+                tracing::warn!(%error, "could not flush the last metrics");
+            }
+        }
+    }
+}
+
+/// The fields of a span or event as the log shows them: the attributes that only a trace
+/// needs (`otel.*`, and the semantic conventions' `rpc.*`, `db.*`, `http.*`, `url.*`,
+/// `server.*`, `mcp.*`, `gen_ai.*`, `jsonrpc.*`, `network.*`, `error.*`) are left out.
+#[derive(Debug, Clone, Copy)]
+struct LogFields;
+
+/// Whether a field is only for traces.
+fn trace_only(name: &str) -> bool {
+    const PREFIXES: [&str; 11] = [
+        "otel.", "rpc.", "db.", "http.", "url.", "server.", "mcp.", "gen_ai.", "jsonrpc.",
+        "network.", "error.",
+    ];
+    PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+}
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for LogFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = LogVisitor {
+            writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct LogVisitor<'w> {
+    writer: tracing_subscriber::fmt::format::Writer<'w>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl tracing::field::Visit for LogVisitor<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if self.result.is_err() || trace_only(field.name()) {
+            return;
+        }
+        let gap = if self.first { "" } else { " " };
+        self.first = false;
+        self.result = if field.name() == "message" {
+            write!(self.writer, "{gap}{value:?}")
+        } else {
+            write!(self.writer, "{gap}{}={value:?}", field.name())
+        };
+    }
+}
+
+/// A label whose values come from callers (a tool name): the first `max` distinct values are
+/// kept, every later one is `other`, so no caller can grow the number of series without bound.
+#[derive(Debug)]
+pub struct CappedLabel {
+    max: usize,
+    seen: Mutex<HashSet<String>>,
+}
+
+/// The value a [`CappedLabel`] gives every value past its cap.
+pub const OTHER: &str = "other";
+
+impl CappedLabel {
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// `value`, if it is one of the first `max` values seen, or [`OTHER`].
+    pub fn of(&self, value: &str) -> Cow<'static, str> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(value) {
+            return Cow::Owned(value.to_owned());
+        }
+        if seen.len() < self.max && value != OTHER {
+            seen.insert(value.to_owned());
+            return Cow::Owned(value.to_owned());
+        }
+        Cow::Borrowed(OTHER)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signals(vars: &[(&str, &str)]) -> Signals {
+        Signals::from_env(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn nothing_is_exported_unless_the_environment_asks() {
+        let none = Signals {
+            traces: false,
+            metrics: false,
+        };
+        let both = Signals {
+            traces: true,
+            metrics: true,
+        };
+        assert_eq!(signals(&[]), none);
+        assert_eq!(
+            signals(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")]),
+            both
+        );
+        assert_eq!(
+            signals(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4317")]),
+            Signals {
+                traces: true,
+                metrics: false
+            }
+        );
+        assert_eq!(
+            signals(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_METRICS_EXPORTER", "none")
+            ]),
+            Signals {
+                traces: true,
+                metrics: false
+            }
+        );
+        assert!(signals(&[("OTEL_TRACES_EXPORTER", "otlp")]).traces);
+        assert_eq!(
+            signals(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_SDK_DISABLED", "true")
+            ]),
+            none
+        );
+        assert_eq!(
+            signals(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+            ]),
+            none,
+            "a protocol that is not built in exports nothing rather than failing later"
+        );
+    }
+
+    #[test]
+    fn the_log_leaves_out_what_only_a_trace_needs() {
+        assert!(
+            trace_only("otel.name") && trace_only("rpc.method") && trace_only("db.system.name")
+        );
+        assert!(
+            !trace_only("once.operation_id") && !trace_only("message") && !trace_only("address")
+        );
+    }
+
+    #[test]
+    fn a_capped_label_keeps_the_first_values_and_folds_the_rest_into_other() {
+        let label = CappedLabel::new(2);
+        assert_eq!(label.of("refund"), "refund");
+        assert_eq!(label.of("send"), "send");
+        assert_eq!(label.of("provision"), OTHER);
+        assert_eq!(label.of("refund"), "refund");
+        assert_eq!(label.of(OTHER), OTHER);
+    }
+}

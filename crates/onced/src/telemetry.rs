@@ -1,0 +1,598 @@
+//! What `onced` measures and traces: one span per RPC (the W3C trace context a client sent is
+//! its parent), the RPC latency histogram, the ledger's decisions, reports, anomalies and
+//! resolutions as they commit, reconciler lookups, and gauges read from the database on an
+//! interval — the same on every replica, since they count the shared store.
+//!
+//! Every instrument comes from [`once_telemetry::meter`]: without `--metrics-listen` or an OTLP
+//! endpoint they are the API's no-op instruments and the gauges are never read. Labels are
+//! bounded: tools and RPC methods go through a [`CappedLabel`], reconcilers are the configured
+//! ones, and everything else is an enumeration.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use once_core::machine::Plan;
+use once_core::stats::{Door, Gauges};
+use once_core::{EventKind, Millis, Operation, State};
+use once_store::{Backend, Ledger, PoolUse};
+use once_telemetry::CappedLabel;
+use opentelemetry::metrics::{Counter, Histogram, ObservableGauge};
+use opentelemetry::KeyValue;
+use tokio_util::sync::CancellationToken;
+
+/// The most distinct tool names a replica labels series with; later ones count as `other`.
+pub const MAX_TOOL_LABELS: usize = 64;
+
+/// Histogram bounds, in seconds, for calls and lookups: 0.5 ms to 30 s.
+const LATENCY_BOUNDS: [f64; 16] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+];
+
+/// Histogram bounds, in seconds, for time spent UNKNOWN: a second to a week.
+const RESOLUTION_BOUNDS: [f64; 13] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 10800.0, 21600.0, 86400.0, 604800.0,
+];
+
+/// The replica's instruments. Cheap to share.
+#[derive(Debug)]
+pub struct Metrics {
+    tools: CappedLabel,
+    methods: CappedLabel,
+    decisions: Counter<u64>,
+    reports: Counter<u64>,
+    anomalies: Counter<u64>,
+    escalations: Counter<u64>,
+    became_unknown: Counter<u64>,
+    resolution: Histogram<f64>,
+    lookups: Counter<u64>,
+    lookup_duration: Histogram<f64>,
+    webhook_failures: Counter<u64>,
+    rpc_duration: Histogram<f64>,
+    transaction_start: Histogram<f64>,
+    /// What the gauges report, refreshed by [`gauges`].
+    read: Arc<Mutex<Read>>,
+    _gauges: Vec<ObservableGauge<i64>>,
+    _ages: Vec<ObservableGauge<f64>>,
+}
+
+/// One value of a gauge, with its labels.
+type Observed = (i64, Vec<KeyValue>);
+
+/// The figures the gauges report between two reads of the database.
+#[derive(Debug, Default)]
+struct Read {
+    store: Option<Gauges>,
+    store_up: Option<bool>,
+    pool: Option<PoolUse>,
+    /// The tool label each tool of the last read maps to.
+    tools: Vec<(State, String, i64)>,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let meter = once_telemetry::meter();
+        let read = Arc::new(Mutex::new(Read::default()));
+        let latency = |name: &'static str, description: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_unit("s")
+                .with_description(description)
+                .with_boundaries(LATENCY_BOUNDS.to_vec())
+                .build()
+        };
+        let gauge =
+            |name: &'static str, description: &'static str, observe: fn(&Read) -> Vec<Observed>| {
+                let read = read.clone();
+                meter
+                    .i64_observable_gauge(name)
+                    .with_description(description)
+                    .with_callback(move |observer| {
+                        let read = read.lock().unwrap_or_else(|e| e.into_inner());
+                        for (value, labels) in observe(&read) {
+                            observer.observe(value, &labels);
+                        }
+                    })
+                    .build()
+            };
+        let gauges = vec![
+            gauge(
+                "once.operations",
+                "Open operations (IN_FLIGHT, UNKNOWN) in the store, by state and tool",
+                |read| {
+                    read.tools
+                        .iter()
+                        .map(|(state, tool, n)| {
+                            (
+                                *n,
+                                vec![
+                                    KeyValue::new("state", state.as_str()),
+                                    KeyValue::new("tool", tool.clone()),
+                                ],
+                            )
+                        })
+                        .collect()
+                },
+            ),
+            gauge(
+                "once.unknown.older_than",
+                "UNKNOWN operations that have been UNKNOWN at least `age_seconds`",
+                |read| {
+                    read.store
+                        .iter()
+                        .flat_map(|g| &g.unknown_older_than)
+                        .map(|(age, n)| (*n, vec![KeyValue::new("age_seconds", age / 1000)]))
+                        .collect()
+                },
+            ),
+            gauge(
+                "once.in_flight.past_lease",
+                "IN_FLIGHT operations whose lease has ended, not yet swept to UNKNOWN",
+                |read| read.store.iter().map(|g| (g.past_lease, vec![])).collect(),
+            ),
+            gauge(
+                "once.store.up",
+                "1 while the database answers this replica's health check, 0 while it does not",
+                |read| {
+                    read.store_up
+                        .map(|up| (i64::from(up), vec![]))
+                        .into_iter()
+                        .collect()
+                },
+            ),
+            gauge(
+                "once.db.pool.connections",
+                "The replica's database connections, by state (idle, used)",
+                |read| {
+                    read.pool
+                        .iter()
+                        .flat_map(|pool| {
+                            let used = i64::from(pool.open.saturating_sub(pool.idle));
+                            [
+                                (i64::from(pool.idle), vec![KeyValue::new("state", "idle")]),
+                                (used, vec![KeyValue::new("state", "used")]),
+                            ]
+                        })
+                        .collect()
+                },
+            ),
+            gauge(
+                "once.db.pool.max_connections",
+                "The most database connections the replica opens",
+                |read| {
+                    read.pool
+                        .iter()
+                        .map(|pool| (i64::from(pool.max), vec![]))
+                        .collect()
+                },
+            ),
+        ];
+        let ages = vec![{
+            let read = read.clone();
+            meter
+                .f64_observable_gauge("once.unknown.oldest_age")
+                .with_unit("s")
+                .with_description(
+                    "How long the oldest UNKNOWN operation has been UNKNOWN (0 when none is)",
+                )
+                .with_callback(move |observer| {
+                    let read = read.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(store) = &read.store {
+                        let age = store.oldest_unknown.unwrap_or(0) as f64 / 1000.0;
+                        observer.observe(age, &[]);
+                    }
+                })
+                .build()
+        }];
+        let metrics = Arc::new(Self {
+            tools: CappedLabel::new(MAX_TOOL_LABELS),
+            methods: CappedLabel::new(64),
+            decisions: meter
+                .u64_counter("once.decisions")
+                .with_description("Begin decisions, by decision and tool")
+                .build(),
+            reports: meter
+                .u64_counter("once.reports")
+                .with_description("Reports (confirm, absent, unknown) by outcome: accepted, stale (a superseded attempt), settled (already settled), refused, failed")
+                .build(),
+            anomalies: meter
+                .u64_counter("once.anomalies")
+                .with_description("Anomalies recorded: DOUBLE_EXECUTION, RESOLUTION_CONTRADICTED")
+                .build(),
+            escalations: meter
+                .u64_counter("once.escalations")
+                .with_description("UNKNOWN operations escalated to people")
+                .build(),
+            became_unknown: meter
+                .u64_counter("once.unknown.entered")
+                .with_description("Operations that became UNKNOWN, by cause (reported, lease_expired)")
+                .build(),
+            resolution: meter
+                .f64_histogram("once.unknown.resolution.duration")
+                .with_unit("s")
+                .with_description("How long operations were UNKNOWN before they settled, by door (late_report, reconciler, operator)")
+                .with_boundaries(RESOLUTION_BOUNDS.to_vec())
+                .build(),
+            lookups: meter
+                .u64_counter("once.reconciler.lookups")
+                .with_description("Reconciler lookups, by reconciler and verdict (confirmed, absent, unknown)")
+                .build(),
+            lookup_duration: latency(
+                "once.reconciler.lookup.duration",
+                "How long reconciler lookups took, by reconciler",
+            ),
+            webhook_failures: meter
+                .u64_counter("once.escalation.webhook.failures")
+                .with_description("Escalation webhook tries that failed (each try)")
+                .build(),
+            rpc_duration: latency(
+                "rpc.server.call.duration",
+                "How long the replica took to answer each RPC, by method and gRPC status code",
+            ),
+            transaction_start: latency(
+                "once.db.transaction.start.duration",
+                "How long a write transaction waited to start: for a pooled connection, then BEGIN",
+            ),
+            read,
+            _gauges: gauges,
+            _ages: ages,
+        });
+        // The counters alerts watch start at 0, so the first anomaly is an increase.
+        for kind in [
+            EventKind::DoubleExecution,
+            EventKind::ResolutionContradicted,
+        ] {
+            metrics
+                .anomalies
+                .add(0, &[KeyValue::new("kind", kind.as_str())]);
+        }
+        metrics.escalations.add(0, &[]);
+        metrics.webhook_failures.add(0, &[]);
+        for cause in ["reported", "lease_expired"] {
+            metrics
+                .became_unknown
+                .add(0, &[KeyValue::new("cause", cause)]);
+        }
+        metrics
+    }
+
+    /// Starts the lookup counters of a configured reconciler at 0.
+    pub fn reconciler_configured(&self, reconciler: &str) {
+        for verdict in ["confirmed", "absent", "unknown"] {
+            self.lookups.add(
+                0,
+                &[
+                    KeyValue::new("reconciler", reconciler.to_owned()),
+                    KeyValue::new("verdict", verdict),
+                ],
+            );
+        }
+    }
+
+    /// The label a tool's series carry.
+    pub fn tool(&self, tool: &str) -> KeyValue {
+        KeyValue::new("tool", self.tools.of(tool))
+    }
+
+    pub fn decided(&self, decision: &'static str, tool: &str) {
+        self.decisions
+            .add(1, &[KeyValue::new("decision", decision), self.tool(tool)]);
+    }
+
+    /// A report of `kind` (confirm, absent, unknown) ended as `outcome`.
+    pub fn reported(&self, kind: &'static str, outcome: &'static str) {
+        self.reports.add(
+            1,
+            &[
+                KeyValue::new("kind", kind),
+                KeyValue::new("outcome", outcome),
+            ],
+        );
+    }
+
+    /// A lookup by `reconciler` found `verdict` in `took`.
+    pub fn looked_up(&self, reconciler: &str, verdict: &'static str, took: Duration) {
+        let reconciler = KeyValue::new("reconciler", reconciler.to_owned());
+        self.lookups
+            .add(1, &[reconciler.clone(), KeyValue::new("verdict", verdict)]);
+        self.lookup_duration
+            .record(took.as_secs_f64(), &[reconciler]);
+    }
+
+    pub fn webhook_failed(&self) {
+        self.webhook_failures.add(1, &[]);
+    }
+
+    pub fn store_up(&self, up: bool) {
+        self.lock().store_up = Some(up);
+    }
+
+    /// One RPC answered with gRPC status `code` after `took`.
+    pub fn answered(&self, service: &str, method: &str, code: i32, took: Duration) {
+        let method = self.methods.of(&format!("{service}/{method}"));
+        let (service, method) = method.split_once('/').unwrap_or(("other", "other"));
+        self.rpc_duration.record(
+            took.as_secs_f64(),
+            &[
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", service.to_owned()),
+                KeyValue::new("rpc.method", method.to_owned()),
+                KeyValue::new("rpc.grpc.status_code", i64::from(code)),
+            ],
+        );
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Read> {
+        self.read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes in what the database holds now.
+    fn refreshed(&self, store: Gauges, pool: PoolUse) {
+        // Tools past the cap are summed under `other`, as the counters count them.
+        let mut tools: Vec<(State, String, i64)> = Vec::new();
+        for (state, tool, n) in &store.open {
+            let label = self.tools.of(tool).into_owned();
+            match tools.iter_mut().find(|(s, t, _)| s == state && *t == label) {
+                Some(row) => row.2 += n,
+                None => tools.push((*state, label, *n)),
+            }
+        }
+        // A state with no open operation is reported as 0, not left out, so alerts on it
+        // resolve.
+        for state in [State::InFlight, State::Unknown] {
+            if !tools.iter().any(|(s, _, _)| *s == state) {
+                tools.push((state, once_telemetry::OTHER.to_owned(), 0));
+            }
+        }
+        let mut read = self.lock();
+        read.store = Some(store);
+        read.pool = Some(pool);
+        read.tools = tools;
+    }
+}
+
+impl once_store::Observer for Metrics {
+    fn transaction_started(&self, waited: Duration) {
+        self.transaction_start.record(waited.as_secs_f64(), &[]);
+    }
+
+    fn committed(&self, before: Option<&Operation>, plan: &Plan, now: Millis) {
+        for event in &plan.events {
+            match event.kind {
+                EventKind::DoubleExecution | EventKind::ResolutionContradicted => {
+                    self.anomalies
+                        .add(1, &[KeyValue::new("kind", event.kind.as_str())]);
+                }
+                EventKind::Escalated => self.escalations.add(1, &[]),
+                _ => {}
+            }
+            if event.to == Some(State::Unknown) && event.from != Some(State::Unknown) {
+                let cause = match event.kind {
+                    EventKind::LeaseExpired => "lease_expired",
+                    _ => "reported",
+                };
+                self.became_unknown.add(1, &[KeyValue::new("cause", cause)]);
+            }
+            let settled = matches!(event.to, Some(State::Confirmed | State::Absent));
+            if event.from == Some(State::Unknown) && settled {
+                if let (Some(door), Some(since)) = (
+                    Door::of(event.kind),
+                    before.and_then(|op| op.unknown_since.or(Some(op.updated_at))),
+                ) {
+                    let took = (now - since).max(0) as f64 / 1000.0;
+                    self.resolution
+                        .record(took, &[KeyValue::new("door", door.as_str())]);
+                }
+            }
+        }
+    }
+}
+
+/// Reads the gauges' figures from the database every `interval` until `stop`, while metrics
+/// are on.
+pub async fn gauges<B: Backend>(
+    ledger: Ledger<B>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    if !once_telemetry::metrics_on() {
+        return;
+    }
+    let (ledger, metrics) = (&ledger, &metrics);
+    crate::sweeper::every(interval, &stop, || async move {
+        match ledger.backend().gauges().await {
+            Ok(store) => metrics.refreshed(store, ledger.backend().pool_use()),
+            Err(error) => tracing::warn!(%error, "could not read the gauges from the database"),
+        }
+    })
+    .await;
+}
+
+/// The RPC span and latency around every call the server answers: the span is the parent of
+/// everything the call does (the database transaction, a lookup), continues the trace the
+/// caller sent in `traceparent`, and carries the RPC semantic conventions' attributes and the
+/// ledger's (`once.operation_id`, `once.decision`, `once.attempt`, `once.tool`), which the
+/// handlers record.
+#[derive(Debug, Clone)]
+pub struct RpcLayer {
+    pub metrics: Arc<Metrics>,
+}
+
+impl<S> tower_layer::Layer<S> for RpcLayer {
+    type Service = Rpc<S>;
+
+    fn layer(&self, inner: S) -> Rpc<S> {
+        Rpc {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// See [`RpcLayer`].
+#[derive(Debug, Clone)]
+pub struct Rpc<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+/// Services whose calls are measured but not traced: health checks and reflection say
+/// nothing about operations, and a load balancer's health checks would fill the traces.
+fn traced(service: &str) -> bool {
+    !service.starts_with("grpc.")
+}
+
+impl<S, ReqBody, ResBody> tower_service::Service<http::Request<ReqBody>> for Rpc<S>
+where
+    S: tower_service::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        use tracing::Instrument as _;
+        let path = request.uri().path().trim_start_matches('/').to_owned();
+        let (service, method) = path.split_once('/').unwrap_or((path.as_str(), ""));
+        let (service, method) = (service.to_owned(), method.to_owned());
+        let span = if traced(&service) {
+            let span = tracing::info_span!(
+                "rpc",
+                otel.name = %path,
+                otel.kind = "server",
+                otel.status_code = tracing::field::Empty,
+                rpc.system = "grpc",
+                rpc.service = %service,
+                rpc.method = %method,
+                rpc.grpc.status_code = tracing::field::Empty,
+                once.operation_id = tracing::field::Empty,
+                once.tool = tracing::field::Empty,
+                once.decision = tracing::field::Empty,
+                once.attempt = tracing::field::Empty,
+                once.fencing_token = tracing::field::Empty,
+                once.actor = tracing::field::Empty,
+            );
+            once_telemetry::propagation::continue_from_headers(&span, request.headers());
+            span
+        } else {
+            tracing::Span::none()
+        };
+        let started = tokio::time::Instant::now();
+        let answered = {
+            let _entered = span.enter();
+            self.inner.call(request)
+        };
+        let metrics = self.metrics.clone();
+        Box::pin(
+            async move {
+                let response = answered.await?;
+                // A unary call that failed answers with its status in the headers; one that
+                // succeeded sends it in the trailers, after this.
+                let code = response
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .unwrap_or(0);
+                let span = tracing::Span::current();
+                span.record("rpc.grpc.status_code", code);
+                if server_error(code) {
+                    span.record("otel.status_code", "ERROR");
+                }
+                metrics.answered(&service, &method, code, started.elapsed());
+                Ok(response)
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// The gRPC codes the semantic conventions count as a server's error: the rest are answers.
+fn server_error(code: i32) -> bool {
+    use tonic::Code;
+    matches!(
+        Code::from_i32(code),
+        Code::Unknown
+            | Code::DeadlineExceeded
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::Unavailable
+            | Code::DataLoss
+    )
+}
+
+/// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop`. Fails at once
+/// when this process keeps no metrics for a scrape (`once_telemetry::Telemetry::init` was not
+/// asked to).
+pub fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    stop: CancellationToken,
+) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    let Some(prometheus) = once_telemetry::prometheus() else {
+        anyhow::bail!("--metrics-listen needs the process's telemetry set up for Prometheus");
+    };
+    let address = listener.local_addr()?;
+    let scrape = move || {
+        let prometheus = prometheus.clone();
+        async move {
+            match prometheus.render() {
+                Ok(text) => (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+                    .into_response(),
+                Err(error) => {
+                    tracing::warn!(%error, "could not render the metrics");
+                    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+                }
+            }
+        }
+    };
+    let router = axum::Router::new().route("/metrics", axum::routing::get(scrape));
+    tracing::info!(%address, "serving Prometheus metrics at /metrics");
+    Ok(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(error) = served {
+            tracing::warn!(%error, "the metrics endpoint stopped");
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_server_faults_mark_a_span_as_an_error() {
+        assert!(!server_error(0));
+        assert!(!server_error(tonic::Code::FailedPrecondition as i32));
+        assert!(!server_error(tonic::Code::NotFound as i32));
+        assert!(server_error(tonic::Code::Unavailable as i32));
+        assert!(server_error(tonic::Code::Internal as i32));
+    }
+
+    #[test]
+    fn health_checks_are_not_traced() {
+        assert!(!traced("grpc.health.v1.Health"));
+        assert!(!traced("grpc.reflection.v1.ServerReflection"));
+        assert!(traced("once.ledger.v1.Ledger"));
+        assert!(traced("once.admin.v1.Admin"));
+    }
+}

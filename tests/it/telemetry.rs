@@ -1,0 +1,345 @@
+//! Telemetry against real parts: a real Prometheus scrapes a real `onced` through a scripted
+//! run, and its HTTP API must report what the run did; the shipped alerts pass `promtool`; every
+//! query of the shipped Grafana dashboard is one Prometheus accepts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use once_api::pb;
+use serde_json::Value;
+
+use crate::support::*;
+
+on_both_backends!(prometheus_scrapes_what_the_run_did);
+
+/// The root of the workspace, where `deploy/` is.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A binary the test set-up installs (Debian's `prometheus` package); failing, not skipping,
+/// when it is missing.
+fn installed(binary: &str) -> PathBuf {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file());
+    found.unwrap_or_else(|| {
+        panic!("{binary} is not installed: `make test` installs it (Debian's prometheus package)")
+    })
+}
+
+/// A Prometheus server scraping one target every second, on its own port and storage.
+struct Prometheus {
+    base: String,
+    _child: tokio::process::Child,
+}
+
+impl Prometheus {
+    async fn scraping(target: SocketAddr, dir: &Path) -> Self {
+        let config = write_file(
+            dir,
+            "prometheus.yml",
+            &format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: onced\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        );
+        // Prometheus cannot be told to pick its own port and say which; a port just freed is
+        // tried, and another if something took it meanwhile.
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+            let mut child = tokio::process::Command::new(installed("prometheus"))
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.join("tsdb").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("start prometheus");
+            let base = format!("http://127.0.0.1:{port}");
+            let ready = async {
+                eventually(
+                    Duration::from_secs(30),
+                    "prometheus to be ready",
+                    || async {
+                        let answer = reqwest::get(format!("{base}/-/ready")).await.ok()?;
+                        answer.status().is_success().then_some(())
+                    },
+                )
+                .await
+            };
+            tokio::select! {
+                _ = ready => return Prometheus { base, _child: child },
+                _ = child.wait() => continue,
+            }
+        }
+        panic!(
+            "prometheus did not start: {}",
+            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+        );
+    }
+
+    /// Prometheus's answer to an instant query.
+    async fn query(&self, query: &str) -> Value {
+        reqwest::Client::new()
+            .get(format!("{}/api/v1/query", self.base))
+            .query(&[("query", query)])
+            .send()
+            .await
+            .expect("prometheus answers")
+            .json()
+            .await
+            .expect("prometheus answers JSON")
+    }
+
+    /// The value of a query that yields one sample, once it yields one.
+    async fn value(&self, query: &str) -> Option<f64> {
+        let answer = self.query(query).await;
+        let result = answer["data"]["result"].as_array()?;
+        let [sample] = result.as_slice() else {
+            return None;
+        };
+        sample["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Waits until `query` is `expected`; fails with what it last was.
+    async fn expect(&self, query: &str, expected: f64) {
+        let mut last = None;
+        let reached = tokio::time::timeout(patient(Duration::from_secs(30)), async {
+            loop {
+                last = self.value(query).await;
+                if last == Some(expected) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        assert!(
+            reached.is_ok(),
+            "{query}: expected {expected}, Prometheus says {last:?}"
+        );
+    }
+}
+
+/// A Begin that names the stripe reconciler, with the payment intent it looks under.
+fn begin_refund(id: &str) -> pb::BeginRequest {
+    pb::BeginRequest {
+        provider: "stripe".into(),
+        lookup_hints_json: format!(r#"{{"payment_intent":"pi_{id}"}}"#),
+        ..begin(id, ARGS)
+    }
+}
+
+/// The scripted run: two refunds confirmed and one replayed; three become UNKNOWN, of which
+/// the reconciler settles one (the provider has it) and an operator resolves one. Prometheus,
+/// scraping the replica, must then say exactly that.
+async fn prometheus_scrapes_what_the_run_did(store: Store) {
+    let db = TestDb::new(store).await;
+    let dir = db.scratch_dir();
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    let config = config_file(
+        &db,
+        format!(
+            "[reconciliation]\ninterval = \"100ms\"\nfirst_backoff = \"100ms\"\n\n\
+             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
+        ),
+    );
+    let onced = OncedProcess::spawn(
+        &db.url,
+        dir.join("onced.log"),
+        &[
+            "--config",
+            &config,
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-interval",
+            "200ms",
+        ],
+    )
+    .await;
+    let metrics = eventually(
+        Duration::from_secs(10),
+        "onced to say where it serves metrics",
+        || async { announced_address(&onced.log(), "serving Prometheus metrics") },
+    )
+    .await;
+    let prometheus = Prometheus::scraping(metrics, &dir).await;
+    let mut grpc = onced.client().await;
+
+    for id in ["ok-1", "ok-2"] {
+        let grant = claim(&mut grpc, begin(id, ARGS)).await;
+        confirm(&mut grpc, id, grant.fencing_token, b"{}")
+            .await
+            .unwrap();
+    }
+    let again = grpc.begin(begin("ok-1", ARGS)).await.unwrap().into_inner();
+    expect_replay(&again);
+
+    // The refund the reconciler will find: the provider made it, the answer was lost.
+    let lost = claim(&mut grpc, begin_refund("lost")).await;
+    reqwest::Client::new()
+        .post(format!("{provider}/v1/refunds"))
+        .form(&[
+            ("payment_intent", "pi_lost"),
+            ("amount", "500"),
+            ("currency", "eur"),
+            ("metadata[once_provider_key]", lost.provider_key.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    for (id, token) in [
+        ("lost", lost.fencing_token),
+        (
+            "for-an-operator",
+            claim(&mut grpc, begin("for-an-operator", ARGS))
+                .await
+                .fencing_token,
+        ),
+        (
+            "stays",
+            claim(&mut grpc, begin("stays", ARGS)).await.fencing_token,
+        ),
+    ] {
+        report_unknown(&mut grpc, id, token).await.unwrap();
+    }
+    wait_for_state(&grpc, "lost", pb::OperationState::Confirmed).await;
+    resolve(
+        &mut grpc,
+        "for-an-operator",
+        pb::OperationState::Absent,
+        "res-1",
+    )
+    .await
+    .unwrap();
+
+    // Counted as the calls committed…
+    prometheus
+        .expect(r#"sum(once_decisions_total{decision="EXECUTE"})"#, 5.0)
+        .await;
+    prometheus
+        .expect(r#"sum(once_decisions_total{decision="REPLAY"})"#, 1.0)
+        .await;
+    prometheus
+        .expect(
+            r#"sum(once_reports_total{kind="confirm", outcome="accepted"})"#,
+            2.0,
+        )
+        .await;
+    prometheus
+        .expect(r#"sum(once_unknown_entered_total)"#, 3.0)
+        .await;
+    prometheus
+        .expect(
+            r#"sum(once_unknown_resolution_duration_seconds_count{door="reconciler"})"#,
+            1.0,
+        )
+        .await;
+    prometheus
+        .expect(
+            r#"sum(once_unknown_resolution_duration_seconds_count{door="operator"})"#,
+            1.0,
+        )
+        .await;
+    prometheus
+        .expect(
+            r#"sum(once_reconciler_lookups_total{reconciler="stripe", verdict="confirmed"})"#,
+            1.0,
+        )
+        .await;
+    prometheus.expect(r#"sum(once_anomalies_total)"#, 0.0).await;
+    // …and read from the database: one operation is still UNKNOWN, none IN_FLIGHT.
+    prometheus
+        .expect(r#"sum(once_operations{state="UNKNOWN"})"#, 1.0)
+        .await;
+    prometheus
+        .expect(
+            r#"sum(once_operations{state="UNKNOWN", tool="issue_refund"})"#,
+            1.0,
+        )
+        .await;
+    prometheus
+        .expect(r#"sum(once_operations{state="IN_FLIGHT"})"#, 0.0)
+        .await;
+    prometheus
+        .expect(r#"once_unknown_older_than{age_seconds="0"}"#, 1.0)
+        .await;
+    prometheus
+        .expect(r#"once_unknown_older_than{age_seconds="3600"}"#, 0.0)
+        .await;
+    prometheus.expect("once_store_up", 1.0).await;
+    let oldest = prometheus
+        .value("once_unknown_oldest_age_seconds")
+        .await
+        .expect("the oldest UNKNOWN age");
+    assert!((0.0..600.0).contains(&oldest), "{oldest}");
+    // Every RPC is timed, by method and status code: 2 Confirms answered OK.
+    prometheus
+        .expect(
+            r#"sum(rpc_server_call_duration_seconds_count{rpc_method="Confirm", rpc_grpc_status_code="0"})"#,
+            2.0,
+        )
+        .await;
+
+    // Every figure of the dashboard is a query Prometheus accepts.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace().join("deploy/grafana/once-ledger.json")).unwrap(),
+    )
+    .unwrap();
+    let queries: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().unwrap())
+        .map(|target| target["expr"].as_str().unwrap())
+        .collect();
+    assert!(queries.len() >= 15, "{queries:?}");
+    for query in queries {
+        let query = query
+            .replace("$__rate_interval", "1m")
+            .replace("$__range", "1h");
+        let answer = prometheus.query(&query).await;
+        assert_eq!(answer["status"], "success", "{query}: {answer}");
+    }
+    drop(onced);
+}
+
+/// The shipped alerting rules are valid, and their unit tests pass.
+#[tokio::test]
+async fn the_shipped_alerts_pass_promtool() {
+    let rules = workspace().join("deploy/prometheus");
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ] {
+        let ran = tokio::process::Command::new(installed("promtool"))
+            .args(args)
+            .current_dir(&rules)
+            .output()
+            .await
+            .expect("run promtool");
+        assert!(
+            ran.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&ran.stdout),
+            String::from_utf8_lossy(&ran.stderr)
+        );
+    }
+}
