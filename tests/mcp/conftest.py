@@ -118,8 +118,11 @@ class Stack:
     """One ledger, one payment provider, and the refund MCP server, on fresh ports and a fresh
     database."""
 
-    def __init__(self, tmp: Path, backend: str, transport: str, reconcile: bool = False, tenants: tuple[str, ...] = ()):
+    def __init__(self, tmp: Path, backend: str, transport: str, reconcile: bool = False, tenants: tuple[str, ...] = (),
+                 env: dict | None = None):
         self.tmp = tmp
+        # The environment of the ledger and refund-mcp processes (the OTEL_* variables).
+        self.env = env
         self.reconcile = reconcile
         self.backend = backend
         self.transport = transport
@@ -156,7 +159,7 @@ class Stack:
         return f"http://127.0.0.1:{self.provider_port}"
 
     def spawn(self, binary: str, args: list[str]) -> Process:
-        process = Process([str(BIN / binary), *args], self.tmp / f"{binary}.log")
+        process = Process([str(BIN / binary), *args], self.tmp / f"{binary}.log", env=self.env)
         self.processes.append(process)
         return process
 
@@ -287,10 +290,10 @@ def transport(request):
     return request.param
 
 
-def make_stack(tmp_path, backend, transport, reconcile, tenants=()):
+def make_stack(tmp_path, backend, transport, reconcile, tenants=(), env=None):
     for binary in ("onced", "fakepay", "refund-mcp"):
         assert (BIN / binary).exists(), f"{BIN / binary} is missing: run cargo build --workspace first"
-    return Stack(tmp_path, backend, transport, reconcile, tenants)
+    return Stack(tmp_path, backend, transport, reconcile, tenants, env)
 
 
 @pytest.fixture

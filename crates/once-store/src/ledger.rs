@@ -55,11 +55,16 @@ impl<B: Backend> Ledger<B> {
 
     /// The span of one store call that may write, a child of the RPC or sweep it serves.
     fn span(&self, operation: &'static str) -> tracing::Span {
+        // The database semantic conventions' names for the two systems.
+        let system = match self.backend.kind() {
+            "postgres" => "postgresql",
+            other => other,
+        };
         tracing::info_span!(
             "db.transaction",
-            otel.name = format!("{operation} {}", self.backend.kind()),
+            otel.name = format!("{operation} {system}"),
             otel.kind = "client",
-            db.system.name = self.backend.kind(),
+            db.system.name = system,
             db.operation.name = operation,
         )
     }

@@ -18,7 +18,7 @@ pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Result<reqwest::
         http.request.method = %request.method(),
         url.full = %without_credentials(url),
         server.address = url.host_str().unwrap_or_default(),
-        server.port = url.port_or_known_default().unwrap_or_default(),
+        server.port = i64::from(url.port_or_known_default().unwrap_or_default()),
         http.response.status_code = Empty,
         error.type = Empty,
     );
@@ -30,7 +30,7 @@ pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Result<reqwest::
     match &sent {
         Ok(response) => {
             let status = response.status();
-            span.record("http.response.status_code", status.as_u16());
+            span.record("http.response.status_code", i64::from(status.as_u16()));
             if status.is_server_error() {
                 span.record("otel.status_code", "ERROR");
                 span.record("error.type", status.as_str());

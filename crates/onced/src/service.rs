@@ -155,7 +155,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         .map_err(status::store)?;
         span.record("once.decision", decision.name());
         if let Some(attempt) = decision_attempt(&decision) {
-            span.record("once.attempt", attempt);
+            span.record("once.attempt", i64::from(attempt));
         }
         self.metrics.decided(decision.name(), &cmd.tool);
         if let Some(duplicate) = Duplicate::of(&cmd, &decision, at) {
@@ -353,7 +353,10 @@ impl<B: Backend> LedgerService<B> {
             convert::report(request.into_inner(), &self.limits).map_err(status::invalid)?;
         let span = tracing::Span::current();
         span.record("once.operation_id", id.as_str());
-        span.record("once.fencing_token", cmd.fencing_token.get());
+        span.record(
+            "once.fencing_token",
+            i64::try_from(cmd.fencing_token.get()).unwrap_or(i64::MAX),
+        );
         let state = self.ledger.report(&principal.tenant, &id, &cmd).await;
         self.settled.notify();
         self.metrics
