@@ -1,6 +1,8 @@
 //! Telemetry against real parts: a real Prometheus scrapes a real `onced` through a scripted
 //! run, and its HTTP API must report what the run did; the shipped alerts pass `promtool`; every
-//! query of the shipped Grafana dashboard is one Prometheus accepts.
+//! query of the shipped Grafana dashboard is one Prometheus accepts; an OTLP collector built from
+//! the opentelemetry-proto definitions receives an operator's Reconcile as one trace, down to
+//! the provider lookup. (One refund from the MCP client down is `tests/mcp/test_telemetry.py`.)
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -342,4 +344,237 @@ async fn the_shipped_alerts_pass_promtool() {
             String::from_utf8_lossy(&ran.stderr)
         );
     }
+}
+
+/// The spans an OTLP collector in the test received: (name, kind, trace id, span id, parent
+/// span id, attributes as text).
+#[derive(Debug, Clone, Default)]
+struct Collector {
+    spans: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+}
+
+#[derive(Debug, Clone)]
+struct Received {
+    name: String,
+    kind: i32,
+    trace_id: Vec<u8>,
+    span_id: Vec<u8>,
+    parent: Vec<u8>,
+    attributes: std::collections::HashMap<String, String>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for Collector
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+        let mut spans = self.spans.lock().unwrap();
+        for resource in &request.get_ref().resource_spans {
+            for scope in &resource.scope_spans {
+                for span in &scope.spans {
+                    let attributes = span
+                        .attributes
+                        .iter()
+                        .map(|kv| {
+                            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                Some(Any::StringValue(s)) => s.clone(),
+                                Some(Any::IntValue(i)) => i.to_string(),
+                                Some(Any::BoolValue(b)) => b.to_string(),
+                                Some(Any::DoubleValue(d)) => d.to_string(),
+                                _ => String::new(),
+                            };
+                            (kv.key.clone(), value)
+                        })
+                        .collect();
+                    spans.push(Received {
+                        name: span.name.clone(),
+                        kind: span.kind,
+                        trace_id: span.trace_id.clone(),
+                        span_id: span.span_id.clone(),
+                        parent: span.parent_span_id.clone(),
+                        attributes,
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+impl Collector {
+    /// Listens on a port of its own; returns its address.
+    async fn start(&self) -> SocketAddr {
+        use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(self.clone()))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        address
+    }
+
+    fn trace(&self, trace_id: &[u8]) -> Vec<Received> {
+        let spans = self.spans.lock().unwrap();
+        spans
+            .iter()
+            .filter(|s| s.trace_id == trace_id)
+            .cloned()
+            .collect()
+    }
+}
+
+on_both_backends!(an_operator_reconcile_is_one_trace_down_to_the_provider_lookup);
+
+/// An operator's Reconcile sent with a `traceparent` continues that trace in onced: the RPC
+/// span, the reconciler's lookup below it, the lookup's HTTP call to the provider below that
+/// (which was sent the trace context), and the transaction that applied the verdict.
+async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: Store) {
+    let db = TestDb::new(store).await;
+    let dir = db.scratch_dir();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let provider = {
+        // fakepay, noting the traceparent of every lookup it is sent.
+        let seen = seen.clone();
+        let router =
+            fakepay::router(fakepay::Provider::default()).layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let seen = seen.clone();
+                    async move {
+                        if let Some(parent) = request.headers().get("traceparent") {
+                            seen.lock()
+                                .unwrap()
+                                .push(parent.to_str().unwrap_or_default().to_owned());
+                        }
+                        next.run(request).await
+                    }
+                },
+            ));
+        serve(router).await
+    };
+    let collector = Collector::default();
+    let endpoint = format!("http://{}", collector.start().await);
+    // The workers wait an hour: only the operator's Reconcile looks anything up.
+    let config = config_file(
+        &db,
+        format!(
+            "[reconciliation]\ninterval = \"1h\"\n\n\
+             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
+        ),
+    );
+    let onced = OncedProcess::spawn_with_env(
+        &db.url,
+        dir.join("onced.log"),
+        &["--config", &config],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ],
+    )
+    .await;
+    let mut grpc = onced.client().await;
+    let lost = claim(&mut grpc, begin_refund("traced")).await;
+    reqwest::Client::new()
+        .post(format!("{provider}/v1/refunds"))
+        .form(&[
+            ("payment_intent", "pi_traced"),
+            ("amount", "500"),
+            ("currency", "eur"),
+            ("metadata[once_provider_key]", lost.provider_key.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    report_unknown(&mut grpc, "traced", lost.fencing_token)
+        .await
+        .unwrap();
+
+    let trace_id = *uuid::Uuid::new_v4().as_bytes();
+    let caller = uuid::Uuid::new_v4().as_bytes()[..8].to_vec();
+    let mut request = tonic::Request::new(pb::ReconcileRequest {
+        operation_id: "traced".into(),
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{}-{}-01", hex(&trace_id), hex(&caller))
+            .parse()
+            .unwrap(),
+    );
+    let answer = grpc.reconcile(request).await.unwrap().into_inner();
+    assert_eq!(answer.state, pb::OperationState::Confirmed as i32);
+
+    let system = match store {
+        Store::Postgres => "postgresql",
+        Store::Sqlite => "sqlite",
+    };
+    let spans = eventually(Duration::from_secs(20), "the Reconcile's spans", || async {
+        let spans = collector.trace(&trace_id);
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        let apply = format!("apply_verdict {system}");
+        [
+            "once.ledger.v1.Ledger/Reconcile",
+            "reconcile stripe",
+            "GET",
+            apply.as_str(),
+        ]
+        .iter()
+        .all(|wanted| names.contains(wanted))
+        .then_some(spans)
+    })
+    .await;
+    let named = |name: &str| {
+        let found: Vec<&Received> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "one {name} span: {spans:#?}");
+        found[0].clone()
+    };
+    let rpc = named("once.ledger.v1.Ledger/Reconcile");
+    assert_eq!(rpc.parent, caller, "the RPC continues the caller's trace");
+    assert_eq!(rpc.kind, 2, "a server span");
+    assert_eq!(rpc.attributes["rpc.system"], "grpc");
+    assert_eq!(rpc.attributes["rpc.method"], "Reconcile");
+    assert_eq!(rpc.attributes["rpc.grpc.status_code"], "0");
+    assert_eq!(rpc.attributes["once.operation_id"], "traced");
+    let lookup = named("reconcile stripe");
+    assert_eq!(lookup.parent, rpc.span_id);
+    assert_eq!(lookup.attributes["once.verdict"], "confirmed");
+    let get = named("GET");
+    assert_eq!(get.parent, lookup.span_id);
+    assert_eq!(get.kind, 3, "a client span");
+    assert_eq!(get.attributes["http.response.status_code"], "200");
+    assert_eq!(
+        get.attributes["url.full"],
+        format!("{provider}/v1/refunds"),
+        "no query in the span"
+    );
+    let applied = named(&format!("apply_verdict {system}"));
+    assert_eq!(applied.parent, rpc.span_id);
+    assert_eq!(applied.attributes["db.system.name"], system);
+    // The provider was sent the lookup's span as the parent of whatever it does.
+    let sent = seen.lock().unwrap().clone();
+    assert_eq!(
+        sent,
+        [format!("00-{}-{}-01", hex(&trace_id), hex(&get.span_id))],
+        "the provider is sent the trace context of its call, once"
+    );
+    drop(onced);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
