@@ -299,6 +299,20 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         )
         .await;
 
+    // Once the last UNKNOWN is resolved, its series falls to 0 rather than vanishing.
+    resolve(&mut grpc, "stays", pb::OperationState::Absent, "res-2")
+        .await
+        .unwrap();
+    prometheus
+        .expect(
+            r#"once_operations{state="UNKNOWN", tool="issue_refund"}"#,
+            0.0,
+        )
+        .await;
+    prometheus
+        .expect(r#"once_unknown_older_than{age_seconds="0"}"#, 0.0)
+        .await;
+
     // Every figure of the dashboard is a query Prometheus accepts.
     let dashboard: Value = serde_json::from_str(
         &std::fs::read_to_string(workspace().join("deploy/grafana/once-ledger.json")).unwrap(),

@@ -336,14 +336,19 @@ impl Metrics {
                 None => tools.push((*state, label, *n)),
             }
         }
-        // A state with no open operation is reported as 0, not left out, so alerts on it
-        // resolve.
+        let mut read = self.lock();
+        // A series once reported goes on at 0 rather than vanishing, so graphs and alerts see
+        // the count fall; a state with no open operation at all is reported as 0 too.
+        for (state, tool, _) in &read.tools {
+            if !tools.iter().any(|(s, t, _)| s == state && t == tool) {
+                tools.push((*state, tool.clone(), 0));
+            }
+        }
         for state in [State::InFlight, State::Unknown] {
             if !tools.iter().any(|(s, _, _)| *s == state) {
                 tools.push((state, once_telemetry::OTHER.to_owned(), 0));
             }
         }
-        let mut read = self.lock();
         read.store = Some(store);
         read.pool = Some(pool);
         read.tools = tools;
