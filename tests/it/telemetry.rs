@@ -137,6 +137,16 @@ impl Prometheus {
     }
 }
 
+/// The metric names (`once_…`, `rpc_server_…`) a rules file or dashboard mentions.
+fn metric_names(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("once_") || word.starts_with("rpc_server_"))
+        // `once_unknown_*` in a comment is a family, not a name.
+        .filter(|word| !word.ends_with('_'))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A Begin that names the stripe reconciler, with the payment intent it looks under.
 fn begin_refund(id: &str) -> pb::BeginRequest {
     pb::BeginRequest {
@@ -312,6 +322,81 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
     prometheus
         .expect(r#"once_unknown_older_than{age_seconds="0"}"#, 0.0)
         .await;
+
+    // A superseded attempt confirms another provider object than the attempt that settled
+    // it, twice: one anomaly (recorded once, so counted once), two stale reports.
+    let first = claim(&mut grpc, begin("twice", ARGS)).await;
+    report_unknown(&mut grpc, "twice", first.fencing_token)
+        .await
+        .unwrap();
+    resolve(&mut grpc, "twice", pb::OperationState::Absent, "res-3")
+        .await
+        .unwrap();
+    let second = claim(&mut grpc, begin("twice", ARGS)).await;
+    confirm(&mut grpc, "twice", second.fencing_token, b"two")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let refused = grpc
+            .confirm(pb::ConfirmRequest {
+                operation_id: "twice".into(),
+                fencing_token: first.fencing_token,
+                result: b"one".to_vec(),
+                provider_ref: "re_other".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&refused), "EXECUTION_RIGHT_LOST");
+    }
+    prometheus
+        .expect(r#"sum(once_anomalies_total{kind="DOUBLE_EXECUTION"})"#, 1.0)
+        .await;
+    prometheus
+        .expect(
+            r#"sum(once_reports_total{kind="confirm", outcome="stale"})"#,
+            2.0,
+        )
+        .await;
+    // A Begin whose caller gives up while it waits (its deadline passes) is timed as CANCELLED.
+    claim(&mut grpc, begin("held", ARGS)).await;
+    let mut waiting = tonic::Request::new(pb::BeginRequest {
+        wait: Some(ms(5_000)),
+        ..begin("held", ARGS)
+    });
+    waiting.set_timeout(Duration::from_millis(300));
+    let gave_up = grpc.begin(waiting).await.unwrap_err();
+    assert!(
+        matches!(
+            gave_up.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{gave_up:?}"
+    );
+    prometheus
+        .expect(
+            r#"sum(rpc_server_call_duration_seconds_count{rpc_method="Begin", rpc_grpc_status_code="1"})"#,
+            1.0,
+        )
+        .await;
+
+    // Every metric the alerts and the dashboard name is one the replica exports.
+    let alerts = std::fs::read_to_string(workspace().join("deploy/prometheus/alerts.yml")).unwrap();
+    let dashboard_text =
+        std::fs::read_to_string(workspace().join("deploy/grafana/once-ledger.json")).unwrap();
+    let named = metric_names(&alerts)
+        .into_iter()
+        .chain(metric_names(&dashboard_text))
+        .collect::<std::collections::BTreeSet<_>>();
+    assert!(named.len() >= 15, "{named:?}");
+    for name in named {
+        let series = prometheus
+            .value(&format!(r#"count({{__name__="{name}"}})"#))
+            .await;
+        assert!(
+            series.is_some_and(|n| n >= 1.0),
+            "{name} is named in deploy/ but onced exports no such series"
+        );
+    }
 
     // Every figure of the dashboard is a query Prometheus accepts.
     let dashboard: Value = serde_json::from_str(

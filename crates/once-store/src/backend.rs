@@ -15,6 +15,13 @@ use once_core::{
 use crate::watch::Frontier;
 use crate::{Announcements, StoreError};
 
+/// What [`Backend::apply`] wrote of a plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Written {
+    /// For each of the plan's events, in order, whether it was written.
+    pub events: Vec<bool>,
+}
+
 /// The connection pool at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolUse {
@@ -93,6 +100,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Every update of the operation row bumps its version. A transaction that writes events
     /// first calls [`Backend::lock`], which takes the write gate watchers rely on
     /// ([`crate::watch`]).
+    /// Returns which of the plan's events were written: one whose dedupe key is already
+    /// recorded is not.
     fn apply(
         &self,
         tx: &mut Self::Tx,
@@ -100,7 +109,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         id: &OperationId,
         plan: &Plan,
         now: Millis,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send;
 
     fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 

@@ -10,7 +10,7 @@ use once_core::*;
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 
-use crate::{Backend, StoreError};
+use crate::{Backend, StoreError, Written};
 
 /// The most duplicates of one operation [`Ledger::explain`] reads: the latest, so an operation
 /// replayed without end still answers GetOperation in one small message.
@@ -34,8 +34,9 @@ pub trait Observer: Send + Sync + std::fmt::Debug {
     /// A write transaction started `waited` after it was asked for: the wait for a pooled
     /// connection, then BEGIN.
     fn transaction_started(&self, waited: Duration);
-    /// `plan` was committed over `before` (none for an operation it created), at `now`.
-    fn committed(&self, before: Option<&Operation>, plan: &Plan, now: Millis);
+    /// `plan` was committed over `before` (none for an operation it created), at `now`;
+    /// `written` says which of its events were (an anomaly already recorded is not again).
+    fn committed(&self, before: Option<&Operation>, plan: &Plan, written: &Written, now: Millis);
 }
 
 impl<B: Backend> Ledger<B> {
@@ -95,6 +96,7 @@ impl<B: Backend> Ledger<B> {
         tx: B::Tx,
         before: Option<&Operation>,
         plan: &Plan,
+        written: &Written,
         now: Millis,
     ) -> Result<(), StoreError> {
         self.backend.commit(tx).await?;
@@ -102,7 +104,7 @@ impl<B: Backend> Ledger<B> {
             self.committed.notify_one();
         }
         if let Some(observer) = &self.observer {
-            observer.committed(before, plan, now);
+            observer.committed(before, plan, written, now);
         }
         Ok(())
     }
@@ -143,7 +145,7 @@ impl<B: Backend> Ledger<B> {
                     machine::claim(current.as_ref(), cmd, guard, now)
                 }
             };
-            match self
+            let written = match self
                 .backend
                 .apply(&mut tx, &cmd.tenant, &cmd.operation_id, &plan, now)
                 .await
@@ -152,8 +154,9 @@ impl<B: Backend> Ledger<B> {
                 // now exists and the next round locks it.
                 Err(StoreError::Duplicate) => continue,
                 other => other?,
-            }
-            self.commit(tx, current.as_ref(), &plan, now).await?;
+            };
+            self.commit(tx, current.as_ref(), &plan, &written, now)
+                .await?;
             return Ok((decision, now));
         }
         Err(StoreError::Duplicate)
@@ -308,8 +311,8 @@ impl<B: Backend> Ledger<B> {
         if plan.is_empty() {
             return Ok(());
         }
-        self.backend.apply(&mut tx, tenant, id, plan, now).await?;
-        self.commit(tx, Some(before), plan, now).await
+        let written = self.backend.apply(&mut tx, tenant, id, plan, now).await?;
+        self.commit(tx, Some(before), plan, &written, now).await
     }
 
     /// One operation as stored, and the store's clock; no lock is taken.

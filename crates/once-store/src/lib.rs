@@ -22,7 +22,7 @@ pub mod sqlite;
 mod store;
 pub mod watch;
 
-pub use backend::{Backend, PoolUse};
+pub use backend::{Backend, PoolUse, Written};
 pub use dialect::Dialect;
 pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};

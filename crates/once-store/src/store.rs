@@ -227,7 +227,8 @@ where
         id: &OperationId,
         plan: &Plan,
         now: Millis,
-    ) -> Result<(), StoreError> {
+    ) -> Result<crate::backend::Written, StoreError> {
+        let mut written_events = Vec::with_capacity(plan.events.len());
         if let Some(write) = &plan.operation {
             let (sql, op) = match write {
                 Write::Insert(op) => (INSERT_OPERATION.as_str(), op),
@@ -301,7 +302,7 @@ where
             // Anomalies carry a dedupe key so a repeated cause is recorded once. The tool and
             // the state are the operation row's as this plan left it (written above), for
             // watchers' filters.
-            sqlx::query(&INSERT_EVENT)
+            let inserted = sqlx::query(&INSERT_EVENT)
                 .bind(tenant)
                 .bind(id.as_str())
                 .bind(rows::token_column(event.life))
@@ -316,8 +317,11 @@ where
                 .bind(event.dedupe_key.as_deref())
                 .execute(&mut **tx)
                 .await?;
+            written_events.push(D::rows_affected(&inserted) == 1);
         }
-        Ok(())
+        Ok(crate::backend::Written {
+            events: written_events,
+        })
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {

@@ -81,6 +81,9 @@ async fn serve<B: Backend>(
     let metrics = telemetry::Metrics::new();
     let ledger = Ledger::new(backend.clone()).observed(metrics.clone());
     let metrics_listener = match config.metrics_listen {
+        Some(_) if once_telemetry::prometheus().is_none() => anyhow::bail!(
+            "--metrics-listen needs the process's telemetry set up for Prometheus (once_telemetry::Telemetry::init)"
+        ),
         Some(address) => Some(
             TcpListener::bind(address)
                 .await

@@ -204,7 +204,7 @@ impl Metrics {
                 .build(),
             became_unknown: meter
                 .u64_counter("once.unknown.entered")
-                .with_description("Operations that became UNKNOWN, by cause (reported, lease_expired)")
+                .with_description("Operations that became UNKNOWN, by cause (reported, lease_expired, other)")
                 .build(),
             resolution: meter
                 .f64_histogram("once.unknown.resolution.duration")
@@ -308,7 +308,12 @@ impl Metrics {
 
     /// One RPC answered with gRPC status `code` after `took`.
     pub fn answered(&self, service: &str, method: &str, code: i32, took: Duration) {
-        let method = self.methods.of(&format!("{service}/{method}"));
+        // A method the server does not have takes no label of its own: anyone can send one.
+        let method = if code == tonic::Code::Unimplemented as i32 {
+            std::borrow::Cow::Borrowed("other/other")
+        } else {
+            self.methods.of(&format!("{service}/{method}"))
+        };
         let (service, method) = method.split_once('/').unwrap_or(("other", "other"));
         self.rpc_duration.record(
             took.as_secs_f64(),
@@ -360,8 +365,21 @@ impl once_store::Observer for Metrics {
         self.transaction_start.record(waited.as_secs_f64(), &[]);
     }
 
-    fn committed(&self, before: Option<&Operation>, plan: &Plan, now: Millis) {
-        for event in &plan.events {
+    fn committed(
+        &self,
+        before: Option<&Operation>,
+        plan: &Plan,
+        written: &once_store::Written,
+        now: Millis,
+    ) {
+        // Only what was written: an anomaly or escalation whose cause repeats is recorded, and
+        // counted, once.
+        let events = plan
+            .events
+            .iter()
+            .zip(&written.events)
+            .filter_map(|(event, written)| written.then_some(event));
+        for event in events {
             match event.kind {
                 EventKind::DoubleExecution | EventKind::ResolutionContradicted => {
                     self.anomalies
@@ -373,7 +391,8 @@ impl once_store::Observer for Metrics {
             if event.to == Some(State::Unknown) && event.from != Some(State::Unknown) {
                 let cause = match event.kind {
                     EventKind::LeaseExpired => "lease_expired",
-                    _ => "reported",
+                    EventKind::ReportedUnknown => "reported",
+                    _ => "other",
                 };
                 self.became_unknown.add(1, &[KeyValue::new("cause", cause)]);
             }
@@ -407,7 +426,11 @@ pub async fn gauges<B: Backend>(
     crate::sweeper::every(interval, &stop, || async move {
         match ledger.backend().gauges().await {
             Ok(store) => metrics.refreshed(store, ledger.backend().pool_use()),
-            Err(error) => tracing::warn!(%error, "could not read the gauges from the database"),
+            Err(error) => {
+                // No figure rather than a stale one: the store's own alert says why.
+                metrics.lock().store = None;
+                tracing::warn!(%error, "could not read the gauges from the database");
+            }
         }
     })
     .await;
@@ -492,12 +515,20 @@ where
         } else {
             tracing::Span::none()
         };
-        let started = tokio::time::Instant::now();
         let answered = {
             let _entered = span.enter();
             self.inner.call(request)
         };
-        let metrics = self.metrics.clone();
+        // Dropped unanswered (the client went away, or its deadline passed), the call is timed
+        // and traced as CANCELLED.
+        let mut timing = Timing {
+            metrics: self.metrics.clone(),
+            service,
+            method,
+            started: tokio::time::Instant::now(),
+            span: span.clone(),
+            answered: false,
+        };
         Box::pin(
             async move {
                 let response = answered.await?;
@@ -509,16 +540,41 @@ where
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<i32>().ok())
                     .unwrap_or(0);
-                let span = tracing::Span::current();
-                span.record("rpc.grpc.status_code", code);
-                if server_error(code) {
-                    span.record("otel.status_code", "ERROR");
-                }
-                metrics.answered(&service, &method, code, started.elapsed());
+                timing.answer(code);
                 Ok(response)
             }
             .instrument(span),
         )
+    }
+}
+
+/// One RPC's time and span until it is answered, or dropped unanswered.
+struct Timing {
+    metrics: Arc<Metrics>,
+    service: String,
+    method: String,
+    started: tokio::time::Instant,
+    span: tracing::Span,
+    answered: bool,
+}
+
+impl Timing {
+    fn answer(&mut self, code: i32) {
+        self.answered = true;
+        self.span.record("rpc.grpc.status_code", code);
+        if server_error(code) {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        self.metrics
+            .answered(&self.service, &self.method, code, self.started.elapsed());
+    }
+}
+
+impl Drop for Timing {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.answer(tonic::Code::Cancelled as i32);
+        }
     }
 }
 
