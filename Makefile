@@ -2,8 +2,9 @@
 .PHONY: run test build fmt lint demo model-long
 
 VENV := .venv
-# Prometheus and promtool, for the telemetry tests: Debian's package.
+# Prometheus and promtool, for the telemetry tests: Debian's package (through sudo unless root).
 PROMTOOL := /usr/bin/promtool
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Start the ledger on its embedded default: a SQLite file (once.db) in this directory.
 run:
@@ -42,4 +43,5 @@ $(VENV)/installed: tests/mcp/requirements.txt
 
 # The real Prometheus the telemetry tests scrape with, and promtool for the shipped alerts.
 $(PROMTOOL):
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
