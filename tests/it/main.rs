@@ -32,6 +32,7 @@ mod integrity;
 mod invariants;
 mod leases;
 mod outage;
+mod plans;
 mod reconcile;
 mod retention;
 mod service;

@@ -17,6 +17,10 @@ pub trait Dialect: Database {
     /// The store's clock, in milliseconds since the epoch, as an SQL expression.
     const NOW: &'static str;
 
+    /// A condition that a key is one of the keys `subquery` selects, written so the keys are
+    /// looked up by the primary key one by one, whatever the planner guesses of their number.
+    fn one_of(subquery: &str) -> String;
+
     /// What a read of the operation row appends to lock it against every other writer until
     /// the transaction ends (empty where the write transaction already excludes them).
     const ROW_LOCK: &'static str;

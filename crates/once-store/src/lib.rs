@@ -28,5 +28,5 @@ pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
-pub use store::{Statements, Store};
+pub use store::{sweep_statements, Statements, Store, SweepBinds};
 pub use watch::{Announcements, Frontier, Watermark};

@@ -54,6 +54,11 @@ impl Dialect for Postgres {
     /// meets an intent lock (`serialise_intent`, one key).
     const WRITE_GATE: &'static str = "SELECT pg_advisory_xact_lock_shared(1330529093, 1)";
 
+    fn one_of(subquery: &str) -> String {
+        // `IN (subquery)` is a join, which the planner may make a scan of the whole table.
+        format!("= ANY(ARRAY({subquery}))")
+    }
+
     const FRONTIER: &'static str =
         "SELECT (SELECT COALESCE(MAX(sequence), 0) FROM events) AS newest, \
          COALESCE(string_agg(virtualtransaction, ','), '') AS writing FROM pg_locks \

@@ -49,6 +49,10 @@ impl Dialect for Sqlite {
     /// commit in the order of their sequence: no gate is needed.
     const WRITE_GATE: &'static str = "SELECT 1";
 
+    fn one_of(subquery: &str) -> String {
+        format!("IN ({subquery})")
+    }
+
     const FRONTIER: &'static str =
         "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events";
 

@@ -49,6 +49,102 @@ impl<D: Database> Store<D> {
 
 /// Deletes up to `limit` rows of `table` (history kept beside the ledger, keyed by `key`)
 /// whose `at` is older than `age_ms`, oldest first, in `tx`; returns their keys.
+/// The store's clock read once for the whole statement. A condition on an indexed column
+/// against it is an index range; against the clock itself (volatile in PostgreSQL) it is read
+/// again for every row, so the condition is a filter over every row of the index or table, and
+/// an idle sweep reads the whole table.
+fn now_once<D: Dialect>() -> String {
+    format!("(SELECT {})", D::NOW)
+}
+
+/// Deletes up to `$2` rows of `table` recorded (`at`) at least `$1` ms ago, oldest first,
+/// returning their `key`: a range of the table's time index, empty when nothing is that old.
+fn delete_older_sql<D: Dialect>(table: &str, key: &str) -> String {
+    let oldest = format!(
+        "SELECT {key} FROM {table} WHERE at <= {} - $1 ORDER BY at LIMIT $2",
+        now_once::<D>()
+    );
+    format!(
+        "DELETE FROM {table} WHERE {key} {} RETURNING {key}",
+        D::one_of(&oldest)
+    )
+}
+
+/// Deletes up to `$1` settled operations past their expiry. The state and expiry conditions
+/// are repeated on the outer DELETE so that a row a concurrent Begin just claimed again is
+/// re-checked and kept.
+fn delete_expired_sql<D: Dialect>() -> String {
+    let now = now_once::<D>();
+    format!(
+        "DELETE FROM operations WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
+         AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
+         WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
+         ORDER BY expires_at LIMIT $1)"
+    )
+}
+
+/// Up to `$1` IN_FLIGHT operations past their lease.
+fn expired_leases_sql<D: Dialect>() -> String {
+    format!(
+        "SELECT tenant, operation_id FROM operations \
+         WHERE state = 'IN_FLIGHT' AND lease_deadline <= {} ORDER BY lease_deadline LIMIT $1",
+        now_once::<D>()
+    )
+}
+
+/// UNKNOWN operations due for a lookup by one of `served` (tenant, reconciler) pairs, bound
+/// first, then the limit.
+fn due_lookups_sql<D: Dialect>(served: usize) -> String {
+    let now = now_once::<D>();
+    let pairs: Vec<String> = (0..served)
+        .map(|n| format!("(${}, ${})", 2 * n + 1, 2 * n + 2))
+        .collect();
+    format!(
+        "SELECT tenant, operation_id FROM operations WHERE state = 'UNKNOWN' \
+         AND provider IS NOT NULL AND reconcile_next_at <= {now} \
+         AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= {now}) \
+         AND (tenant, provider) IN (VALUES {}) ORDER BY reconcile_next_at LIMIT ${}",
+        pairs.join(", "),
+        2 * served + 1
+    )
+}
+
+/// What a sweeper statement is bound with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepBinds {
+    /// `$1`, a limit.
+    Limit,
+    /// `$1`, an age in ms; `$2`, a limit.
+    AgeThenLimit,
+    /// `$1`, a tenant; `$2`, a reconciler; `$3`, a limit.
+    TenantReconcilerLimit,
+}
+
+/// Every statement the background sweepers run over a table that grows, as they are sent, with
+/// how each is bound: for tests of their plans (an idle sweep must read an index range, not
+/// the table).
+pub fn sweep_statements<D: Dialect>() -> Vec<(&'static str, String, SweepBinds)> {
+    vec![
+        ("retention", delete_expired_sql::<D>(), SweepBinds::Limit),
+        (
+            "events",
+            delete_older_sql::<D>("events", "sequence"),
+            SweepBinds::AgeThenLimit,
+        ),
+        (
+            "duplicates",
+            delete_older_sql::<D>("duplicates", "id"),
+            SweepBinds::AgeThenLimit,
+        ),
+        ("leases", expired_leases_sql::<D>(), SweepBinds::Limit),
+        (
+            "lookups",
+            due_lookups_sql::<D>(1),
+            SweepBinds::TenantReconcilerLimit,
+        ),
+    ]
+}
+
 async fn delete_older<D>(
     tx: &mut Transaction<'static, D>,
     (table, key): (&str, &str),
@@ -62,11 +158,7 @@ where
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'r> (i64,): FromRow<'r, D::Row>,
 {
-    let sql = format!(
-        "DELETE FROM {table} WHERE {key} IN \
-         (SELECT {key} FROM {table} WHERE at <= {} - $1 ORDER BY {key} LIMIT $2) RETURNING {key}",
-        D::NOW
-    );
+    let sql = delete_older_sql::<D>(table, key);
     let deleted: Vec<(i64,)> = sqlx::query_as(&sql)
         .bind(age_ms)
         .bind(i64::from(limit))
@@ -397,11 +489,7 @@ where
     }
 
     async fn expired_leases(&self, limit: u32) -> Result<Vec<(String, OperationId)>, StoreError> {
-        let sql = format!(
-            "SELECT tenant, operation_id FROM operations \
-             WHERE state = 'IN_FLIGHT' AND lease_deadline <= {} ORDER BY lease_deadline LIMIT $1",
-            D::NOW
-        );
+        let sql = expired_leases_sql::<D>();
         let expired: Vec<KeyRow> = sqlx::query_as(&sql)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
@@ -417,18 +505,7 @@ where
         if served.is_empty() {
             return Ok(Vec::new());
         }
-        let now = D::NOW;
-        let pairs: Vec<String> = (0..served.len())
-            .map(|n| format!("(${}, ${})", 2 * n + 1, 2 * n + 2))
-            .collect();
-        let sql = format!(
-            "SELECT tenant, operation_id FROM operations WHERE state = 'UNKNOWN' \
-             AND provider IS NOT NULL AND reconcile_next_at <= {now} \
-             AND (lookup_claimed_until IS NULL OR lookup_claimed_until <= {now}) \
-             AND (tenant, provider) IN (VALUES {}) ORDER BY reconcile_next_at LIMIT ${}",
-            pairs.join(", "),
-            2 * served.len() + 1
-        );
+        let sql = due_lookups_sql::<D>(served.len());
         let mut due = sqlx::query_as(&sql);
         for (tenant, provider) in served {
             due = due.bind(*tenant).bind(*provider);
@@ -474,15 +551,7 @@ where
     }
 
     async fn delete_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        // The state and expiry conditions are repeated on the outer DELETE so that a row a
-        // concurrent Begin just claimed again is re-checked and kept.
-        let now = D::NOW;
-        let sql = format!(
-            "DELETE FROM operations WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
-             AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
-             WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
-             ORDER BY expires_at LIMIT $1)"
-        );
+        let sql = delete_expired_sql::<D>();
         let deleted = sqlx::query(&sql)
             .bind(i64::from(limit))
             .execute(&self.pool)
