@@ -10,14 +10,11 @@
 //! Each round starts the built `onced` twice on the same database, off then on, and measures
 //! one caller making Begin then Confirm on fresh operations for `--seconds`.
 
-use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use once_api::pb;
 use once_api::pb::ledger_client::LedgerClient;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
@@ -31,7 +28,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
+use support::{begin, confirm_if_granted, onced, percentile};
 use tonic::transport::Channel;
+
+mod support;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -83,18 +83,6 @@ impl MetricsService for Collector {
     }
 }
 
-fn begin(id: &str) -> tonic::Request<pb::BeginRequest> {
-    tonic::Request::new(pb::BeginRequest {
-        tool: "issue_refund".into(),
-        identity: Some(pb::begin_request::Identity::OperationId(id.into())),
-        effect: Some(pb::begin_request::Effect::ArgumentsJson(format!(
-            r#"{{"order":"{id}","amount_cents":500}}"#
-        ))),
-        attempt_id: uuid::Uuid::new_v4().to_string(),
-        ..Default::default()
-    })
-}
-
 /// A sampled W3C trace context with fresh ids.
 fn traceparent() -> String {
     let trace = uuid::Uuid::new_v4().simple().to_string();
@@ -109,7 +97,7 @@ async fn latencies(channel: Channel, seconds: u64, traced: bool) -> Vec<Duration
     let end = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < end {
         let id = format!("bench-{}", uuid::Uuid::new_v4().simple());
-        let mut request = begin(&id);
+        let mut request = tonic::Request::new(begin(&id));
         if traced {
             let parent = traceparent().parse().expect("a header value");
             request.metadata_mut().insert("traceparent", parent);
@@ -117,80 +105,20 @@ async fn latencies(channel: Channel, seconds: u64, traced: bool) -> Vec<Duration
         let started = Instant::now();
         let response = ledger.begin(request).await;
         latencies.push(started.elapsed());
-        if let Ok(response) = response {
-            if let Some(pb::begin_response::Decision::Execute(grant)) =
-                response.into_inner().decision
-            {
-                let confirm = pb::ConfirmRequest {
-                    operation_id: id,
-                    fencing_token: grant.fencing_token,
-                    result: b"{}".to_vec(),
-                    provider_ref: "re_1".into(),
-                };
-                let _ = ledger.confirm(confirm).await;
-            }
+        if let Some(confirm) = response
+            .ok()
+            .and_then(|r| confirm_if_granted(id, r.into_inner()))
+        {
+            let _ = ledger.confirm(confirm).await;
         }
     }
     latencies
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-/// Starts `onced` on `url`, with telemetry on when `collector` is given; returns it and its
-/// gRPC address.
-async fn onced(
-    url: &str,
-    log: &std::path::Path,
-    collector: Option<SocketAddr>,
-) -> anyhow::Result<(tokio::process::Child, SocketAddr)> {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_onced"));
-    command
-        .args(["--database-url", url, "--listen", "127.0.0.1:0"])
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log)?)
-        .kill_on_drop(true);
-    if let Some(collector) = collector {
-        command
-            .args(["--metrics-listen", "127.0.0.1:0"])
-            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
-            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-            .env("OTEL_METRIC_EXPORT_INTERVAL", "1000");
-    }
-    let child = command.spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let address = text
-            .lines()
-            .find(|line| line.contains("onced serving"))
-            .and_then(|line| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix("address="))
-            })
-            .and_then(|a| a.parse().ok());
-        if let Some(address) = address {
-            return Ok((child, address));
-        }
-        anyhow::ensure!(Instant::now() < deadline, "onced did not start: {text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let dir = tempfile::tempdir()?;
-    let url = args
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("bench.db").display()));
+    let (dir, url) = support::database(args.database_url.clone())?;
 
     let collector = Collector::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -216,7 +144,13 @@ async fn main() -> anyhow::Result<()> {
     for round in 1..=args.rounds {
         for on in [false, true] {
             let log = dir.path().join(format!("onced-{round}-{on}.log"));
-            let (mut child, address) = onced(&url, &log, on.then_some(collector_address)).await?;
+            let (mut child, address) = onced(
+                env!("CARGO_BIN_EXE_onced"),
+                &url,
+                &log,
+                on.then_some(collector_address),
+            )
+            .await?;
             let channel = Channel::from_shared(format!("http://{address}"))?
                 .connect()
                 .await?;

@@ -17,10 +17,13 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use once_api::admin_pb::admin_client::AdminClient;
 use once_api::admin_pb::{CreateKeyRequest, PutTenantRequest};
-use once_api::pb;
 use once_api::pb::ledger_client::LedgerClient;
 use once_testkit::with_key;
+use support::{begin, confirm_if_granted};
 use tonic::transport::Channel;
+
+#[path = "../benches/support/mod.rs"]
+mod support;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -39,18 +42,6 @@ struct Args {
     max_in_flight: i64,
 }
 
-fn begin(id: &str) -> pb::BeginRequest {
-    pb::BeginRequest {
-        tool: "issue_refund".into(),
-        identity: Some(pb::begin_request::Identity::OperationId(id.into())),
-        effect: Some(pb::begin_request::Effect::ArgumentsJson(format!(
-            r#"{{"order":"{id}","amount_cents":500}}"#
-        ))),
-        attempt_id: uuid::Uuid::new_v4().to_string(),
-        ..Default::default()
-    }
-}
-
 /// `quiet`'s Begin latencies over `seconds`, one caller, each operation confirmed.
 async fn quiet_latencies(channel: Channel, key: &str, seconds: u64) -> Vec<Duration> {
     let mut ledger = LedgerClient::new(channel);
@@ -62,13 +53,7 @@ async fn quiet_latencies(channel: Channel, key: &str, seconds: u64) -> Vec<Durat
         let response = ledger.begin(with_key(begin(&id), Some(key))).await;
         latencies.push(started.elapsed());
         let Ok(response) = response else { continue };
-        if let Some(pb::begin_response::Decision::Execute(grant)) = response.into_inner().decision {
-            let confirm = pb::ConfirmRequest {
-                operation_id: id,
-                fencing_token: grant.fencing_token,
-                result: b"{}".to_vec(),
-                provider_ref: "re_1".into(),
-            };
+        if let Some(confirm) = confirm_if_granted(id, response.into_inner()) {
             let _ = ledger.confirm(with_key(confirm, Some(key))).await;
         }
     }
@@ -120,11 +105,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let dir = tempfile::tempdir()?;
-    let url = args
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("bench.db").display()));
+    let (dir, url) = support::database(args.database_url.clone())?;
     let admin_key = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
     let key_file = dir.path().join("admin.key");
     std::fs::write(&key_file, &admin_key)?;

@@ -1,0 +1,93 @@
+//! What the benches (and the noisy-neighbour example) share: the built `onced` started on a
+//! database, the messages of a cycle, percentiles.
+// Each bench uses part of it.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use once_api::pb;
+
+/// A directory of the run's own, and the database to use: `url`, or a new SQLite file there.
+pub fn database(url: Option<String>) -> anyhow::Result<(tempfile::TempDir, String)> {
+    let dir = tempfile::tempdir()?;
+    let url = url.unwrap_or_else(|| format!("sqlite://{}", dir.path().join("bench.db").display()));
+    Ok((dir, url))
+}
+
+/// A Begin of a fresh operation `id`.
+pub fn begin(id: &str) -> pb::BeginRequest {
+    pb::BeginRequest {
+        tool: "issue_refund".into(),
+        identity: Some(pb::begin_request::Identity::OperationId(id.into())),
+        effect: Some(pb::begin_request::Effect::ArgumentsJson(format!(
+            r#"{{"order":"{id}","amount_cents":500}}"#
+        ))),
+        attempt_id: uuid::Uuid::new_v4().to_string(),
+        ..Default::default()
+    }
+}
+
+/// The Confirm of `id` a Begin answered with EXECUTE, if it did.
+pub fn confirm_if_granted(id: String, answer: pb::BeginResponse) -> Option<pb::ConfirmRequest> {
+    match answer.decision {
+        Some(pb::begin_response::Decision::Execute(grant)) => Some(pb::ConfirmRequest {
+            operation_id: id,
+            fencing_token: grant.fencing_token,
+            result: b"{}".to_vec(),
+            provider_ref: "re_1".into(),
+        }),
+        _ => None,
+    }
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Starts the `onced` binary on `url`, with telemetry on when `collector` is given; returns it
+/// and its gRPC address.
+pub async fn onced(
+    binary: &str,
+    url: &str,
+    log: &std::path::Path,
+    collector: Option<SocketAddr>,
+) -> anyhow::Result<(tokio::process::Child, SocketAddr)> {
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .args(["--database-url", url, "--listen", "127.0.0.1:0"])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .kill_on_drop(true);
+    if let Some(collector) = collector {
+        command
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            .env("OTEL_METRIC_EXPORT_INTERVAL", "1000");
+    }
+    let child = command.spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let address = text
+            .lines()
+            .find(|line| line.contains("onced serving"))
+            .and_then(|line| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix("address="))
+            })
+            .and_then(|a| a.parse().ok());
+        if let Some(address) = address {
+            return Ok((child, address));
+        }
+        anyhow::ensure!(Instant::now() < deadline, "onced did not start: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
