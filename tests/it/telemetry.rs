@@ -147,6 +147,41 @@ fn metric_names(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Claims `id` as a refund the stripe reconciler can look up, and has the provider make it,
+/// as if its answer were lost: the grant, for the report that follows.
+async fn refunded_at_the_provider(
+    grpc: &mut once_api::pb::ledger_client::LedgerClient<tonic::transport::Channel>,
+    provider: &str,
+    id: &str,
+) -> pb::Execute {
+    let grant = claim(grpc, begin_refund(id)).await;
+    reqwest::Client::new()
+        .post(format!("{provider}/v1/refunds"))
+        .form(&[
+            ("payment_intent", format!("pi_{id}").as_str()),
+            ("amount", "500"),
+            ("currency", "eur"),
+            ("metadata[once_provider_key]", grant.provider_key.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    grant
+}
+
+/// A stripe reconciler against `provider`, its workers looking every `interval`.
+fn stripe_config(db: &TestDb, provider: &str, interval: &str) -> String {
+    config_file(
+        db,
+        format!(
+            "[reconciliation]\ninterval = \"{interval}\"\nfirst_backoff = \"100ms\"\n\n\
+             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
+        ),
+    )
+}
+
 /// A Begin that names the stripe reconciler, with the payment intent it looks under.
 fn begin_refund(id: &str) -> pb::BeginRequest {
     pb::BeginRequest {
@@ -163,13 +198,7 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
     let db = TestDb::new(store).await;
     let dir = db.scratch_dir();
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
-    let config = config_file(
-        &db,
-        format!(
-            "[reconciliation]\ninterval = \"100ms\"\nfirst_backoff = \"100ms\"\n\n\
-             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
-        ),
-    );
+    let config = stripe_config(&db, &provider, "100ms");
     let onced = OncedProcess::spawn(
         &db.url,
         dir.join("onced.log"),
@@ -202,20 +231,7 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
     expect_replay(&again);
 
     // The refund the reconciler will find: the provider made it, the answer was lost.
-    let lost = claim(&mut grpc, begin_refund("lost")).await;
-    reqwest::Client::new()
-        .post(format!("{provider}/v1/refunds"))
-        .form(&[
-            ("payment_intent", "pi_lost"),
-            ("amount", "500"),
-            ("currency", "eur"),
-            ("metadata[once_provider_key]", lost.provider_key.as_str()),
-        ])
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    let lost = refunded_at_the_provider(&mut grpc, &provider, "lost").await;
     for (id, token) in [
         ("lost", lost.fencing_token),
         (
@@ -566,13 +582,7 @@ async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: S
     let collector = Collector::default();
     let endpoint = format!("http://{}", collector.start().await);
     // The workers wait an hour: only the operator's Reconcile looks anything up.
-    let config = config_file(
-        &db,
-        format!(
-            "[reconciliation]\ninterval = \"1h\"\n\n\
-             [[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n"
-        ),
-    );
+    let config = stripe_config(&db, &provider, "1h");
     let onced = OncedProcess::spawn_with_env(
         &db.url,
         dir.join("onced.log"),
@@ -586,20 +596,7 @@ async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: S
     )
     .await;
     let mut grpc = onced.client().await;
-    let lost = claim(&mut grpc, begin_refund("traced")).await;
-    reqwest::Client::new()
-        .post(format!("{provider}/v1/refunds"))
-        .form(&[
-            ("payment_intent", "pi_traced"),
-            ("amount", "500"),
-            ("currency", "eur"),
-            ("metadata[once_provider_key]", lost.provider_key.as_str()),
-        ])
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    let lost = refunded_at_the_provider(&mut grpc, &provider, "traced").await;
     report_unknown(&mut grpc, "traced", lost.fencing_token)
         .await
         .unwrap();

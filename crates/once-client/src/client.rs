@@ -187,9 +187,7 @@ impl LedgerClient {
         };
         let found = self
             .transport
-            .call(
-                Retries::Tries,
-                Duration::ZERO,
+            .unary(
                 |mut grpc, request| async move { grpc.get_operation(request).await },
                 request,
             )

@@ -241,9 +241,7 @@ impl LedgerClient {
         };
         let listed = self
             .transport()
-            .call(
-                Retries::Tries,
-                Duration::ZERO,
+            .unary(
                 |mut grpc, request| async move { grpc.list_operations(request).await },
                 request,
             )
@@ -281,9 +279,7 @@ impl LedgerClient {
         };
         let resolved = self
             .transport()
-            .call(
-                Retries::Tries,
-                Duration::ZERO,
+            .unary(
                 |mut grpc, request| async move { grpc.resolve(request).await },
                 request,
             )
@@ -326,9 +322,7 @@ impl LedgerClient {
         };
         let found = self
             .transport()
-            .call(
-                Retries::Tries,
-                Duration::ZERO,
+            .unary(
                 |mut grpc, request| async move { grpc.get_stats(request).await },
                 request,
             )
@@ -350,9 +344,7 @@ impl LedgerClient {
         };
         let found = self
             .transport()
-            .call(
-                Retries::Tries,
-                Duration::ZERO,
+            .unary(
                 |mut grpc, request| async move { grpc.get_forensics(request).await },
                 request,
             )
@@ -389,10 +381,7 @@ impl LedgerClient {
         };
         let created = self
             .transport()
-            .call_with(
-                &self.transport().admin(),
-                Retries::Tries,
-                Duration::ZERO,
+            .admin_call(
                 |mut admin, request| async move { admin.create_key(request).await },
                 request,
             )
@@ -408,10 +397,7 @@ impl LedgerClient {
         };
         let listed = self
             .transport()
-            .call_with(
-                &self.transport().admin(),
-                Retries::Tries,
-                Duration::ZERO,
+            .admin_call(
                 |mut admin, request| async move { admin.list_keys(request).await },
                 request,
             )
@@ -426,10 +412,7 @@ impl LedgerClient {
         };
         let revoked = self
             .transport()
-            .call_with(
-                &self.transport().admin(),
-                Retries::Tries,
-                Duration::ZERO,
+            .admin_call(
                 |mut admin, request| async move { admin.revoke_key(request).await },
                 request,
             )

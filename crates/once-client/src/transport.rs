@@ -88,6 +88,36 @@ impl Transport {
             .await
     }
 
+    /// A plain call: [`Transport::call`] with [`Retries::Tries`] and no extra deadline.
+    pub(crate) async fn unary<Req, Resp, F, Fut>(
+        &self,
+        send: F,
+        message: Req,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(Grpc<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call(Retries::Tries, Duration::ZERO, send, message)
+            .await
+    }
+
+    /// A plain call to the admin service, as [`Transport::unary`].
+    pub(crate) async fn admin_call<Req, Resp, F, Fut>(
+        &self,
+        send: F,
+        message: Req,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(AdminGrpc<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call_with(&self.admin(), Retries::Tries, Duration::ZERO, send, message)
+            .await
+    }
+
     /// The ledger's gRPC client, for a call [`Transport::call`] cannot make (a stream).
     pub(crate) fn grpc(&self) -> Grpc<Channel> {
         self.grpc.clone()

@@ -18,13 +18,10 @@ mod support;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// Defaults to a new SQLite file in a temporary directory.
-    #[arg(long)]
-    database_url: Option<String>,
+    #[command(flatten)]
+    run: support::Run,
     #[arg(long, default_value_t = 1000)]
     callers: usize,
-    #[arg(long, default_value_t = 5)]
-    seconds: u64,
     /// Connections the callers share (gRPC multiplexes calls over each).
     #[arg(long, default_value_t = 20)]
     connections: usize,
@@ -64,7 +61,7 @@ async fn caller(channel: Channel, end: Instant) -> u64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (dir, url) = support::database(args.database_url.clone())?;
+    let (dir, url) = args.run.database()?;
     let (child, address) = onced(
         env!("CARGO_BIN_EXE_onced"),
         &url,
@@ -90,7 +87,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = rss_kib(pid)?;
 
-    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let end = Instant::now() + Duration::from_secs(args.run.seconds);
     let callers: Vec<_> = (0..args.callers)
         .map(|n| tokio::spawn(caller(channels[n % channels.len()].clone(), end)))
         .collect();
@@ -110,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
         url.split(':').next().unwrap_or_default(),
         args.callers,
         channels.len(),
-        args.seconds
+        args.run.seconds
     );
     println!("onced RSS idle: {:.1} MiB", mib(idle));
     println!(
@@ -118,7 +115,7 @@ async fn main() -> anyhow::Result<()> {
         args.callers,
         mib(peak),
         cycles,
-        cycles as f64 / args.seconds as f64
+        cycles as f64 / args.run.seconds as f64
     );
     Ok(())
 }

@@ -35,11 +35,8 @@ mod support;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// Defaults to a new SQLite file in a temporary directory.
-    #[arg(long)]
-    database_url: Option<String>,
-    #[arg(long, default_value_t = 5)]
-    seconds: u64,
+    #[command(flatten)]
+    run: support::Run,
     #[arg(long, default_value_t = 2)]
     rounds: usize,
     /// Accepted for `cargo bench`'s sake.
@@ -118,7 +115,7 @@ async fn latencies(channel: Channel, seconds: u64, traced: bool) -> Vec<Duration
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (dir, url) = support::database(args.database_url.clone())?;
+    let (dir, url) = args.run.database()?;
 
     let collector = Collector::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -133,7 +130,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "store: {}; {} s per run; one caller, Begin then Confirm on fresh operations",
         url.split(':').next().unwrap_or_default(),
-        args.seconds
+        args.run.seconds
     );
     println!(
         "{:<8} {:<15} {:>8} {:>9} {:>9}",
@@ -154,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
             let channel = Channel::from_shared(format!("http://{address}"))?
                 .connect()
                 .await?;
-            let mut measured = latencies(channel, args.seconds, on).await;
+            let mut measured = latencies(channel, args.run.seconds, on).await;
             child.kill().await?;
             measured.sort();
             let p50 = percentile(&measured, 50.0);

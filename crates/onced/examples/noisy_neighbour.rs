@@ -27,11 +27,8 @@ mod support;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// Defaults to a new SQLite file in a temporary directory.
-    #[arg(long)]
-    database_url: Option<String>,
-    #[arg(long, default_value_t = 5)]
-    seconds: u64,
+    #[command(flatten)]
+    run: support::Run,
     #[arg(long, default_value_t = 32)]
     flooders: usize,
     /// The noisy tenant's requests per second per key, when limited.
@@ -105,7 +102,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (dir, url) = support::database(args.database_url.clone())?;
+    let (dir, url) = args.run.database()?;
     let admin_key = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
     let key_file = dir.path().join("admin.key");
     std::fs::write(&key_file, &admin_key)?;
@@ -141,7 +138,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "store: {}; {} s per phase; {} flooders",
         url.split(':').next().unwrap_or_default(),
-        args.seconds,
+        args.run.seconds,
         args.flooders
     );
     println!(
@@ -176,7 +173,7 @@ async fn main() -> anyhow::Result<()> {
                 )));
             }
         }
-        let mut latencies = quiet_latencies(channel.clone(), &quiet, args.seconds).await;
+        let mut latencies = quiet_latencies(channel.clone(), &quiet, args.run.seconds).await;
         stop.cancel();
         let (mut ok, mut refused) = (0, 0);
         for flooder in flooders {
@@ -187,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         latencies.sort();
         let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let per_second = |n: u64| n as f64 / args.seconds as f64;
+        let per_second = |n: u64| n as f64 / args.run.seconds as f64;
         println!(
             "{:<34} {:>10} {:>10.2} {:>10.2} {:>14.0} {:>14.0}",
             phase,

@@ -9,11 +9,28 @@ use std::time::{Duration, Instant};
 
 use once_api::pb;
 
-/// A directory of the run's own, and the database to use: `url`, or a new SQLite file there.
-pub fn database(url: Option<String>) -> anyhow::Result<(tempfile::TempDir, String)> {
-    let dir = tempfile::tempdir()?;
-    let url = url.unwrap_or_else(|| format!("sqlite://{}", dir.path().join("bench.db").display()));
-    Ok((dir, url))
+/// What every bench is told: the database, and how long to measure.
+#[derive(Debug, clap::Args)]
+pub struct Run {
+    /// Defaults to a new SQLite file in a temporary directory.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// How long each measurement lasts.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+}
+
+impl Run {
+    /// A directory of the run's own, and the database to use: the one named, or a new SQLite
+    /// file there.
+    pub fn database(&self) -> anyhow::Result<(tempfile::TempDir, String)> {
+        let dir = tempfile::tempdir()?;
+        let url = self
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("bench.db").display()));
+        Ok((dir, url))
+    }
 }
 
 /// A Begin of a fresh operation `id`.
