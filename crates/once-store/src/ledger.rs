@@ -72,11 +72,12 @@ impl<B: Backend> Ledger<B> {
 
     /// Starts a write transaction, timing the start for the observer.
     async fn begin_write(&self) -> Result<B::Tx, StoreError> {
+        let Some(observer) = &self.observer else {
+            return self.backend.begin_write().await;
+        };
         let started = tokio::time::Instant::now();
         let tx = self.backend.begin_write().await?;
-        if let Some(observer) = &self.observer {
-            observer.transaction_started(started.elapsed());
-        }
+        observer.transaction_started(started.elapsed());
         Ok(tx)
     }
 

@@ -47,8 +47,6 @@ impl<D: Database> Store<D> {
     }
 }
 
-/// Deletes up to `limit` rows of `table` (history kept beside the ledger, keyed by `key`)
-/// whose `at` is older than `age_ms`, oldest first, in `tx`; returns their keys.
 /// The store's clock read once for the whole statement. A condition on an indexed column
 /// against it is an index range; against the clock itself (volatile in PostgreSQL) it is read
 /// again for every row, so the condition is a filter over every row of the index or table, and
@@ -145,6 +143,8 @@ pub fn sweep_statements<D: Dialect>() -> Vec<(&'static str, String, SweepBinds)>
     ]
 }
 
+/// Deletes up to `limit` rows of `table` (history kept beside the ledger, keyed by `key`)
+/// whose `at` is older than `age_ms`, oldest first, in `tx`; returns their keys.
 async fn delete_older<D>(
     tx: &mut Transaction<'static, D>,
     (table, key): (&str, &str),
@@ -804,7 +804,7 @@ where
     }
 
     async fn gauges(&self) -> Result<Gauges, StoreError> {
-        let now = D::NOW;
+        let now = now_once::<D>();
         // One statement, each part on the open operations only (their partial indexes): the
         // open counts, then one row for each age threshold, the oldest age, and the leases past.
         let mut sql = String::from(

@@ -35,14 +35,8 @@ use tracing_subscriber::EnvFilter;
 /// The instrumentation scope of every span and instrument the project makes.
 pub const SCOPE: &str = "once-ledger";
 
-static TRACES_EXPORTED: AtomicBool = AtomicBool::new(false);
 static METRICS_ON: AtomicBool = AtomicBool::new(false);
 static PROMETHEUS: OnceLock<Prometheus> = OnceLock::new();
-
-/// Whether spans are exported: only then is a trace context worth carrying.
-pub fn traces_exported() -> bool {
-    TRACES_EXPORTED.load(Ordering::Relaxed)
-}
 
 /// Whether instruments record anything: metrics are exported or kept for a scrape.
 pub fn metrics_on() -> bool {
@@ -210,7 +204,6 @@ impl Telemetry {
             .with(spans)
             .try_init()
             .context("installing the log subscriber")?;
-        TRACES_EXPORTED.store(tracer.is_some(), Ordering::Relaxed);
         if tracer.is_some() || signals.metrics {
             tracing::info!(
                 traces = tracer.is_some(),

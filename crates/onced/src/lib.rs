@@ -79,16 +79,21 @@ async fn serve<B: Backend>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let metrics = telemetry::Metrics::new();
-    let ledger = Ledger::new(backend.clone()).observed(metrics.clone());
+    // The ledger reports its commits only when something records them.
+    let ledger = match metrics.on() {
+        true => Ledger::new(backend.clone()).observed(metrics.clone()),
+        false => Ledger::new(backend.clone()),
+    };
     let metrics_listener = match config.metrics_listen {
-        Some(_) if once_telemetry::prometheus().is_none() => anyhow::bail!(
-            "--metrics-listen needs the process's telemetry set up for Prometheus (once_telemetry::Telemetry::init)"
-        ),
-        Some(address) => Some(
-            TcpListener::bind(address)
+        Some(address) => {
+            let prometheus = once_telemetry::prometheus().context(
+                "--metrics-listen needs the process's telemetry set up for Prometheus (once_telemetry::Telemetry::init)",
+            )?;
+            let listener = TcpListener::bind(address)
                 .await
-                .with_context(|| format!("listening for metrics scrapes on {address}"))?,
-        ),
+                .with_context(|| format!("listening for metrics scrapes on {address}"))?;
+            Some((listener, prometheus))
+        }
         None => None,
     };
     let admin_key = config.admin_key()?;
@@ -205,13 +210,13 @@ async fn serve<B: Backend>(
         )),
     ];
 
-    let scrapes = match metrics_listener {
-        Some(listener) => Some(tokio::spawn(telemetry::serve_metrics(
+    let scrapes = metrics_listener.map(|(listener, prometheus)| {
+        tokio::spawn(telemetry::serve_metrics(
             listener,
+            prometheus,
             stop_sweepers.clone(),
-        )?)),
-        None => None,
-    };
+        ))
+    });
 
     let address = listener.local_addr()?;
     let router = tonic::transport::Server::builder()

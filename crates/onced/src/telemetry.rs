@@ -36,6 +36,9 @@ const RESOLUTION_BOUNDS: [f64; 13] = [
 /// The replica's instruments. Cheap to share.
 #[derive(Debug)]
 pub struct Metrics {
+    /// Whether anything records them: when not, the calls of the Begin and report path return
+    /// at once (no label is looked up or built).
+    on: bool,
     tools: CappedLabel,
     methods: CappedLabel,
     decisions: Counter<u64>,
@@ -184,6 +187,7 @@ impl Metrics {
                 .build()
         }];
         let metrics = Arc::new(Self {
+            on: once_telemetry::metrics_on(),
             tools: CappedLabel::new(MAX_TOOL_LABELS),
             methods: CappedLabel::new(64),
             decisions: meter
@@ -268,18 +272,29 @@ impl Metrics {
         }
     }
 
+    /// Whether anything records the metrics.
+    pub fn on(&self) -> bool {
+        self.on
+    }
+
     /// The label a tool's series carry.
     pub fn tool(&self, tool: &str) -> KeyValue {
         KeyValue::new("tool", self.tools.of(tool))
     }
 
     pub fn decided(&self, decision: &'static str, tool: &str) {
+        if !self.on {
+            return;
+        }
         self.decisions
             .add(1, &[KeyValue::new("decision", decision), self.tool(tool)]);
     }
 
     /// A report of `kind` (confirm, absent, unknown) ended as `outcome`.
     pub fn reported(&self, kind: &'static str, outcome: &'static str) {
+        if !self.on {
+            return;
+        }
         self.reports.add(
             1,
             &[
@@ -291,6 +306,9 @@ impl Metrics {
 
     /// A lookup by `reconciler` found `verdict` in `took`.
     pub fn looked_up(&self, reconciler: &str, verdict: &'static str, took: Duration) {
+        if !self.on {
+            return;
+        }
         let reconciler = KeyValue::new("reconciler", reconciler.to_owned());
         self.lookups
             .add(1, &[reconciler.clone(), KeyValue::new("verdict", verdict)]);
@@ -308,6 +326,9 @@ impl Metrics {
 
     /// One RPC answered with gRPC status `code` after `took`.
     pub fn answered(&self, service: &str, method: &str, code: i32, took: Duration) {
+        if !self.on {
+            return;
+        }
         // A method the server does not have takes no label of its own: anyone can send one.
         let method = if code == tonic::Code::Unimplemented as i32 {
             std::borrow::Cow::Borrowed("other/other")
@@ -419,7 +440,7 @@ pub async fn gauges<B: Backend>(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    if !once_telemetry::metrics_on() {
+    if !metrics.on() {
         return;
     }
     let (ledger, metrics) = (&ledger, &metrics);
@@ -592,19 +613,14 @@ fn server_error(code: i32) -> bool {
     )
 }
 
-/// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop`. Fails at once
-/// when this process keeps no metrics for a scrape (`once_telemetry::Telemetry::init` was not
-/// asked to).
-pub fn serve_metrics(
+/// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop`.
+pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
+    prometheus: once_telemetry::Prometheus,
     stop: CancellationToken,
-) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+) {
     use axum::http::{header, StatusCode};
     use axum::response::IntoResponse;
-    let Some(prometheus) = once_telemetry::prometheus() else {
-        anyhow::bail!("--metrics-listen needs the process's telemetry set up for Prometheus");
-    };
-    let address = listener.local_addr()?;
     let scrape = move || {
         let prometheus = prometheus.clone();
         async move {
@@ -625,15 +641,15 @@ pub fn serve_metrics(
         }
     };
     let router = axum::Router::new().route("/metrics", axum::routing::get(scrape));
-    tracing::info!(%address, "serving Prometheus metrics at /metrics");
-    Ok(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(error) = served {
-            tracing::warn!(%error, "the metrics endpoint stopped");
-        }
-    })
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "serving Prometheus metrics at /metrics");
+    }
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    if let Err(error) = served {
+        tracing::warn!(%error, "the metrics endpoint stopped");
+    }
 }
 
 #[cfg(test)]
