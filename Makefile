@@ -1,5 +1,5 @@
 # Each target is one command a person could type.
-.PHONY: run test build fmt lint demo model-long
+.PHONY: run test build bench fmt lint demo model-long
 
 VENV := .venv
 # Prometheus and promtool, for the telemetry tests: Debian's package (through sudo unless root).
@@ -12,16 +12,23 @@ run:
 
 # Unit tests, the Rust integration suite (SQLite and the PostgreSQL on 127.0.0.1:5432), then
 # the MCP tests with the official Python MCP SDK against the built binaries.
-# Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials).
+# Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials),
+# and the benchmark runs once in its smoke mode (one-second phases) so it cannot rot.
 test: $(VENV)/installed $(PROMTOOL)
 	cargo build --workspace
 	rm -rf target/test-logs
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs cargo test --workspace
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(VENV)/bin/python -m pytest -q tests/mcp
 	tests/scan-logs target/test-logs
+	cargo bench -p onced --bench ledger --profile dev -- --smoke
 
 build:
 	cargo build --workspace --release
+
+# onced beside pgbench on the PostgreSQL at 127.0.0.1:5432, and on SQLite: cycles/s, latency,
+# the ratios to the performance goals, and memory. See README, Performance.
+bench:
+	cargo bench -p onced --bench ledger
 
 # The model-based test of the core for a long run: a million random call sequences.
 model-long:

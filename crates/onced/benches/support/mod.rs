@@ -59,6 +59,64 @@ pub fn confirm_if_granted(id: String, answer: pb::BeginResponse) -> Option<pb::C
     }
 }
 
+/// The resident set of process `pid`, in KiB, from /proc.
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// What one caller saw making Begin then Confirm on fresh operations.
+#[derive(Debug, Default)]
+pub struct Cycles {
+    /// Cycles whose Begin was granted and whose Confirm was taken.
+    pub done: u64,
+    /// Calls that failed.
+    pub failed: u64,
+    pub begins: Vec<Duration>,
+    /// Begin through Confirm, of each cycle done.
+    pub cycles: Vec<Duration>,
+}
+
+impl Cycles {
+    pub fn merge(&mut self, other: Cycles) {
+        self.done += other.done;
+        self.failed += other.failed;
+        self.begins.extend(other.begins);
+        self.cycles.extend(other.cycles);
+    }
+}
+
+/// One caller: Begin then Confirm on fresh operations until `end`.
+pub async fn cycles(channel: tonic::transport::Channel, end: Instant) -> Cycles {
+    let mut ledger = pb::ledger_client::LedgerClient::new(channel);
+    let mut seen = Cycles::default();
+    while Instant::now() < end {
+        let id = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let started = Instant::now();
+        let Ok(response) = ledger.begin(begin(&id)).await else {
+            seen.failed += 1;
+            continue;
+        };
+        seen.begins.push(started.elapsed());
+        let Some(confirm) = confirm_if_granted(id, response.into_inner()) else {
+            seen.failed += 1;
+            continue;
+        };
+        match ledger.confirm(confirm).await {
+            Ok(_) => {
+                seen.done += 1;
+                seen.cycles.push(started.elapsed());
+            }
+            Err(_) => seen.failed += 1,
+        }
+    }
+    seen
+}
+
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;

@@ -1,0 +1,463 @@
+//! The ledger beside pgbench. Drives Begin + Confirm cycles on fresh operations over gRPC at
+//! 1, 16 and 64 callers against `onced` on PostgreSQL and on SQLite, and runs `pgbench` with
+//! the hand-rolled claim + confirm SQL (`bench/pgbench/`) on the same PostgreSQL for the same
+//! seconds, interleaved; then 1,000 callers for onced's resident set. Prints a table and each
+//! goal's ratio; asserts nothing.
+//!
+//! ```text
+//! cargo bench -p onced --bench ledger -- [--seconds 10] [--rounds 1] [--callers 1,16,64] \
+//!     [--postgres postgres://postgres@127.0.0.1:5432/postgres] [--smoke]
+//! ```
+//!
+//! Both stores are durable as shipped: PostgreSQL with `synchronous_commit` as the server has
+//! it, SQLite with `synchronous = FULL`. The benchmark makes a database of its own on the
+//! PostgreSQL named and drops it at the end.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use sqlx::Connection as _;
+use support::{cycles, onced, percentile, rss_kib, Cycles};
+use tonic::transport::Channel;
+
+mod support;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// How long each phase lasts (pgbench counts whole seconds).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// How often the interleaved phases are run; the goals take each figure's median.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// The numbers of concurrent callers to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    callers: Vec<usize>,
+    /// Callers of the memory phase.
+    #[arg(long, default_value_t = 1000)]
+    memory_callers: usize,
+    /// A PostgreSQL to make the benchmark's database on.
+    #[arg(
+        long,
+        env = "ONCE_BENCH_POSTGRES",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    postgres: String,
+    /// The pgbench binary; found under /usr/lib/postgresql or on PATH when not given.
+    #[arg(long, env = "PGBENCH")]
+    pgbench: Option<PathBuf>,
+    /// One-second phases, one round: to show the benchmark still runs, not to measure.
+    #[arg(long)]
+    smoke: bool,
+    /// Accepted for `cargo bench`'s sake.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// The system a phase measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum System {
+    OncedPostgres,
+    Pgbench,
+    OncedSqlite,
+}
+
+impl System {
+    fn label(self) -> &'static str {
+        match self {
+            System::OncedPostgres => "onced, PostgreSQL",
+            System::Pgbench => "pgbench, hand-rolled SQL",
+            System::OncedSqlite => "onced, SQLite",
+        }
+    }
+}
+
+/// What one phase measured.
+#[derive(Debug, Clone)]
+struct Figures {
+    system: System,
+    callers: usize,
+    per_second: f64,
+    /// onced: Begin; pgbench: the claim statement alone (its own 1-caller phase).
+    first_p50: Option<Duration>,
+    first_p99: Option<Duration>,
+    cycle_p99: Option<Duration>,
+    failed: u64,
+}
+
+/// A running `onced` and where it serves.
+struct Ledger {
+    child: tokio::process::Child,
+    channels: Vec<Channel>,
+}
+
+impl Ledger {
+    async fn start(url: &str, log: &Path) -> anyhow::Result<Self> {
+        let (child, address) = onced(env!("CARGO_BIN_EXE_onced"), url, log, None).await?;
+        let mut channels = Vec::new();
+        // Up to 16 connections; gRPC multiplexes more callers over them.
+        for _ in 0..16 {
+            channels.push(
+                Channel::from_shared(format!("http://{address}"))?
+                    .connect()
+                    .await?,
+            );
+        }
+        Ok(Self { child, channels })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("onced is running")
+    }
+
+    /// `callers` callers making cycles for `length`; with the peak resident set over it.
+    async fn drive(&self, callers: usize, length: Duration) -> anyhow::Result<(Cycles, u64)> {
+        let end = Instant::now() + length;
+        let running: Vec<_> = (0..callers)
+            .map(|n| tokio::spawn(cycles(self.channels[n % self.channels.len()].clone(), end)))
+            .collect();
+        let mut peak = rss_kib(self.pid())?;
+        while Instant::now() < end {
+            peak = peak.max(rss_kib(self.pid())?);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut seen = Cycles::default();
+        for caller in running {
+            seen.merge(caller.await?);
+        }
+        Ok((seen, peak.max(rss_kib(self.pid())?)))
+    }
+
+    async fn measure(
+        &self,
+        system: System,
+        callers: usize,
+        length: Duration,
+    ) -> anyhow::Result<Figures> {
+        let (mut seen, _) = self.drive(callers, length).await?;
+        seen.begins.sort();
+        seen.cycles.sort();
+        Ok(Figures {
+            system,
+            callers,
+            per_second: seen.done as f64 / length.as_secs_f64(),
+            first_p50: Some(percentile(&seen.begins, 50.0)),
+            first_p99: Some(percentile(&seen.begins, 99.0)),
+            cycle_p99: Some(percentile(&seen.cycles, 99.0)),
+            failed: seen.failed,
+        })
+    }
+}
+
+/// pgbench on the benchmark's database.
+struct Pgbench {
+    binary: PathBuf,
+    url: String,
+    scripts: PathBuf,
+    logs: PathBuf,
+}
+
+impl Pgbench {
+    /// Runs `script` with `clients` for `seconds`; returns the transactions per second and,
+    /// when `logged`, every transaction's latency.
+    async fn run(
+        &self,
+        script: &str,
+        clients: usize,
+        seconds: u64,
+        logged: bool,
+    ) -> anyhow::Result<(f64, Vec<Duration>)> {
+        let prefix = self.logs.join(format!("pgbench-{clients}"));
+        let mut command = tokio::process::Command::new(&self.binary);
+        command
+            .args(["--no-vacuum", "--protocol=prepared"])
+            .arg(format!("--client={clients}"))
+            .arg(format!("--jobs={}", clients.min(2)))
+            .arg(format!("--time={}", seconds.max(1)))
+            .arg(format!("--file={}", self.scripts.join(script).display()))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .stdout(Stdio::piped());
+        if logged {
+            command
+                .arg("--log")
+                .arg(format!("--log-prefix={}", prefix.display()));
+        }
+        let output = command.arg(&self.url).output().await?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        anyhow::ensure!(
+            output.status.success(),
+            "pgbench failed: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let tps = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("tps = "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|tps| tps.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no tps in pgbench's output: {stdout}"))?;
+        let mut latencies = Vec::new();
+        if logged {
+            for entry in std::fs::read_dir(&self.logs)? {
+                let path = entry?.path();
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                if !name.starts_with(&format!("pgbench-{clients}.")) {
+                    continue;
+                }
+                // client, transaction, latency in µs, script, epoch s, µs.
+                for line in std::fs::read_to_string(&path)?.lines() {
+                    if let Some(us) = line.split_whitespace().nth(2).and_then(|v| v.parse().ok())
+                    {
+                        latencies.push(Duration::from_micros(us));
+                    }
+                }
+                std::fs::remove_file(&path)?;
+            }
+        }
+        Ok((tps, latencies))
+    }
+}
+
+/// The pgbench that ships with PostgreSQL.
+fn find_pgbench() -> anyhow::Result<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|version| version.path().join("bin/pgbench"))
+        .filter(|path| path.exists())
+        .collect();
+    found.sort();
+    if let Some(newest) = found.pop() {
+        return Ok(newest);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("pgbench"))
+        .find(|path| path.exists())
+        .ok_or_else(|| anyhow::anyhow!("no pgbench under /usr/lib/postgresql or on PATH"))
+}
+
+/// `url` naming database `name` instead.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, _) = url.rsplit_once('/').unwrap_or((url, ""));
+    format!("{base}/{name}")
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn show(figures: &Figures) {
+    let cell = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.3}", ms(d)));
+    println!(
+        "{:>7}  {:<26} {:>10.0} {:>10} {:>10} {:>11} {:>7}",
+        figures.callers,
+        figures.system.label(),
+        figures.per_second,
+        cell(figures.first_p50),
+        cell(figures.first_p99),
+        cell(figures.cycle_p99),
+        figures.failed
+    );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    if args.smoke {
+        args.seconds = 1;
+        args.rounds = 1;
+    }
+    let length = Duration::from_secs(args.seconds);
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/pgbench");
+    let dir = tempfile::tempdir()?;
+
+    // A database of the benchmark's own, with onced's tables (made by onced) and the
+    // hand-rolled one beside them.
+    let name = format!("once_bench_{}", std::process::id());
+    let mut admin = sqlx::PgConnection::connect(&args.postgres).await?;
+    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name}"))
+        .execute(&mut admin)
+        .await?;
+    sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await?;
+    let url = with_database(&args.postgres, &name);
+    let outcome = run(&args, length, &scripts, dir.path(), &url).await;
+    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await?;
+    outcome
+}
+
+async fn run(
+    args: &Args,
+    length: Duration,
+    scripts: &Path,
+    dir: &Path,
+    url: &str,
+) -> anyhow::Result<()> {
+    let mut db = sqlx::PgConnection::connect(url).await?;
+    sqlx::raw_sql(&std::fs::read_to_string(scripts.join("schema.sql"))?)
+        .execute(&mut db)
+        .await?;
+    let (version,): (String,) = sqlx::query_as("SHOW server_version")
+        .fetch_one(&mut db)
+        .await?;
+    let (synchronous,): (String,) = sqlx::query_as("SHOW synchronous_commit")
+        .fetch_one(&mut db)
+        .await?;
+    let pgbench = Pgbench {
+        binary: args.pgbench.clone().map_or_else(find_pgbench, Ok)?,
+        url: url.to_string(),
+        scripts: scripts.to_path_buf(),
+        logs: dir.to_path_buf(),
+    };
+
+    let postgres = Ledger::start(url, &dir.join("onced-postgres.log")).await?;
+    let sqlite_url = format!("sqlite://{}", dir.join("bench.db").display());
+    let sqlite = Ledger::start(&sqlite_url, &dir.join("onced-sqlite.log")).await?;
+    // Warm, then idle: the resident set of a ledger that has served and waits.
+    let mut idle = Vec::new();
+    for ledger in [&postgres, &sqlite] {
+        ledger.drive(1, Duration::from_millis(300)).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for ledger in [&postgres, &sqlite] {
+        idle.push(rss_kib(ledger.pid())?);
+    }
+
+    println!(
+        "PostgreSQL {version} (synchronous_commit = {synchronous}) and SQLite (synchronous = FULL, WAL) \
+         on this host; {} s per phase, {} round(s); a cycle is Begin + Confirm of a fresh operation",
+        args.seconds, args.rounds
+    );
+    println!(
+        "{:>7}  {:<26} {:>10} {:>10} {:>10} {:>11} {:>7}",
+        "callers", "system", "cycles/s", "p50 ms", "p99 ms", "cycle p99", "failed"
+    );
+    let mut all = Vec::new();
+    for _ in 0..args.rounds {
+        for &callers in &args.callers {
+            let phases = [
+                postgres
+                    .measure(System::OncedPostgres, callers, length)
+                    .await?,
+                {
+                    let (tps, _) = pgbench
+                        .run("claim_confirm.sql", callers, args.seconds, false)
+                        .await?;
+                    let mut figures = Figures {
+                        system: System::Pgbench,
+                        callers,
+                        per_second: tps,
+                        first_p50: None,
+                        first_p99: None,
+                        cycle_p99: None,
+                        failed: 0,
+                    };
+                    if callers == 1 {
+                        let (_, mut claims) =
+                            pgbench.run("claim.sql", 1, args.seconds, true).await?;
+                        claims.sort();
+                        figures.first_p50 = Some(percentile(&claims, 50.0));
+                        figures.first_p99 = Some(percentile(&claims, 99.0));
+                    }
+                    figures
+                },
+                sqlite.measure(System::OncedSqlite, callers, length).await?,
+            ];
+            for figures in phases {
+                show(&figures);
+                all.push(figures);
+            }
+        }
+    }
+
+    let mut peaks = Vec::new();
+    for ledger in [&postgres, &sqlite] {
+        let (seen, peak) = ledger.drive(args.memory_callers, length).await?;
+        peaks.push((peak, seen.done as f64 / length.as_secs_f64()));
+    }
+    println!("p50/p99: onced's Begin; pgbench's claim statement alone, at 1 caller");
+
+    let pick = |system: System, callers: usize, of: &dyn Fn(&Figures) -> Option<f64>| {
+        let values: Vec<f64> = all
+            .iter()
+            .filter(|f| f.system == system && f.callers == callers)
+            .filter_map(of)
+            .collect();
+        (!values.is_empty()).then(|| median(values))
+    };
+    type Of = fn(&Figures) -> Option<f64>;
+    let rate: Of = |f| Some(f.per_second);
+    let p50: Of = |f| f.first_p50.map(ms);
+    let p99: Of = |f| f.first_p99.map(ms);
+    let cycle_p99: Of = |f| f.cycle_p99.map(ms);
+    let most = args.callers.iter().copied().max().unwrap_or(1);
+    let fewest = args.callers.iter().copied().min().unwrap_or(1);
+
+    println!();
+    println!("{:<66} {:>10} {:>10}", "goal", "measured", "target");
+    let goal = |what: String, measured: Option<String>, target: &str| {
+        println!(
+            "{what:<66} {:>10} {target:>10}",
+            measured.unwrap_or_else(|| "-".into())
+        );
+    };
+    let ratio = pick(System::OncedPostgres, most, &rate)
+        .zip(pick(System::Pgbench, most, &rate))
+        .map(|(onced, pgbench)| onced / pgbench);
+    goal(
+        format!("cycles/s at {most} callers, onced on PostgreSQL / pgbench"),
+        ratio.map(|r| format!("{r:.2}x")),
+        ">= 2x",
+    );
+    for (what, of, target) in [("p50", p50, "<= +0.25"), ("p99", p99, "<= +1.00")] {
+        let excess = pick(System::OncedPostgres, fewest, &of)
+            .zip(pick(System::Pgbench, fewest, &of))
+            .map(|(begin, claim)| begin - claim);
+        goal(
+            format!("Begin {what} at {fewest} caller - pgbench claim {what} (ms)"),
+            excess.map(|e| format!("{e:+.3}")),
+            target,
+        );
+    }
+    let at_16 = if args.callers.contains(&16) { 16 } else { most };
+    goal(
+        format!("SQLite cycles/s at {at_16} callers"),
+        pick(System::OncedSqlite, at_16, &rate).map(|r| format!("{r:.0}")),
+        ">= 1000",
+    );
+    goal(
+        format!("SQLite cycle p99 at {most} callers (ms)"),
+        pick(System::OncedSqlite, most, &cycle_p99).map(|p| format!("{p:.1}")),
+        "<= 50",
+    );
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    for ((store, idle), (peak, rate)) in ["PostgreSQL", "SQLite"].iter().zip(&idle).zip(&peaks) {
+        goal(
+            format!("onced RSS idle, {store} (MiB)"),
+            Some(format!("{:.1}", mib(*idle))),
+            "<= 50",
+        );
+        goal(
+            format!(
+                "onced RSS peak, {store}, {} callers at {rate:.0} cycles/s (MiB)",
+                args.memory_callers
+            ),
+            Some(format!("{:.1}", mib(*peak))),
+            "<= 200",
+        );
+    }
+    Ok(())
+}
