@@ -118,6 +118,8 @@ pub struct Watch {
     stream: Option<Streaming<pb::WatchOperationsResponse>>,
     /// Failed tries to open the stream since it last yielded something.
     failures: u32,
+    /// Whether a stream was ever open: from then on the watch outlasts any outage.
+    opened: bool,
 }
 
 impl Watch {
@@ -127,7 +129,8 @@ impl Watch {
     }
 
     /// The next item. Errors only for what retrying cannot mend (a refusal, a malformed
-    /// request) or once the ledger stayed unreachable through every try.
+    /// request) or when the ledger stays unreachable through every try before the stream
+    /// first opens; once it has opened, it reconnects for as long as it takes.
     pub async fn next(&mut self) -> Result<Watched, ClientError> {
         loop {
             let Some(stream) = self.stream.as_mut() else {
@@ -156,6 +159,7 @@ impl Watch {
                 Err(status) => return Err(refusal(&status)),
             };
             self.failures = 0;
+            self.opened = true;
             match item {
                 Some(pb::watch_operations_response::Item::Event(event)) => {
                     let event = wire::watched(event);
@@ -176,11 +180,13 @@ impl Watch {
         self.stream = None;
         self.failures += 1;
         let config = self.transport.config();
-        if self.failures > config.tries.max(1) {
+        // A watch that never opened gives up like any call; one that did is there to outlast
+        // restarts and deploys, and keeps trying.
+        if !self.opened && self.failures > config.tries.max(1) {
             return Err(ClientError::Unreachable(error));
         }
-        let pause =
-            (config.backoff * 2u32.saturating_pow(self.failures - 1)).min(Duration::from_secs(2));
+        let pause = (config.backoff * 2u32.saturating_pow((self.failures - 1).min(16)))
+            .min(Duration::from_secs(2));
         tokio::time::sleep(pause).await;
         Ok(Watched::Reconnecting {
             after: self.request.after,
@@ -361,6 +367,7 @@ impl LedgerClient {
             tenant: self.read_tenant(),
             stream: None,
             failures: 0,
+            opened: false,
         }
     }
 

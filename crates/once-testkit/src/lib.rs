@@ -299,10 +299,24 @@ impl TestLedger {
         ledger
     }
 
+    /// Starts a ledger on `addr` (where an earlier one served: a restart) and waits for it.
+    pub async fn spawn_at(url: &str, addr: SocketAddr, extra: &[&str]) -> Self {
+        let listener = TcpListener::bind(addr)
+            .await
+            .expect("bind the same address");
+        let ledger = Self::start_on(listener, url, extra);
+        wait_serving(ledger.addr).await;
+        ledger
+    }
+
     /// Starts a ledger without waiting for it to serve: for one that serves TLS, which
     /// [`wait_serving_on`] waits for.
     pub async fn start(url: &str, extra: &[&str]) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_on(listener, url, extra)
+    }
+
+    fn start_on(listener: TcpListener, url: &str, extra: &[&str]) -> Self {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let config = config(url, extra);

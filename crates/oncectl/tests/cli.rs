@@ -17,6 +17,7 @@ on_both_backends!(
     a_resolve_whose_answer_is_lost_is_sent_again_and_applied_once,
     reconcile_looks_up_now_and_shows_the_verdict,
     watch_prints_every_change_once_as_json_lines,
+    a_watch_outlasts_a_ledger_restart_and_misses_nothing,
     keys_are_created_listed_and_revoked_by_an_admin,
 );
 
@@ -505,6 +506,83 @@ async fn watch_prints_every_change_once_as_json_lines(store: Store) {
     );
     let bad = oncectl(ledger.addr, &["watch", "--kind", "EXPLODED"]).await;
     assert_eq!(code(&bad), 2, "{}", stderr(&bad));
+    ledger.stop().await;
+}
+
+async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let addr = ledger.addr;
+    let mut client = ledger.client().await;
+    unknown_and_confirmed(&mut client).await;
+    let mut watching = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
+        .args(["--addr", &format!("http://{addr}")])
+        .args([
+            "-o", "json", "watch", "--all", "--after", "0", "--count", "6",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut printed = tokio::io::BufReader::new(watching.stdout.take().unwrap()).lines();
+    let mut said = tokio::io::BufReader::new(watching.stderr.take().unwrap()).lines();
+    let mut lines = Vec::new();
+    within(Duration::from_secs(20), "the four events so far", async {
+        while lines.len() < 4 {
+            lines.push(printed.next_line().await.unwrap().expect("a line"));
+        }
+    })
+    .await;
+
+    // Down for more reconnection tries than a plain call makes.
+    ledger.stop().await;
+    within(Duration::from_secs(30), "the watch to keep trying", async {
+        let mut tries = 0;
+        while tries < 6 {
+            let line = said
+                .next_line()
+                .await
+                .unwrap()
+                .expect("oncectl watch gave up");
+            if line.contains("reconnecting after #4") {
+                tries += 1;
+            }
+        }
+    })
+    .await;
+    let ledger = TestLedger::spawn_at(&db.url, addr, &[]).await;
+    let mut client = ledger.client().await;
+    let grant = claim(&mut client, begin("refund:o-5", ARGS)).await;
+    confirm(&mut client, "refund:o-5", grant.fencing_token, b"{}")
+        .await
+        .unwrap();
+    within(
+        Duration::from_secs(20),
+        "the events after the restart",
+        async {
+            while let Some(line) = printed.next_line().await.unwrap() {
+                lines.push(line);
+            }
+        },
+    )
+    .await;
+    let status = within(Duration::from_secs(10), "oncectl to end", watching.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let sequences: Vec<i64> = lines
+        .iter()
+        .map(|line| serde_json::from_str::<Value>(line).expect("a JSON line"))
+        .map(|event| event["sequence"].as_i64().unwrap())
+        .collect();
+    let stored = db
+        .integers("SELECT sequence FROM events ORDER BY sequence")
+        .await;
+    assert_eq!(
+        sequences, stored,
+        "every change once, in order, across the restart"
+    );
     ledger.stop().await;
 }
 

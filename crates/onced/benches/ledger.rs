@@ -208,8 +208,7 @@ impl Pgbench {
                 }
                 // client, transaction, latency in µs, script, epoch s, µs.
                 for line in std::fs::read_to_string(&path)?.lines() {
-                    if let Some(us) = line.split_whitespace().nth(2).and_then(|v| v.parse().ok())
-                    {
+                    if let Some(us) = line.split_whitespace().nth(2).and_then(|v| v.parse().ok()) {
                         latencies.push(Duration::from_micros(us));
                     }
                 }
