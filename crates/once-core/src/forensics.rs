@@ -1,14 +1,14 @@
 //! Why an operation was called more than once: every call of it — the attempts granted and the
 //! duplicates answered without a new execution right — in time order, each after the first
-//! classified by what it shares with the call before it (`../shared/SPEC.md` §1):
+//! classified by what it shares with the calls before it (`../shared/SPEC.md` §1):
 //!
 //! | origin | fingerprint |
 //! |---|---|
 //! | transport retry | the same attempt id (the client library sent its Begin again), or the same MCP session and JSON-RPC request id (a proxy or transport below the client) |
-//! | harness retry | the same session, a new request id, within [`HARNESS_WINDOW`] of the call before |
-//! | model re-issue | the same session, a new request id, later than that (the model read an answer and called again); or a new operation id for the same intent, caught by the fresh-id guard |
+//! | harness retry | the same session, a new request id |
+//! | model re-issue | a new operation id for the same intent, caught by the fresh-id guard |
 //! | reconnect | the same client, a new session (a resumed stream, queued work replayed) |
-//! | another client | another client name, or another credential |
+//! | another client | a client name and credential no call before had |
 //! | unattributed | the same client with no session to tell by |
 
 use std::fmt;
@@ -16,10 +16,6 @@ use std::fmt;
 use crate::model::{
     Actor, Attempt, AttemptContext, BeginCommand, BeginDecision, Millis, OperationId,
 };
-
-/// Calls of one session closer together than this are a harness's retry policy; further apart,
-/// the model calling again after reading an answer.
-pub const HARNESS_WINDOW: Millis = 2_000;
 
 /// A Begin answered without a new execution right (REPLAY, IN_PROGRESS, UNKNOWN, CONFLICT, or
 /// the same grant again), recorded for forensics.
@@ -178,9 +174,9 @@ pub fn classify(attempts: &[Attempt], duplicates: &[Duplicate]) -> Vec<Call> {
     calls
 }
 
-/// Where `call` came from, given the calls before it (the latest last).
+/// Where `call` came from, given the calls before it: told by what it shares with any of them,
+/// so calls of two clients interleaved are each told apart from the other's.
 fn origin(earlier: &[Call], call: &Call) -> Origin {
-    let previous = earlier.last().expect("a call before");
     let same_request = |c: &Call| {
         c.context.session_id.is_some()
             && c.context.session_id == call.context.session_id
@@ -196,18 +192,22 @@ fn origin(earlier: &[Call], call: &Call) -> Origin {
     if call.requested.is_some() {
         return Origin::ModelReissue;
     }
-    if previous.actor != call.actor || previous.context.client_name != call.context.client_name {
+    let same_client: Vec<&Call> = earlier
+        .iter()
+        .filter(|c| c.actor == call.actor && c.context.client_name == call.context.client_name)
+        .collect();
+    if same_client.is_empty() {
         return Origin::OtherClient;
     }
-    match (&previous.context.session_id, &call.context.session_id) {
-        (Some(before), Some(now)) if before == now => {
-            if call.at - previous.at < HARNESS_WINDOW {
-                Origin::HarnessRetry
-            } else {
-                Origin::ModelReissue
-            }
+    match &call.context.session_id {
+        Some(session)
+            if same_client
+                .iter()
+                .any(|c| c.context.session_id.as_ref() == Some(session)) =>
+        {
+            Origin::HarnessRetry
         }
-        (Some(_), Some(_)) => Origin::Reconnect,
+        Some(_) if same_client.iter().any(|c| c.context.session_id.is_some()) => Origin::Reconnect,
         _ => Origin::Unattributed,
     }
 }
@@ -335,9 +335,10 @@ mod tests {
             duplicate(10_300, "a-2", ctx("claude", Some("s-1"), Some("8"))),
             Origin::HarnessRetry,
         );
+        // However long the harness waited before asking again.
         check(
-            duplicate(25_000, "a-2", ctx("claude", Some("s-1"), Some("9"))),
-            Origin::ModelReissue,
+            duplicate(55_000, "a-2", ctx("claude", Some("s-1"), Some("9"))),
+            Origin::HarnessRetry,
         );
         check(
             duplicate(12_000, "a-2", ctx("claude", Some("s-2"), Some("1"))),
@@ -360,7 +361,38 @@ mod tests {
     }
 
     #[test]
-    fn calls_are_ordered_and_each_compared_with_the_one_before() {
+    fn a_call_is_told_by_every_call_before_it_not_only_the_last() {
+        let ctx = context;
+        let attempts = [attempt(
+            1,
+            1_000,
+            "a-1",
+            ctx("claude", Some("s-1"), Some("3")),
+        )];
+        let duplicates = [
+            duplicate(1_100, "a-2", ctx("cursor", Some("s-9"), Some("1"))),
+            duplicate(1_200, "a-3", ctx("claude", Some("s-1"), Some("4"))),
+            duplicate(1_300, "a-4", ctx("cursor", Some("s-10"), Some("1"))),
+            duplicate(1_400, "a-5", ctx("claude", Some("s-1"), Some("3"))),
+        ];
+        let origins: Vec<_> = classify(&attempts, &duplicates)
+            .into_iter()
+            .map(|c| c.origin)
+            .collect();
+        assert_eq!(
+            origins,
+            [
+                None,
+                Some(Origin::OtherClient),
+                Some(Origin::HarnessRetry),
+                Some(Origin::Reconnect),
+                Some(Origin::TransportRetry),
+            ]
+        );
+    }
+
+    #[test]
+    fn calls_are_ordered_in_time_across_attempts_and_duplicates() {
         let ctx = context;
         let attempts = [
             attempt(1, 1_000, "a-1", ctx("claude", Some("s-1"), Some("3"))),
