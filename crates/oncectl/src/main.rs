@@ -476,7 +476,13 @@ async fn keys(ledger: &LedgerClient, out: &Out, command: KeysCommand) -> Result<
             }
         }
         KeysCommand::Revoke { key_id } => {
-            let key = ledger.revoke_key(&key_id).await?;
+            let key = ledger
+                .revoke_key(&key_id)
+                .await
+                .map_err(|error| match error {
+                    ClientError::NotFound => Failure::NotFound(format!("no key with id {key_id}")),
+                    other => other.into(),
+                })?;
             if out.json {
                 out.json(&json::key(&key));
             } else {

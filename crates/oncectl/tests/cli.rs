@@ -18,6 +18,7 @@ on_both_backends!(
     reconcile_looks_up_now_and_shows_the_verdict,
     watch_prints_every_change_once_as_json_lines,
     a_watch_outlasts_a_ledger_restart_and_misses_nothing,
+    a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file,
     keys_are_created_listed_and_revoked_by_an_admin,
 );
 
@@ -29,12 +30,21 @@ async fn oncectl(addr: SocketAddr, args: &[&str]) -> Output {
 
 async fn oncectl_with(addr: SocketAddr, args: &[&str], env: &[(&str, &str)]) -> Output {
     let home = tempfile::tempdir().unwrap();
+    let addr = format!("http://{addr}");
+    let args: Vec<&str> = ["--addr", addr.as_str()]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    oncectl_at_home(home.path(), &args, env).await
+}
+
+/// Runs `oncectl ARGS…` with `home` as its home, and nothing from the environment that names
+/// a ledger but `env`.
+async fn oncectl_at_home(home: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"));
     command
-        .arg("--addr")
-        .arg(format!("http://{addr}"))
         .args(args)
-        .env("HOME", home.path())
+        .env("HOME", home)
         .env_remove("XDG_CONFIG_HOME")
         .env("USER", "alice")
         .stdin(std::process::Stdio::null());
@@ -586,6 +596,181 @@ async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
     ledger.stop().await;
 }
 
+async fn a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    unknown_and_confirmed(&mut client).await;
+    let mut looked_up = begin("refund:o-3", ARGS);
+    looked_up.provider = "stripe".into();
+    let grant = claim(&mut client, looked_up).await;
+    report_unknown(&mut client, "refund:o-3", grant.fencing_token)
+        .await
+        .unwrap();
+
+    // The provider filter: only the operation a reconciler can look up.
+    let listed = json(&oncectl(ledger.addr, &["list", "--provider", "stripe", "--json"]).await);
+    let ids: Vec<&str> = listed["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["operation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["refund:o-3"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let result = b"{\"refund\":\"re_9\",\"amount_cents\":1250}\n";
+    std::fs::write(dir.path().join("result.json"), result).unwrap();
+    let result_arg = format!("@{}", dir.path().join("result.json").display());
+    let resolved = oncectl(
+        ledger.addr,
+        &[
+            "resolve",
+            "refund:o-3",
+            "--confirmed",
+            "--provider-ref",
+            "re_9",
+            "--result",
+            &result_arg,
+            "--reason",
+            "refund re_9 is in the provider's dashboard",
+            "--yes",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(json(&resolved)["state"], "CONFIRMED");
+    // Later callers are replayed the file's bytes, with the provider's reference.
+    let replay = client
+        .begin(begin("refund:o-3", ARGS))
+        .await
+        .unwrap()
+        .into_inner();
+    let replay = expect_replay(&replay);
+    assert_eq!(
+        (replay.result.as_slice(), replay.provider_ref.as_str()),
+        (&result[..], "re_9")
+    );
+    let missing = oncectl(
+        ledger.addr,
+        &[
+            "resolve",
+            "refund:o-1",
+            "--confirmed",
+            "--provider-ref",
+            "re_1",
+            "--result",
+            "@/nonexistent/result.json",
+            "--reason",
+            "seen",
+            "--yes",
+        ],
+    )
+    .await;
+    assert_ne!(code(&missing), 0, "{}", stderr(&missing));
+    assert!(
+        stderr(&missing).contains("result.json"),
+        "{}",
+        stderr(&missing)
+    );
+    assert_eq!(
+        state_of(&mut client, "refund:o-1").await,
+        pb::OperationState::Unknown
+    );
+    ledger.stop().await;
+}
+
+/// Where the ledger is and which key to use come from flags, the environment or a profile file,
+/// in that order; a CA file makes a private authority's ledger trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_come_from_flags_the_environment_and_a_profile_file() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
+    let dir = db.scratch_dir();
+    let admin_key = format!("oncectl-admin-{}", "7c".repeat(20));
+    let key_file = write_file(&dir, "admin.key", &format!("{admin_key}\n"));
+    let ca_file = write_file(&dir, "ca.pem", &cert);
+    // Self-signed: the certificate is its own authority.
+    let ledger = TestLedger::spawn_tls(
+        &db,
+        &cert,
+        &key,
+        &cert,
+        &["--admin-key-file", key_file.to_str().unwrap()],
+    )
+    .await;
+    let addr = format!("https://localhost:{}", ledger.addr.port());
+    // The admin key is the one key there is.
+    let keys = |output: &Output| json(output).as_array().map(Vec::len);
+
+    // The environment alone.
+    let home = tempfile::tempdir().unwrap();
+    let ca = ca_file.to_str().unwrap();
+    let from_env = [
+        ("ONCE_ADDR", addr.as_str()),
+        ("ONCE_KEY", admin_key.as_str()),
+        ("ONCE_CA", ca),
+    ];
+    let listed = oncectl_at_home(home.path(), &["keys", "list", "--json"], &from_env).await;
+    assert_eq!(keys(&listed), Some(1));
+    // Without the CA the ledger's certificate is not trusted.
+    let untrusted = oncectl_at_home(home.path(), &["keys", "list"], &from_env[..2]).await;
+    assert_eq!(code(&untrusted), 1, "{}", stderr(&untrusted));
+
+    // A profile file at the default place, its default profile naming a key file and the CA.
+    let config = home.path().join(".config/once");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("oncectl.toml"),
+        format!(
+            "default = \"prod\"\n\n[profiles.prod]\naddr = \"{addr}\"\nkey_file = \"{}\"\nca = \"{ca}\"\n\n\
+             [profiles.env]\naddr = \"{addr}\"\nkey_env = \"ONCE_TEST_ADMIN\"\nca = \"{ca}\"\n",
+            key_file.display()
+        ),
+    )
+    .unwrap();
+    let listed = oncectl_at_home(home.path(), &["keys", "list", "--json"], &[]).await;
+    assert_eq!(keys(&listed), Some(1));
+    let named = oncectl_at_home(
+        home.path(),
+        &["--profile", "env", "keys", "list", "--json"],
+        &[("ONCE_TEST_ADMIN", admin_key.as_str())],
+    )
+    .await;
+    assert_eq!(keys(&named), Some(1));
+    let unset = oncectl_at_home(home.path(), &["--profile", "env", "keys", "list"], &[]).await;
+    assert_ne!(code(&unset), 0);
+    assert!(
+        stderr(&unset).contains("ONCE_TEST_ADMIN"),
+        "{}",
+        stderr(&unset)
+    );
+    let unknown =
+        oncectl_at_home(home.path(), &["--profile", "staging", "keys", "list"], &[]).await;
+    assert_ne!(code(&unknown), 0);
+    assert!(
+        stderr(&unknown).contains("env, prod"),
+        "{}",
+        stderr(&unknown)
+    );
+
+    // A flag wins over the environment, which wins over the profile.
+    let elsewhere = [("ONCE_ADDR", "https://localhost:9")];
+    let refused = oncectl_at_home(home.path(), &["keys", "list"], &elsewhere).await;
+    assert_eq!(code(&refused), 1, "{}", stderr(&refused));
+    let flagged = oncectl_at_home(
+        home.path(),
+        &["--addr", &addr, "keys", "list", "--json"],
+        &elsewhere,
+    )
+    .await;
+    assert_eq!(keys(&flagged), Some(1));
+    let wrong_key = oncectl_at_home(home.path(), &["keys", "list"], &[("ONCE_KEY", "nope")]).await;
+    assert_eq!(code(&wrong_key), 4, "{}", stderr(&wrong_key));
+    ledger.stop().await;
+}
+
 async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
     let db = TestDb::new(store).await;
     let admin_key = format!("oncectl-admin-{}", "5e".repeat(20));
@@ -650,6 +835,13 @@ async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
     let revoked =
         json(&oncectl_with(ledger.addr, &["keys", "revoke", &key_id, "--json"], &admin).await);
     assert!(revoked["revoked_at_ms"].is_i64(), "{revoked}");
+    let unknown = oncectl_with(ledger.addr, &["keys", "revoke", "0123456789ab"], &admin).await;
+    assert_eq!(code(&unknown), 3, "{}", stderr(&unknown));
+    assert!(
+        stderr(&unknown).contains("no key with id 0123456789ab"),
+        "{}",
+        stderr(&unknown)
+    );
     let refused = oncectl_with(ledger.addr, &["list"], &operator).await;
     assert_eq!(code(&refused), 4, "{}", stderr(&refused));
     ledger.stop().await;
