@@ -113,6 +113,25 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Whether the ledger's writes go through one writer task that commits them in batches
+    /// ([`crate::writer`]): where the database takes one writer at a time anyway.
+    fn group_commit(&self) -> bool;
+
+    /// Marks where one write of a shared transaction starts.
+    fn savepoint(&self, tx: &mut Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Keeps what was written since the savepoint.
+    fn release_savepoint(
+        &self,
+        tx: &mut Self::Tx,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Undoes what was written since the savepoint, and releases it.
+    fn rollback_to_savepoint(
+        &self,
+        tx: &mut Self::Tx,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The attempt log and the event history of one life of an operation, oldest first.
     fn history(
         &self,

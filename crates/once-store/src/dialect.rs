@@ -38,6 +38,10 @@ pub trait Dialect: Database {
     /// holders of the write gate, comma-separated).
     const FRONTIER: &'static str;
 
+    /// Whether the ledger's writes share transactions through one writer task
+    /// ([`crate::writer`]).
+    const GROUP_COMMIT: bool;
+
     /// The statements built from the constants above, once.
     fn statements() -> &'static crate::store::Statements;
 

@@ -40,6 +40,21 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Unavailable(_) | StoreError::ReadOnly)
     }
+
+    /// The same error for another caller it befell (every write of a batch whose commit
+    /// failed): the same variant, so the same answer, with the database's text.
+    pub fn again(&self) -> StoreError {
+        let text = |error: &sqlx::Error| sqlx::Error::Protocol(error.to_string());
+        match self {
+            StoreError::Unavailable(error) => StoreError::Unavailable(text(error)),
+            StoreError::ReadOnly => StoreError::ReadOnly,
+            StoreError::NotFound => StoreError::NotFound,
+            StoreError::Rejected(rejection) => StoreError::Rejected(rejection.clone()),
+            StoreError::Duplicate => StoreError::Duplicate,
+            StoreError::Internal(error) => StoreError::Internal(text(error)),
+            StoreError::Corrupt(what) => StoreError::Corrupt(what.clone()),
+        }
+    }
 }
 
 /// What a database error means to the caller.

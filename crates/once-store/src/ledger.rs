@@ -10,6 +10,7 @@ use once_core::*;
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 
+use crate::writer::{over_tx, TxFuture, Writer};
 use crate::{Backend, StoreError, Written};
 
 /// The most duplicates of one operation [`Ledger::explain`] reads: the latest, so an operation
@@ -21,11 +22,42 @@ const CLAIM_RACE_RETRIES: usize = 3;
 
 /// The ledger over one backend. Cheap to clone; every clone shares the pool.
 #[derive(Debug, Clone)]
-pub struct Ledger<B> {
+pub struct Ledger<B: Backend> {
     backend: B,
+    /// Where writes go when the backend commits them in batches.
+    writer: Option<Writer<B>>,
     /// Signalled after every commit that wrote events, for the replica's watch feed.
     committed: Arc<Notify>,
     observer: Option<Arc<dyn Observer>>,
+}
+
+/// What one write transaction wrote: a plan over the operation as it was before.
+struct Wrote {
+    before: Option<Operation>,
+    plan: Plan,
+    written: Written,
+    now: Millis,
+}
+
+/// Writes `plan` (if it writes anything) over `before` in `tx`; what it wrote.
+async fn apply<B: Backend>(
+    backend: &B,
+    tx: &mut B::Tx,
+    (tenant, id): (&str, &OperationId),
+    before: Option<Operation>,
+    plan: Plan,
+    now: Millis,
+) -> Result<Option<Wrote>, StoreError> {
+    if plan.is_empty() {
+        return Ok(None);
+    }
+    let written = backend.apply(tx, tenant, id, &plan, now).await?;
+    Ok(Some(Wrote {
+        before,
+        plan,
+        written,
+        now,
+    }))
 }
 
 /// What a replica learns from its ledger's writes, for its metrics. Called after the fact,
@@ -40,9 +72,15 @@ pub trait Observer: Send + Sync + std::fmt::Debug {
 }
 
 impl<B: Backend> Ledger<B> {
+    /// The ledger over `backend`; with the backend's writer task when it commits in batches
+    /// (which needs a Tokio runtime).
     pub fn new(backend: B) -> Self {
+        let writer = backend
+            .group_commit()
+            .then(|| Writer::spawn(backend.clone()));
         Self {
             backend,
+            writer,
             committed: Arc::default(),
             observer: None,
         }
@@ -70,15 +108,47 @@ impl<B: Backend> Ledger<B> {
         )
     }
 
-    /// Starts a write transaction, timing the start for the observer.
-    async fn begin_write(&self) -> Result<B::Tx, StoreError> {
-        let Some(observer) = &self.observer else {
-            return self.backend.begin_write().await;
+    /// Runs `work` in a write transaction and commits what it wrote (the backend's writer
+    /// batches it with other callers' writes; otherwise it has a transaction of its own, rolled
+    /// back when it wrote nothing). The answer comes only after the commit.
+    async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'t> FnOnce(&'t mut B::Tx) -> TxFuture<'t, (T, Option<Wrote>)> + Send + 'static,
+    {
+        let asked = tokio::time::Instant::now();
+        let observer = self.observer.clone();
+        let timed = over_tx(move |tx: &mut B::Tx| {
+            if let Some(observer) = &observer {
+                observer.transaction_started(asked.elapsed());
+            }
+            work(tx)
+        });
+        let (value, wrote) = match &self.writer {
+            Some(writer) => writer.write(timed).await?,
+            None => {
+                let mut tx = self.backend.begin_write().await?;
+                let (value, wrote) = timed(&mut tx).await?;
+                if wrote.is_some() {
+                    self.backend.commit(tx).await?;
+                }
+                (value, wrote)
+            }
         };
-        let started = tokio::time::Instant::now();
-        let tx = self.backend.begin_write().await?;
-        observer.transaction_started(started.elapsed());
-        Ok(tx)
+        if let Some(wrote) = wrote {
+            if !wrote.plan.events.is_empty() {
+                self.committed.notify_one();
+            }
+            if let Some(observer) = &self.observer {
+                observer.committed(
+                    wrote.before.as_ref(),
+                    &wrote.plan,
+                    &wrote.written,
+                    wrote.now,
+                );
+            }
+        }
+        Ok(value)
     }
 
     pub fn backend(&self) -> &B {
@@ -89,25 +159,6 @@ impl<B: Backend> Ledger<B> {
     /// time it completed. One waiter: the replica's watch feed.
     pub async fn events_committed(&self) {
         self.committed.notified().await
-    }
-
-    /// Commits `tx`, which wrote `plan` over `before` at `now`.
-    async fn commit(
-        &self,
-        tx: B::Tx,
-        before: Option<&Operation>,
-        plan: &Plan,
-        written: &Written,
-        now: Millis,
-    ) -> Result<(), StoreError> {
-        self.backend.commit(tx).await?;
-        if !plan.events.is_empty() {
-            self.committed.notify_one();
-        }
-        if let Some(observer) = &self.observer {
-            observer.committed(before, plan, written, now);
-        }
-        Ok(())
     }
 
     /// Decides a Begin and commits whatever the decision needs before returning it, with the
@@ -134,31 +185,31 @@ impl<B: Backend> Ledger<B> {
             }
         }
         for _ in 0..CLAIM_RACE_RETRIES {
-            let mut tx = self.begin_write().await?;
-            let (current, now) = self
-                .backend
-                .lock(&mut tx, &cmd.tenant, &cmd.operation_id)
-                .await?;
-            let (decision, plan) = match machine::begin(current.as_ref(), cmd, now) {
-                machine::BeginStep::Decided(decision, plan) => (decision, plan),
-                machine::BeginStep::Claim => {
-                    let guard = self.backend.guard(&mut tx, cmd).await?;
-                    machine::claim(current.as_ref(), cmd, guard, now)
-                }
-            };
-            let written = match self
-                .backend
-                .apply(&mut tx, &cmd.tenant, &cmd.operation_id, &plan, now)
-                .await
-            {
+            let backend = self.backend.clone();
+            let cmd = cmd.clone();
+            let decided = self
+                .write(move |tx| {
+                    Box::pin(async move {
+                        let key = (cmd.tenant.as_str(), &cmd.operation_id);
+                        let (current, now) = backend.lock(tx, key.0, key.1).await?;
+                        let (decision, plan) = match machine::begin(current.as_ref(), &cmd, now) {
+                            machine::BeginStep::Decided(decision, plan) => (decision, plan),
+                            machine::BeginStep::Claim => {
+                                let guard = backend.guard(tx, &cmd).await?;
+                                machine::claim(current.as_ref(), &cmd, guard, now)
+                            }
+                        };
+                        let wrote = apply(&backend, tx, key, current, plan, now).await?;
+                        Ok(((decision, now), wrote))
+                    })
+                })
+                .await;
+            match decided {
                 // Another transaction created the row between our read and our insert; the row
                 // now exists and the next round locks it.
                 Err(StoreError::Duplicate) => continue,
-                other => other?,
-            };
-            self.commit(tx, current.as_ref(), &plan, &written, now)
-                .await?;
-            return Ok((decision, now));
+                other => return other,
+            }
         }
         Err(StoreError::Duplicate)
     }
@@ -181,21 +232,31 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ReportCommand,
     ) -> Result<State, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
-        let op = current.ok_or(StoreError::NotFound)?;
-        // A superseded attempt of this life is known by its record in the attempt log.
-        let earlier = if machine::needs_attempt_record(&op, cmd.fencing_token) {
-            self.backend
-                .attempt(&mut tx, tenant, id, cmd.fencing_token)
-                .await?
-        } else {
-            None
-        };
-        let (answer, plan) = machine::report(&op, cmd, earlier.as_ref(), now);
-        self.commit_plan(tx, tenant, id, &op, &plan, now).await?;
-        if answer.is_err() && cmd.fencing_token < op.life {
-            tracing::warn!(operation_id = %id, fencing_token = %cmd.fencing_token, life = %op.life, "refused a report from an earlier life of the operation");
+        let backend = self.backend.clone();
+        let fencing_token = cmd.fencing_token;
+        let (tenant_owned, id_owned, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());
+        let (answer, life) = self
+            .write(move |tx| {
+                Box::pin(async move {
+                    let key = (tenant_owned.as_str(), &id_owned);
+                    let (current, now) = backend.lock(tx, key.0, key.1).await?;
+                    let op = current.ok_or(StoreError::NotFound)?;
+                    // A superseded attempt of this life is known by its record in the attempt
+                    // log.
+                    let earlier = if machine::needs_attempt_record(&op, cmd.fencing_token) {
+                        backend.attempt(tx, key.0, key.1, cmd.fencing_token).await?
+                    } else {
+                        None
+                    };
+                    let (answer, plan) = machine::report(&op, &cmd, earlier.as_ref(), now);
+                    let life = op.life;
+                    let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
+                    Ok(((answer, life), wrote))
+                })
+            })
+            .await?;
+        if answer.is_err() && fencing_token < life {
+            tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report from an earlier life of the operation");
         }
         Ok(answer?)
     }
@@ -208,15 +269,15 @@ impl<B: Backend> Ledger<B> {
         fencing_token: FencingToken,
         ttl_ms: i64,
     ) -> Result<Millis, StoreError> {
-        self.locked("heartbeat", tenant, id, |op, now| match machine::heartbeat(
-            op,
-            fencing_token,
-            ttl_ms,
-            now,
-        ) {
-            Ok((deadline, plan)) => (Ok(deadline), plan),
-            Err(rejection) => (Err(rejection.into()), Plan::default()),
-        })
+        self.locked(
+            "heartbeat",
+            tenant,
+            id,
+            move |op, now| match machine::heartbeat(op, fencing_token, ttl_ms, now) {
+                Ok((deadline, plan)) => (Ok(deadline), plan),
+                Err(rejection) => (Err(rejection.into()), Plan::default()),
+            },
+        )
         .await
     }
 
@@ -240,20 +301,28 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ResolveCommand,
     ) -> Result<State, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
-        let prior = self
-            .backend
-            .find_resolution(&mut tx, tenant, id, &cmd.resolution_id)
-            .await?;
-        let op = match (current, prior) {
-            (Some(op), _) => op,
-            (None, Some(prior)) => return Ok(machine::retried_resolution(cmd, prior)?),
-            (None, None) => return Err(StoreError::NotFound),
-        };
-        let (state, plan) = machine::resolve(&op, cmd, prior, now)?;
-        self.commit_plan(tx, tenant, id, &op, &plan, now).await?;
-        Ok(state)
+        let backend = self.backend.clone();
+        let (tenant, id, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());
+        self.write(move |tx| {
+            Box::pin(async move {
+                let key = (tenant.as_str(), &id);
+                let (current, now) = backend.lock(tx, key.0, key.1).await?;
+                let prior = backend
+                    .find_resolution(tx, key.0, key.1, &cmd.resolution_id)
+                    .await?;
+                let op = match (current, prior) {
+                    (Some(op), _) => op,
+                    (None, Some(prior)) => {
+                        return Ok((machine::retried_resolution(&cmd, prior)?, None))
+                    }
+                    (None, None) => return Err(StoreError::NotFound),
+                };
+                let (state, plan) = machine::resolve(&op, &cmd, prior, now)?;
+                let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
+                Ok((state, wrote))
+            })
+        })
+        .await
     }
 
     /// Turns one IN_FLIGHT operation whose lease has ended into UNKNOWN. Returns whether it did.
@@ -277,43 +346,29 @@ impl<B: Backend> Ledger<B> {
 
     /// Locks an existing operation, lets `decide` produce an answer and a plan, and commits the
     /// plan (even when the answer is a refusal: a refusal may record an anomaly).
-    async fn locked<T>(
+    async fn locked<T: Send + 'static>(
         &self,
         operation: &'static str,
         tenant: &str,
         id: &OperationId,
-        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan),
+        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan) + Send + 'static,
     ) -> Result<T, StoreError> {
-        async {
-            let mut tx = self.begin_write().await?;
-            let (current, now) = self.backend.lock(&mut tx, tenant, id).await?;
-            let Some(op) = current else {
-                return Err(StoreError::NotFound);
-            };
-            let (answer, plan) = decide(&op, now);
-            self.commit_plan(tx, tenant, id, &op, &plan, now).await?;
-            answer
-        }
+        let backend = self.backend.clone();
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.write(move |tx| {
+            Box::pin(async move {
+                let key = (tenant.as_str(), &id);
+                let (current, now) = backend.lock(tx, key.0, key.1).await?;
+                let Some(op) = current else {
+                    return Err(StoreError::NotFound);
+                };
+                let (answer, plan) = decide(&op, now);
+                let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
+                Ok((answer, wrote))
+            })
+        })
         .instrument(self.span(operation))
-        .await
-    }
-
-    /// Writes and commits `plan`, if it writes anything (a transaction dropped uncommitted
-    /// rolls back, releasing its locks).
-    async fn commit_plan(
-        &self,
-        mut tx: B::Tx,
-        tenant: &str,
-        id: &OperationId,
-        before: &Operation,
-        plan: &Plan,
-        now: Millis,
-    ) -> Result<(), StoreError> {
-        if plan.is_empty() {
-            return Ok(());
-        }
-        let written = self.backend.apply(&mut tx, tenant, id, plan, now).await?;
-        self.commit(tx, Some(before), plan, &written, now).await
+        .await?
     }
 
     /// One operation as stored, and the store's clock; no lock is taken.
@@ -405,9 +460,10 @@ impl<B: Backend> Ledger<B> {
         policy: &reconcile::LookupPolicy,
         jitter: f64,
     ) -> Result<(reconcile::Applied, bool), StoreError> {
-        self.locked("apply_verdict", tenant, id, |op, now| {
+        let (lookup, verdict, policy) = (*lookup, verdict.clone(), policy.clone());
+        self.locked("apply_verdict", tenant, id, move |op, now| {
             let (applied, plan) =
-                reconcile::apply_verdict(op, lookup, verdict, policy, jitter, now);
+                reconcile::apply_verdict(op, &lookup, &verdict, &policy, jitter, now);
             let escalated = plan.events.iter().any(|e| e.kind == EventKind::Escalated);
             (Ok((applied, escalated)), plan)
         })

@@ -9,7 +9,8 @@
 //!
 //! Invariants kept here:
 //! - a transition and its event commit in one transaction, or neither does;
-//! - no decision is returned before the writes that make it true have committed;
+//! - no decision is returned before the writes that make it true have committed (alone, or in
+//!   a batch sharing one commit: [`writer`]);
 //! - the lease clock is the database's own in PostgreSQL, so replicas with skewed clocks agree.
 
 mod backend;
@@ -21,6 +22,7 @@ mod rows;
 pub mod sqlite;
 mod store;
 pub mod watch;
+pub mod writer;
 
 pub use backend::{Backend, PoolUse, Written};
 pub use dialect::Dialect;

@@ -54,6 +54,9 @@ impl Dialect for Postgres {
     /// meets an intent lock (`serialise_intent`, one key).
     const WRITE_GATE: &'static str = "SELECT pg_advisory_xact_lock_shared(1330529093, 1)";
 
+    /// Writers run side by side, each in its own transaction, locking only what they write.
+    const GROUP_COMMIT: bool = false;
+
     fn one_of(subquery: &str) -> String {
         // `IN (subquery)` is a join, which the planner may make a scan of the whole table.
         format!("= ANY(ARRAY({subquery}))")

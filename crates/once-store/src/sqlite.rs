@@ -53,6 +53,10 @@ impl Dialect for Sqlite {
         format!("IN ({subquery})")
     }
 
+    /// SQLite takes one writer at a time: writes queued for it share one transaction and one
+    /// flush to disk.
+    const GROUP_COMMIT: bool = true;
+
     const FRONTIER: &'static str =
         "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events";
 

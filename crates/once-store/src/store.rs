@@ -421,6 +421,29 @@ where
         Ok(())
     }
 
+    fn group_commit(&self) -> bool {
+        D::GROUP_COMMIT
+    }
+
+    async fn savepoint(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
+        sqlx::query("SAVEPOINT write").execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    async fn release_savepoint(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
+        sqlx::query("RELEASE SAVEPOINT write")
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
+        sqlx::query("ROLLBACK TO SAVEPOINT write")
+            .execute(&mut **tx)
+            .await?;
+        self.release_savepoint(tx).await
+    }
+
     async fn history(
         &self,
         tenant: &str,

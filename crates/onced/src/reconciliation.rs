@@ -26,7 +26,7 @@ const WEBHOOK_TRIES: u32 = 8;
 
 /// The configured reconcilers over one ledger.
 #[derive(Debug, Clone)]
-pub struct Reconciliation<B> {
+pub struct Reconciliation<B: Backend> {
     ledger: Ledger<B>,
     reconcilers: Registry,
     settings: Settings,

@@ -19,7 +19,7 @@ use crate::wait::{self, Settled};
 use crate::watch::Feed;
 use once_core::forensics::Duplicate;
 
-pub struct LedgerService<B> {
+pub struct LedgerService<B: Backend> {
     ledger: Ledger<B>,
     access: Access<B>,
     limits: Limits,
@@ -36,7 +36,7 @@ pub struct LedgerService<B> {
 /// The most operations one GetForensics looks at.
 const FORENSICS_OPERATIONS: u32 = 1000;
 
-impl<B> std::fmt::Debug for LedgerService<B> {
+impl<B: Backend> std::fmt::Debug for LedgerService<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LedgerService")
             .field("limits", &self.limits)
