@@ -28,6 +28,7 @@ use once_store::postgres::PgSettings;
 use once_store::{Backend, Ledger, PgBackend, SqliteBackend};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 pub use access::DEFAULT_TENANT;
@@ -232,8 +233,14 @@ async fn serve<B: Backend>(
     match tls {
         None => {
             tracing::info!(%address, store = ledger.backend().kind(), tls = false, "onced serving");
+            // Answers go out as they are written, not held back for the next segment's ack.
+            let incoming = TcpListenerStream::new(listener).map(|accepted| {
+                accepted.inspect(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                })
+            });
             router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
         }
         Some(tls) => {
