@@ -1,16 +1,50 @@
 //! What the background sweepers cost when there is nothing to do: over tables full of rows
 //! that are not due (settled operations not expired, leases not ended, lookups not due, recent
 //! events and duplicates), each sweep statement reads an index range that is empty — it never
-//! reads, or filters, the rows themselves. Checked on the plans the databases choose for the
+//! reads, or filters, the rows themselves. And what a call costs however many operations are
+//! stored: each statement of the Begin and report path that looks a row up finds it by an
+//! index, reading the one operation's rows. Checked on the plans the databases choose for the
 //! very statements the store sends.
 
-use once_store::SweepBinds;
+use once_store::{CallBinds, SweepBinds};
 use serde_json::Value;
 use sqlx::{Postgres, Sqlite};
 
 use crate::support::*;
 
-on_both_backends!(an_idle_sweep_reads_an_empty_index_range_not_the_table);
+on_both_backends!(
+    an_idle_sweep_reads_an_empty_index_range_not_the_table,
+    a_call_reads_its_own_operation_by_an_index_whatever_is_stored,
+);
+
+/// A value a statement is bound with.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    Text(&'static str),
+    Int(i64),
+    Bytes(&'static [u8]),
+}
+
+fn sweep_binds(binds: SweepBinds) -> Vec<Bound> {
+    use Bound::*;
+    match binds {
+        SweepBinds::Limit => vec![Int(LIMIT)],
+        SweepBinds::AgeThenLimit => vec![Int(AGE_MS), Int(LIMIT)],
+        SweepBinds::TenantReconcilerLimit => vec![Text("default"), Text("stripe"), Int(LIMIT)],
+    }
+}
+
+/// An operation among the stored ones, of an intent nothing else runs.
+fn call_binds(binds: CallBinds) -> Vec<Bound> {
+    use Bound::*;
+    let (tenant, id) = (Text("default"), Text("CONFIRMED-12345"));
+    match binds {
+        CallBinds::Operation => vec![tenant, id],
+        CallBinds::Intent => vec![tenant, Text("issue_refund"), Bytes(&[1]), id],
+        CallBinds::Token => vec![tenant, id, Int(1_048_576)],
+        CallBinds::DedupeKey => vec![tenant, id, Text("resolution:r-1")],
+    }
+}
 
 /// Rows of every swept table, none of them due for a sweep.
 const ROWS: i64 = 20_000;
@@ -46,6 +80,11 @@ async fn fill_with_rows_not_due(db: &TestDb) {
              SELECT 'default', 'CONFIRMED-' || n, {now}, 'CLAIMED', 'executor:default' FROM g"
         ),
         format!(
+            "{numbers} INSERT INTO attempts (tenant, operation_id, number, fencing_token, attempt_id, \
+             started_at, lease_deadline, actor) \
+             SELECT 'default', 'CONFIRMED-' || n, 1, n, 'a', {now}, {far}, 'executor:default' FROM g"
+        ),
+        format!(
             "{numbers} INSERT INTO duplicates (tenant, operation_id, tool, at, decision, attempt_id, actor) \
              SELECT 'default', 'CONFIRMED-' || n, 'issue_refund', {now}, 'REPLAY', 'a', 'executor:default' FROM g"
         ),
@@ -65,26 +104,63 @@ async fn an_idle_sweep_reads_an_empty_index_range_not_the_table(store: Store) {
     TestLedger::spawn(&db).await.stop().await;
     fill_with_rows_not_due(&db).await;
     match store {
-        Store::Postgres => postgres_plans(&db).await,
-        Store::Sqlite => sqlite_plans(&db).await,
+        Store::Postgres => {
+            let statements = once_store::sweep_statements::<Postgres>()
+                .into_iter()
+                .map(|(name, sql, binds)| (name, sql, sweep_binds(binds)));
+            postgres_plans(&db, statements, 0).await
+        }
+        Store::Sqlite => {
+            let statements = once_store::sweep_statements::<Sqlite>()
+                .into_iter()
+                .map(|(name, sql, binds)| (name, sql, sweep_binds(binds)));
+            sqlite_plans(&db, statements).await
+        }
     }
 }
 
-/// Runs each statement under EXPLAIN ANALYZE (in a transaction rolled back): no row may be
-/// read and then filtered out, and no table scanned whole.
-async fn postgres_plans(db: &TestDb) {
+async fn a_call_reads_its_own_operation_by_an_index_whatever_is_stored(store: Store) {
+    let db = TestDb::new(store).await;
+    TestLedger::spawn(&db).await.stop().await;
+    fill_with_rows_not_due(&db).await;
+    match store {
+        Store::Postgres => {
+            let statements = once_store::call_statements::<Postgres>()
+                .into_iter()
+                .map(|(name, sql, binds)| (name, sql, call_binds(binds)));
+            // The operation's row and its one event, at most.
+            postgres_plans(&db, statements, 2).await
+        }
+        Store::Sqlite => {
+            let statements = once_store::call_statements::<Sqlite>()
+                .into_iter()
+                .map(|(name, sql, binds)| (name, sql, call_binds(binds)));
+            sqlite_plans(&db, statements).await
+        }
+    }
+}
+
+/// Runs each statement under EXPLAIN ANALYZE (in a transaction rolled back): at most `rows`
+/// rows may be read or read and filtered out, and no table is scanned whole.
+async fn postgres_plans(
+    db: &TestDb,
+    statements: impl Iterator<Item = (&'static str, String, Vec<Bound>)>,
+    rows: i64,
+) {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
         .await
         .unwrap();
-    for (name, sql, binds) in once_store::sweep_statements::<Postgres>() {
+    for (name, sql, binds) in statements {
         let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
         let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {sql}");
-        let query = sqlx::query_scalar::<_, Value>(&explain);
-        let query = match binds {
-            SweepBinds::Limit => query.bind(LIMIT),
-            SweepBinds::AgeThenLimit => query.bind(AGE_MS).bind(LIMIT),
-            SweepBinds::TenantReconcilerLimit => query.bind("default").bind("stripe").bind(LIMIT),
-        };
+        let mut query = sqlx::query_scalar::<_, Value>(&explain);
+        for bind in binds {
+            query = match bind {
+                Bound::Text(text) => query.bind(text),
+                Bound::Int(n) => query.bind(n),
+                Bound::Bytes(bytes) => query.bind(bytes),
+            };
+        }
         let plan = query.fetch_one(&mut *tx).await.unwrap();
         tx.rollback().await.unwrap();
         let mut nodes = Vec::new();
@@ -100,8 +176,8 @@ async fn postgres_plans(db: &TestDb) {
             .sum();
         let whole = nodes.iter().any(|n| n["Node Type"] == "Seq Scan");
         assert!(
-            filtered == 0 && read == 0 && !whole,
-            "the idle {name} sweep read {read} rows and filtered {filtered} (a full scan: {whole}): {plan:#}"
+            filtered + read <= rows && !whole,
+            "{name} read {read} rows and filtered {filtered} (a full scan: {whole}): {plan:#}"
         );
     }
 }
@@ -113,20 +189,25 @@ fn walk<'a>(node: &'a Value, into: &mut Vec<&'a Value>) {
     }
 }
 
-/// SQLite's plan for each statement must search the tables it sweeps by an index, never scan
+/// SQLite's plan for each statement must search the tables it reads by an index, never scan
 /// them.
-async fn sqlite_plans(db: &TestDb) {
+async fn sqlite_plans(
+    db: &TestDb,
+    statements: impl Iterator<Item = (&'static str, String, Vec<Bound>)>,
+) {
     let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url)
         .await
         .unwrap();
-    for (name, sql, binds) in once_store::sweep_statements::<Sqlite>() {
+    for (name, sql, binds) in statements {
         let explain = format!("EXPLAIN QUERY PLAN {sql}");
-        let query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
-        let query = match binds {
-            SweepBinds::Limit => query.bind(LIMIT),
-            SweepBinds::AgeThenLimit => query.bind(AGE_MS).bind(LIMIT),
-            SweepBinds::TenantReconcilerLimit => query.bind("default").bind("stripe").bind(LIMIT),
-        };
+        let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
+        for bind in binds {
+            query = match bind {
+                Bound::Text(text) => query.bind(text),
+                Bound::Int(n) => query.bind(n),
+                Bound::Bytes(bytes) => query.bind(bytes),
+            };
+        }
         let plan: Vec<String> = query
             .fetch_all(&mut conn)
             .await
@@ -136,11 +217,12 @@ async fn sqlite_plans(db: &TestDb) {
             .collect();
         let scans: Vec<&String> = plan
             .iter()
-            .filter(|step| step.starts_with("SCAN") && *step != "SCAN CONSTANT ROW")
+            // The one-row subquery a read joins the clock from is no table.
+            .filter(|step| {
+                step.starts_with("SCAN")
+                    && !["SCAN CONSTANT ROW", "SCAN one"].contains(&step.as_str())
+            })
             .collect();
-        assert!(
-            scans.is_empty(),
-            "the idle {name} sweep scans a table: {plan:#?}"
-        );
+        assert!(scans.is_empty(), "{name} scans a table: {plan:#?}");
     }
 }

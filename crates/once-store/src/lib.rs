@@ -30,5 +30,5 @@ pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
-pub use store::{sweep_statements, Statements, Store, SweepBinds};
+pub use store::{call_statements, sweep_statements, CallBinds, Statements, Store, SweepBinds};
 pub use watch::{Announcements, Frontier, Watermark};

@@ -107,6 +107,49 @@ fn due_lookups_sql<D: Dialect>(served: usize) -> String {
     )
 }
 
+/// The attempt log's record of one attempt, by its token: `$1` tenant, `$2` id, `$3` token.
+static FIND_ATTEMPT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM attempts \
+         WHERE tenant = $1 AND operation_id = $2 AND fencing_token = $3"
+    )
+});
+
+/// A resolution's event, by its dedupe key: `$1` tenant, `$2` id, `$3` key.
+const FIND_RESOLUTION: &str = "SELECT to_state, details FROM events \
+     WHERE tenant = $1 AND operation_id = $2 AND dedupe_key = $3";
+
+/// What a statement of a call's path is bound with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallBinds {
+    /// `$1` a tenant, `$2` an operation id.
+    Operation,
+    /// `$1` a tenant, `$2` a tool, `$3` a fingerprint, `$4` the operation id asking.
+    Intent,
+    /// `$1` a tenant, `$2` an operation id, `$3` a fencing token.
+    Token,
+    /// `$1` a tenant, `$2` an operation id, `$3` an event's dedupe key.
+    DedupeKey,
+}
+
+/// The statements of the Begin and report path that look rows up, as they are sent, with how
+/// each is bound: for tests of their plans (one operation is found by an index whatever the
+/// table holds).
+pub fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
+    let statements = D::statements();
+    vec![
+        ("read", statements.read.clone(), CallBinds::Operation),
+        ("lock", statements.lock.clone(), CallBinds::Operation),
+        ("fresh-id guard", FIND_BLOCKING.clone(), CallBinds::Intent),
+        ("attempt", FIND_ATTEMPT.clone(), CallBinds::Token),
+        (
+            "resolution",
+            FIND_RESOLUTION.to_owned(),
+            CallBinds::DedupeKey,
+        ),
+    ]
+}
+
 /// What a sweeper statement is bound with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepBinds {
@@ -275,11 +318,7 @@ where
         id: &OperationId,
         fencing_token: FencingToken,
     ) -> Result<Option<Attempt>, StoreError> {
-        let sql = format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts \
-             WHERE tenant = $1 AND operation_id = $2 AND fencing_token = $3"
-        );
-        let row: Option<AttemptRow> = sqlx::query_as(&sql)
+        let row: Option<AttemptRow> = sqlx::query_as(&FIND_ATTEMPT)
             .bind(tenant)
             .bind(id.as_str())
             .bind(rows::token_column(fencing_token))
@@ -296,15 +335,12 @@ where
         resolution_id: &str,
     ) -> Result<Option<PriorResolution>, StoreError> {
         let key = machine::resolution_key(resolution_id);
-        let found: Option<(Option<String>, Option<String>)> = sqlx::query_as(
-            "SELECT to_state, details FROM events \
-             WHERE tenant = $1 AND operation_id = $2 AND dedupe_key = $3",
-        )
-        .bind(tenant)
-        .bind(id.as_str())
-        .bind(key.as_str())
-        .fetch_optional(&mut **tx)
-        .await?;
+        let found: Option<(Option<String>, Option<String>)> = sqlx::query_as(FIND_RESOLUTION)
+            .bind(tenant)
+            .bind(id.as_str())
+            .bind(key.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
         let Some((Some(to), details)) = found else {
             return Ok(None);
         };
