@@ -48,6 +48,10 @@ struct Args {
     /// The pgbench binary; found under /usr/lib/postgresql or on PATH when not given.
     #[arg(long, env = "PGBENCH")]
     pgbench: Option<PathBuf>,
+    /// Settled operations (with one event each) stored in both databases before measuring, for
+    /// how a call's cost grows with what is stored.
+    #[arg(long, default_value_t = 0)]
+    stored: u64,
     /// One-second phases, one round: to show the benchmark still runs, not to measure.
     #[arg(long)]
     smoke: bool,
@@ -219,6 +223,46 @@ impl Pgbench {
     }
 }
 
+/// Stores `count` CONFIRMED operations, kept for years, each with its CLAIMED event, in chunks.
+/// `blob` writes a byte string literal from its hex digits in the database's dialect.
+async fn store_settled<C>(db: &mut C, count: u64, blob: fn(&str) -> String) -> anyhow::Result<()>
+where
+    C: sqlx::Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c>,
+{
+    const CHUNK: u64 = 100_000;
+    let far = 9_000_000_000_000_i64; // the year 2255
+    let now = 1_780_000_000_000_i64;
+    let mut done = 0;
+    while done < count {
+        let (first, last) = (done + 1, (done + CHUNK).min(count));
+        let numbers = format!(
+            "WITH RECURSIVE g(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM g WHERE n < {last})"
+        );
+        let statements = [
+            format!(
+                "{numbers} INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, \
+                 source, attempt, attempt_id, lease_started_at, lease_deadline, provider_key, \
+                 retention_ms, created_at, updated_at, expires_at, result) \
+                 SELECT 'default', 'stored-' || n, 'issue_refund', {zero}, 'CONFIRMED', 'attempt', 1, \
+                 'a', {now}, {now}, 'k-' || n, 0, {now}, {now}, {far}, {braces} FROM g",
+                zero = blob("00"),
+                braces = blob("7b7d")
+            ),
+            format!(
+                "{numbers} INSERT INTO events (tenant, operation_id, at, kind, actor) \
+                 SELECT 'default', 'stored-' || n, {now}, 'CLAIMED', 'executor:default' FROM g"
+            ),
+        ];
+        for sql in statements {
+            sqlx::raw_sql(&sql).execute(&mut *db).await?;
+        }
+        done = last;
+    }
+    sqlx::raw_sql("ANALYZE").execute(&mut *db).await?;
+    Ok(())
+}
+
 /// The pgbench that ships with PostgreSQL.
 fn find_pgbench() -> anyhow::Result<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
@@ -325,6 +369,17 @@ async fn run(
     let postgres = Ledger::start(url, &dir.join("onced-postgres.log")).await?;
     let sqlite_url = format!("sqlite://{}", dir.join("bench.db").display());
     let sqlite = Ledger::start(&sqlite_url, &dir.join("onced-sqlite.log")).await?;
+    if args.stored > 0 {
+        let started = Instant::now();
+        store_settled(&mut db, args.stored, |hex| format!("'\\x{hex}'::bytea")).await?;
+        let mut file = sqlx::SqliteConnection::connect(&sqlite_url).await?;
+        store_settled(&mut file, args.stored, |hex| format!("X'{hex}'")).await?;
+        println!(
+            "stored {} settled operations in each database in {:.0} s",
+            args.stored,
+            started.elapsed().as_secs_f64()
+        );
+    }
     // Warm, then idle: the resident set of a ledger that has served and waits.
     let mut idle = Vec::new();
     for ledger in [&postgres, &sqlite] {
