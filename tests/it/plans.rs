@@ -99,54 +99,52 @@ const AGE_MS: i64 = 86_400_000;
 const LIMIT: i64 = 1_000;
 
 async fn an_idle_sweep_reads_an_empty_index_range_not_the_table(store: Store) {
-    let db = TestDb::new(store).await;
-    // The schema, as a replica makes it.
-    TestLedger::spawn(&db).await.stop().await;
-    fill_with_rows_not_due(&db).await;
-    match store {
-        Store::Postgres => {
-            let statements = once_store::sweep_statements::<Postgres>()
-                .into_iter()
-                .map(|(name, sql, binds)| (name, sql, sweep_binds(binds)));
-            postgres_plans(&db, statements, 0).await
-        }
-        Store::Sqlite => {
-            let statements = once_store::sweep_statements::<Sqlite>()
-                .into_iter()
-                .map(|(name, sql, binds)| (name, sql, sweep_binds(binds)));
-            sqlite_plans(&db, statements).await
-        }
-    }
+    let db = filled(store).await;
+    let postgres = bound(once_store::sweep_statements::<Postgres>(), sweep_binds);
+    let sqlite = bound(once_store::sweep_statements::<Sqlite>(), sweep_binds);
+    check(&db, postgres, sqlite, 0).await;
 }
 
 async fn a_call_reads_its_own_operation_by_an_index_whatever_is_stored(store: Store) {
+    let db = filled(store).await;
+    let postgres = bound(once_store::call_statements::<Postgres>(), call_binds);
+    let sqlite = bound(once_store::call_statements::<Sqlite>(), call_binds);
+    // The operation's row and its one event, at most.
+    check(&db, postgres, sqlite, 2).await;
+}
+
+/// A database with the schema, as a replica makes it, and rows of every table, none due.
+async fn filled(store: Store) -> TestDb {
     let db = TestDb::new(store).await;
     TestLedger::spawn(&db).await.stop().await;
     fill_with_rows_not_due(&db).await;
-    match store {
-        Store::Postgres => {
-            let statements = once_store::call_statements::<Postgres>()
-                .into_iter()
-                .map(|(name, sql, binds)| (name, sql, call_binds(binds)));
-            // The operation's row and its one event, at most.
-            postgres_plans(&db, statements, 2).await
-        }
-        Store::Sqlite => {
-            let statements = once_store::call_statements::<Sqlite>()
-                .into_iter()
-                .map(|(name, sql, binds)| (name, sql, call_binds(binds)));
-            sqlite_plans(&db, statements).await
-        }
+    db
+}
+
+type Statement = (&'static str, String, Vec<Bound>);
+
+fn bound<B>(
+    statements: Vec<(&'static str, String, B)>,
+    binds: fn(B) -> Vec<Bound>,
+) -> Vec<Statement> {
+    statements
+        .into_iter()
+        .map(|(name, sql, how)| (name, sql, binds(how)))
+        .collect()
+}
+
+/// Checks the plans of the statements of `db`'s database: at most `rows` rows read in
+/// PostgreSQL, no table scanned in either.
+async fn check(db: &TestDb, postgres: Vec<Statement>, sqlite: Vec<Statement>, rows: i64) {
+    match db.store {
+        Store::Postgres => postgres_plans(db, postgres, rows).await,
+        Store::Sqlite => sqlite_plans(db, sqlite).await,
     }
 }
 
 /// Runs each statement under EXPLAIN ANALYZE (in a transaction rolled back): at most `rows`
 /// rows may be read or read and filtered out, and no table is scanned whole.
-async fn postgres_plans(
-    db: &TestDb,
-    statements: impl Iterator<Item = (&'static str, String, Vec<Bound>)>,
-    rows: i64,
-) {
+async fn postgres_plans(db: &TestDb, statements: Vec<Statement>, rows: i64) {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
         .await
         .unwrap();
@@ -191,10 +189,7 @@ fn walk<'a>(node: &'a Value, into: &mut Vec<&'a Value>) {
 
 /// SQLite's plan for each statement must search the tables it reads by an index, never scan
 /// them.
-async fn sqlite_plans(
-    db: &TestDb,
-    statements: impl Iterator<Item = (&'static str, String, Vec<Bound>)>,
-) {
+async fn sqlite_plans(db: &TestDb, statements: Vec<Statement>) {
     let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url)
         .await
         .unwrap();
