@@ -220,6 +220,12 @@ pub struct WatchArgs {
     /// Only this tool's operations.
     #[arg(long)]
     pub tool: Option<String>,
+    /// Only operations this reconciler looks up (each event's operation is looked up once).
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Only operations created at least this long before the event (e.g. 10m, 2h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
     /// Start after this event sequence (a printed one) instead of now: nothing after it is
     /// missed.
     #[arg(long)]

@@ -9,13 +9,14 @@ mod json;
 mod profile;
 mod render;
 
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{CommandFactory, Parser};
 use once_client::{
-    ClientError, LedgerClient, ListFilter, Resolution, Truth, WatchRequest, Watched,
+    ClientError, LedgerClient, ListFilter, Resolution, Truth, WatchRequest, Watched, WatchedEvent,
 };
 use once_core::access::Roles;
 use once_core::{EventKind, State};
@@ -401,6 +402,7 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
         kinds,
         tool: args.tool,
     });
+    let mut operations = Operations::new(args.provider, args.older_than);
     let mut received = 0;
     let mut caught_up = false;
     loop {
@@ -413,6 +415,9 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
         };
         match item {
             Watched::Event(event) => {
+                if !operations.wanted(ledger, &event).await? {
+                    continue;
+                }
                 received += 1;
                 if out.json {
                     out.print(&format!("{}\n", json::watched(&event)));
@@ -431,6 +436,68 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
                 eprintln!("(stream broken: {error}; reconnecting after {after})");
             }
         }
+    }
+}
+
+/// The filters of a watch the ledger does not apply: by the operation's provider and age,
+/// each operation looked up once.
+struct Operations {
+    provider: Option<String>,
+    older_than: Option<Duration>,
+    /// Each operation seen; `None` once deleted.
+    seen: HashMap<String, Option<Seen>>,
+}
+
+/// An operation's provider, and when it was created.
+type Seen = (Option<String>, Option<SystemTime>);
+
+impl Operations {
+    /// How many operations are remembered before the memory starts again.
+    const REMEMBERED: usize = 10_000;
+
+    fn new(provider: Option<String>, older_than: Option<Duration>) -> Self {
+        Self {
+            provider,
+            older_than,
+            seen: HashMap::new(),
+        }
+    }
+
+    async fn wanted(
+        &mut self,
+        ledger: &LedgerClient,
+        event: &WatchedEvent,
+    ) -> Result<bool, ClientError> {
+        if self.provider.is_none() && self.older_than.is_none() {
+            return Ok(true);
+        }
+        if !self.seen.contains_key(&event.operation_id) {
+            if self.seen.len() >= Self::REMEMBERED {
+                self.seen.clear();
+            }
+            let found = match ledger.get(&event.operation_id).await {
+                Ok(op) => Some((op.provider, op.created_at)),
+                // Deleted by retention since: nothing to match it by.
+                Err(ClientError::NotFound) => None,
+                Err(error) => return Err(error),
+            };
+            self.seen.insert(event.operation_id.clone(), found);
+        }
+        let Some((provider, created_at)) = &self.seen[&event.operation_id] else {
+            return Ok(false);
+        };
+        let provider_matches = self
+            .provider
+            .as_ref()
+            .is_none_or(|wanted| provider.as_ref() == Some(wanted));
+        let old_enough = match (self.older_than, created_at, event.event.at) {
+            (None, _, _) => true,
+            (Some(age), Some(created), Some(at)) => {
+                at.duration_since(*created).unwrap_or_default() >= age
+            }
+            (Some(_), _, _) => false,
+        };
+        Ok(provider_matches && old_enough)
     }
 }
 

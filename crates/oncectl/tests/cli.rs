@@ -18,6 +18,7 @@ on_both_backends!(
     reconcile_looks_up_now_and_shows_the_verdict,
     watch_prints_every_change_once_as_json_lines,
     a_watch_outlasts_a_ledger_restart_and_misses_nothing,
+    a_watch_narrowed_by_provider_and_age_prints_only_their_operations,
     a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file,
     keys_are_created_listed_and_revoked_by_an_admin,
 );
@@ -593,6 +594,84 @@ async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
         sequences, stored,
         "every change once, in order, across the restart"
     );
+    ledger.stop().await;
+}
+
+async fn a_watch_narrowed_by_provider_and_age_prints_only_their_operations(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    unknown_and_confirmed(&mut client).await;
+    let mut looked_up = begin("refund:o-3", ARGS);
+    looked_up.provider = "stripe".into();
+    let grant = claim(&mut client, looked_up).await;
+    report_unknown(&mut client, "refund:o-3", grant.fencing_token)
+        .await
+        .unwrap();
+
+    // The first two events of a stripe operation, though four of others come before them.
+    let output = oncectl(
+        ledger.addr,
+        &[
+            "-o",
+            "json",
+            "watch",
+            "--all",
+            "--after",
+            "0",
+            "--provider",
+            "stripe",
+            "--count",
+            "2",
+        ],
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let lines: Vec<(String, String)> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).expect("a JSON line"))
+        .map(|l| (l["operation_id"].to_string(), l["kind"].to_string()))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("\"refund:o-3\"".into(), "\"CLAIMED\"".into()),
+            ("\"refund:o-3\"".into(), "\"REPORTED_UNKNOWN\"".into())
+        ]
+    );
+
+    // Nothing here is an hour old: every event is passed over before it says it caught up.
+    let mut watching = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
+        .args(["--addr", &format!("http://{}", ledger.addr)])
+        .args([
+            "-o",
+            "json",
+            "watch",
+            "--all",
+            "--after",
+            "0",
+            "--older-than",
+            "1h",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut said = tokio::io::BufReader::new(watching.stderr.take().unwrap()).lines();
+    within(Duration::from_secs(20), "the watch to catch up", async {
+        while let Some(line) = said.next_line().await.unwrap() {
+            if line.contains("caught up to #6") {
+                return;
+            }
+        }
+        panic!("oncectl watch ended before it caught up");
+    })
+    .await;
+    watching.start_kill().unwrap();
+    let output = watching.wait_with_output().await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
     ledger.stop().await;
 }
 
