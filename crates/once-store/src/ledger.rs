@@ -64,7 +64,7 @@ async fn apply<B: Backend>(
 /// on the writing task: it must be quick and must not block.
 pub trait Observer: Send + Sync + std::fmt::Debug {
     /// A write transaction started `waited` after it was asked for: the wait for a pooled
-    /// connection, then BEGIN.
+    /// connection, then BEGIN (where writes are batched, the wait in the writer's queue too).
     fn transaction_started(&self, waited: Duration);
     /// `plan` was committed over `before` (none for an operation it created), at `now`;
     /// `written` says which of its events were (an anomaly already recorded is not again).

@@ -141,14 +141,19 @@ impl<B: Backend> Writer<B> {
         self.queue
             .send(Box::new(Work { work, reply }))
             .await
-            .map_err(|_| StoreError::Corrupt("the writer task has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Corrupt("the writer task dropped a write".into()))?
+            .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolClosed))?;
+        // Its batch ended without an answer (a bug panicked in it): nothing of it committed.
+        answer.await.map_err(|_| {
+            StoreError::Internal(sqlx::Error::Protocol(
+                "a batch of writes ended without an answer".into(),
+            ))
+        })?
     }
 }
 
 /// The writer task: a batch of whatever is queued, in one transaction, until the queue closes.
+/// Each batch runs as a task of its own, so a write that panics fails its batch (dropped
+/// uncommitted, its callers answered with an error) and the writer goes on.
 async fn write_batches<B: Backend>(backend: B, mut jobs: mpsc::Receiver<Box<dyn Job<B::Tx>>>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
@@ -156,53 +161,61 @@ async fn write_batches<B: Backend>(backend: B, mut jobs: mpsc::Receiver<Box<dyn 
         if batch.is_empty() {
             continue;
         }
-        let mut tx = match backend.begin_write().await {
-            Ok(tx) => tx,
-            Err(error) => {
-                for job in batch.drain(..) {
-                    job.fail(error.again());
-                }
-                continue;
-            }
-        };
-        // Alone, a failed write is undone by not committing; shared, by its savepoint.
-        let shared = batch.len() > 1;
-        let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(batch.len());
-        let mut broken: Option<StoreError> = None;
-        for job in batch.drain(..) {
-            if let Some(error) = &broken {
+        let written = tokio::spawn(write_batch(backend.clone(), std::mem::take(&mut batch)));
+        if let Err(error) = written.await {
+            tracing::error!(%error, "a batch of writes failed without an answer; none of it was applied");
+        }
+    }
+}
+
+/// One batch in one transaction.
+async fn write_batch<B: Backend>(backend: B, batch: Vec<Box<dyn Job<B::Tx>>>) {
+    let mut tx = match backend.begin_write().await {
+        Ok(tx) => tx,
+        Err(error) => {
+            for job in batch {
                 job.fail(error.again());
+            }
+            return;
+        }
+    };
+    // Alone, a failed write is undone by not committing; shared, by its savepoint.
+    let shared = batch.len() > 1;
+    let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(batch.len());
+    let mut broken: Option<StoreError> = None;
+    for job in batch {
+        if let Some(error) = &broken {
+            job.fail(error.again());
+            continue;
+        }
+        if shared {
+            if let Err(error) = backend.savepoint(&mut tx).await {
+                job.fail(error.again());
+                broken = Some(error);
                 continue;
             }
-            if shared {
-                if let Err(error) = backend.savepoint(&mut tx).await {
-                    job.fail(error.again());
-                    broken = Some(error);
-                    continue;
-                }
-            }
-            let outcome = job.run(&mut tx).await;
-            if shared {
-                let closed = if outcome.failed() {
-                    backend.rollback_to_savepoint(&mut tx).await
-                } else {
-                    backend.release_savepoint(&mut tx).await
-                };
-                if let Err(error) = closed {
-                    broken = Some(error);
-                }
-            }
-            ran.push(outcome);
         }
-        let committed = match broken {
-            // Dropping the transaction rolls it back: nothing of the batch is applied.
-            Some(error) => Err(error),
-            None if !shared && ran.iter().all(|r| r.failed()) => Ok(()),
-            None => backend.commit(tx).await,
-        };
-        for outcome in ran {
-            outcome.answer(committed.as_ref().map(|_| ()));
+        let outcome = job.run(&mut tx).await;
+        if shared {
+            let closed = if outcome.failed() {
+                backend.rollback_to_savepoint(&mut tx).await
+            } else {
+                backend.release_savepoint(&mut tx).await
+            };
+            if let Err(error) = closed {
+                broken = Some(error);
+            }
         }
+        ran.push(outcome);
+    }
+    let committed = match broken {
+        // Dropping the transaction rolls it back: nothing of the batch is applied.
+        Some(error) => Err(error),
+        None if !shared && ran.iter().all(|r| r.failed()) => Ok(()),
+        None => backend.commit(tx).await,
+    };
+    for outcome in ran {
+        outcome.answer(committed.as_ref().map(|_| ()));
     }
 }
 
@@ -276,9 +289,14 @@ mod tests {
 
     /// Waits until `n` writes are queued behind the one running.
     async fn queued(writer: &Writer<SqliteBackend>, n: usize) {
-        while QUEUE - writer.queue.capacity() < n {
-            tokio::task::yield_now().await;
-        }
+        let waiting = async {
+            while QUEUE - writer.queue.capacity() < n {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+            .await
+            .expect("the writes to be queued");
     }
 
     #[tokio::test]
@@ -341,6 +359,39 @@ mod tests {
         // The writer goes on.
         assert_eq!(writer.write(insert(6, false)).await.unwrap(), 6);
         assert_eq!(parents(&store).await, [6]);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_panics_fails_its_batch_and_the_writer_goes_on() {
+        let (_dir, store) = store().await;
+        let writer = Writer::spawn(store.clone());
+        let (release, held) = hold(&writer).await;
+        let first = {
+            let writer = writer.clone();
+            tokio::spawn(async move { writer.write(insert(9, false)).await })
+        };
+        let panicking = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .write(over_tx(|_tx: &mut <SqliteBackend as Backend>::Tx| {
+                        Box::pin(async move {
+                            if true {
+                                panic!("a bug in a write");
+                            }
+                            Ok(0)
+                        })
+                    }))
+                    .await
+            })
+        };
+        queued(&writer, 2).await;
+        drop(release);
+        held.await.unwrap();
+        assert!(first.await.unwrap().is_err(), "its batch is not applied");
+        assert!(panicking.await.unwrap().is_err());
+        assert_eq!(writer.write(insert(10, false)).await.unwrap(), 10);
+        assert_eq!(parents(&store).await, [10]);
     }
 
     #[tokio::test]
