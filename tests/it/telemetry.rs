@@ -155,19 +155,7 @@ async fn refunded_at_the_provider(
     id: &str,
 ) -> pb::Execute {
     let grant = claim(grpc, begin_refund(id)).await;
-    reqwest::Client::new()
-        .post(format!("{provider}/v1/refunds"))
-        .form(&[
-            ("payment_intent", format!("pi_{id}").as_str()),
-            ("amount", "500"),
-            ("currency", "eur"),
-            ("metadata[once_provider_key]", grant.provider_key.as_str()),
-        ])
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    refund_at_provider(provider, &format!("pi_{id}"), &grant.provider_key).await;
     grant
 }
 

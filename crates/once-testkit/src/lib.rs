@@ -889,3 +889,23 @@ async fn relay(
         _ = cut => {}
     }
 }
+
+/// Has the fake provider at `provider` make the refund of payment intent `payment_intent` that
+/// the attempt granted `provider_key` performs, as its executor would just before its answer
+/// is lost: what a reconciler then finds.
+pub async fn refund_at_provider(provider: &str, payment_intent: &str, provider_key: &str) {
+    reqwest::Client::new()
+        .post(format!("{provider}/v1/refunds"))
+        .header("Idempotency-Key", provider_key)
+        .form(&[
+            ("payment_intent", payment_intent),
+            ("amount", "500"),
+            ("currency", "eur"),
+            ("metadata[once_provider_key]", provider_key),
+        ])
+        .send()
+        .await
+        .expect("the provider answers")
+        .error_for_status()
+        .expect("the provider refunds");
+}

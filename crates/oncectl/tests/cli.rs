@@ -411,20 +411,7 @@ async fn reconcile_looks_up_now_and_shows_the_verdict(store: Store) {
     request.lookup_hints_json = r#"{"payment_intent":"pi_o-4"}"#.into();
     let grant = claim(&mut client, request).await;
     // The refund happened at the provider; the answer never reached the executor.
-    reqwest::Client::new()
-        .post(format!("{provider}/v1/refunds"))
-        .header("Idempotency-Key", &grant.provider_key)
-        .form(&[
-            ("payment_intent", "pi_o-4"),
-            ("amount", "500"),
-            ("currency", "eur"),
-            ("metadata[once_provider_key]", grant.provider_key.as_str()),
-        ])
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    refund_at_provider(&provider, "pi_o-4", &grant.provider_key).await;
     report_unknown(&mut client, "refund:o-4", grant.fencing_token)
         .await
         .unwrap();
