@@ -48,6 +48,7 @@ conformance!(
     lists_page_in_creation_order_without_results,
     the_store_answers_pings,
     events_are_watched_in_order_with_their_tool_and_state,
+    an_unlocked_write_happens_only_over_what_it_was_decided_from,
 );
 
 const TENANT: &str = "t1";
@@ -848,4 +849,239 @@ async fn the_watermark_never_passes_an_event_still_being_written() {
     let ids: Vec<&str> = watched.iter().map(|e| e.operation_id.as_str()).collect();
     assert_eq!(ids, ["slow", "quick"], "both, in sequence order");
     assert_eq!(reached, watched[1].event.sequence);
+}
+
+/// How many events `operation_id` has of `kind`, in any life.
+async fn events_of<B: Backend>(backend: &B, operation_id: &str, kind: EventKind) -> usize {
+    let op = backend.read(TENANT, &id(operation_id)).await.unwrap().0;
+    let Some(op) = op else { return 0 };
+    let (_, events) = backend
+        .history(TENANT, &id(operation_id), op.life)
+        .await
+        .unwrap();
+    events.iter().filter(|e| e.kind == kind).count()
+}
+
+async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend>(backend: B) {
+    let blocker = claimed(&backend, "unlocked-blocker", "refund", 7).await;
+    let cmd = command("unlocked-1", "refund", 9);
+    let (none, at, token) = backend
+        .read_claimable(TENANT, &cmd.operation_id)
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    if !backend.writes_unlocked() {
+        // Every write takes the write transaction: no token is handed out unlocked, and no
+        // plan is written without a lock.
+        assert_eq!(token, None);
+        let op = claimed(&backend, "unlocked-0", "refund", 8).await;
+        let (_, plan) = machine::report(&op, &confirm_command(&op), None, at);
+        let unlocked = backend
+            .apply_unlocked(Some(op.version), None, &plan, at)
+            .await;
+        assert_eq!(unlocked.unwrap(), None);
+        assert_eq!(stored(&backend, "unlocked-0").await.state, State::InFlight);
+        return;
+    }
+
+    // A first claim with the token the read took: written, with its attempt and event.
+    let token = token.expect("a token for an operation not stored");
+    assert!(
+        token > blocker.fencing_token,
+        "{token} after {}",
+        blocker.fencing_token
+    );
+    let (_, claim) = machine::claim(None, &cmd, Guard::Clear { token }, at);
+    match backend
+        .apply_unlocked(None, Some(&cmd), &claim, at)
+        .await
+        .unwrap()
+    {
+        Some(once_store::Unlocked::Applied { written, .. }) => {
+            assert_eq!(written.events, vec![true; claim.events.len()])
+        }
+        other => panic!("{other:?}"),
+    }
+    let op = stored(&backend, "unlocked-1").await;
+    assert_eq!(
+        (op.state, op.fencing_token, op.life),
+        (State::InFlight, token, token)
+    );
+    let (attempts, _) = backend
+        .history(TENANT, &op.operation_id, op.life)
+        .await
+        .unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        events_of(&backend, "unlocked-1", EventKind::Claimed).await,
+        1
+    );
+    // A stored operation gets no token from the read.
+    assert_eq!(
+        backend
+            .read_claimable(TENANT, &op.operation_id)
+            .await
+            .unwrap()
+            .2,
+        None
+    );
+
+    // The same claim again meets the row: nothing is written.
+    let again = backend
+        .apply_unlocked(None, Some(&cmd), &claim, at)
+        .await
+        .unwrap();
+    assert_eq!(again, Some(once_store::Unlocked::Changed));
+    assert_eq!(stored(&backend, "unlocked-1").await, op);
+    assert_eq!(
+        events_of(&backend, "unlocked-1", EventKind::Claimed).await,
+        1
+    );
+
+    // A confirm decided from a version that another write has since replaced: nothing is
+    // written. Decided again from what is stored now, it is.
+    let (_, confirm) = machine::report(&op, &confirm_command(&op), None, at);
+    let mut moved = op.clone();
+    moved.reason = Some("moved on".into());
+    overwrite(&backend, &moved).await;
+    let stale = backend
+        .apply_unlocked(Some(op.version), None, &confirm, at)
+        .await
+        .unwrap();
+    assert_eq!(stale, Some(once_store::Unlocked::Changed));
+    let now_stored = stored(&backend, "unlocked-1").await;
+    assert_eq!(now_stored.state, State::InFlight);
+    assert_eq!(now_stored.reason.as_deref(), Some("moved on"));
+    assert_eq!(
+        events_of(&backend, "unlocked-1", EventKind::Confirmed).await,
+        0
+    );
+    let (_, confirm) = machine::report(&now_stored, &confirm_command(&now_stored), None, at);
+    let fresh = backend
+        .apply_unlocked(Some(now_stored.version), None, &confirm, at)
+        .await
+        .unwrap();
+    assert!(
+        matches!(fresh, Some(once_store::Unlocked::Applied { .. })),
+        "{fresh:?}"
+    );
+    let confirmed = stored(&backend, "unlocked-1").await;
+    assert_eq!(confirmed.state, State::Confirmed);
+    assert_eq!(confirmed.version, now_stored.version + 1);
+    assert_eq!(
+        events_of(&backend, "unlocked-1", EventKind::Confirmed).await,
+        1
+    );
+
+    // A new id for an intent still running is blocked by it, and writes nothing.
+    let blocked = command("unlocked-2", "refund", 7);
+    let (_, _, token) = backend
+        .read_claimable(TENANT, &blocked.operation_id)
+        .await
+        .unwrap();
+    let (_, claim) = machine::claim(
+        None,
+        &blocked,
+        Guard::Clear {
+            token: token.unwrap(),
+        },
+        at,
+    );
+    match backend
+        .apply_unlocked(None, Some(&blocked), &claim, at)
+        .await
+        .unwrap()
+    {
+        Some(once_store::Unlocked::Blocked(by)) => {
+            assert_eq!(by.operation_id, blocker.operation_id);
+            assert_eq!(by.state, State::InFlight);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(backend
+        .read(TENANT, &blocked.operation_id)
+        .await
+        .unwrap()
+        .0
+        .is_none());
+    // Declaring a new intent, it is not.
+    let declared = BeginCommand {
+        new_intent: true,
+        ..blocked.clone()
+    };
+    let unblocked = backend
+        .apply_unlocked(None, None, &claim, at)
+        .await
+        .unwrap();
+    assert!(
+        matches!(unblocked, Some(once_store::Unlocked::Applied { .. })),
+        "{declared:?}: {unblocked:?}"
+    );
+
+    // An event whose dedupe key is recorded already is not written again.
+    let confirmed_op = stored(&backend, "unlocked-1").await;
+    let anomaly = || {
+        event(
+            confirmed_op.life,
+            EventKind::DoubleExecution,
+            Some("DOUBLE_EXECUTION:1"),
+        )
+    };
+    commit(&backend, "unlocked-1", &events_only(vec![anomaly()]), at).await;
+    let mut touched = confirmed_op.clone();
+    touched.updated_at += 1;
+    let plan = Plan {
+        operation: Some(Write::Update(touched)),
+        events: vec![
+            anomaly(),
+            event(confirmed_op.life, EventKind::DoubleExecution, None),
+        ],
+        ..Plan::default()
+    };
+    match backend
+        .apply_unlocked(Some(confirmed_op.version), None, &plan, at)
+        .await
+        .unwrap()
+    {
+        Some(once_store::Unlocked::Applied { written, .. }) => {
+            assert_eq!(written.events, vec![false, true])
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        events_of(&backend, "unlocked-1", EventKind::DoubleExecution).await,
+        2
+    );
+
+    // Plans this statement does not write: events alone, and a new life of a stored row.
+    let events_alone = events_only(vec![event(op.life, EventKind::DoubleExecution, None)]);
+    let version = stored(&backend, "unlocked-1").await.version;
+    assert_eq!(
+        backend
+            .apply_unlocked(Some(version), None, &events_alone, at)
+            .await
+            .unwrap(),
+        None
+    );
+    let new_life = Plan {
+        new_life: true,
+        ..plan.clone()
+    };
+    assert_eq!(
+        backend
+            .apply_unlocked(Some(version), None, &new_life, at)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+fn confirm_command(op: &Operation) -> ReportCommand {
+    ReportCommand {
+        fencing_token: op.fencing_token,
+        report: Report::Confirm {
+            result: b"done".to_vec(),
+            provider_ref: Some("re_1".into()),
+        },
+    }
 }

@@ -1,6 +1,7 @@
 //! The storage trait every backend implements.
 
 use std::future::Future;
+use std::time::Duration;
 
 use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
@@ -8,7 +9,7 @@ use once_core::machine::Guard;
 use once_core::reconcile::Lookup;
 use once_core::stats::{Gauges, Stats};
 use once_core::{
-    Attempt, BeginCommand, Event, FencingToken, ListQuery, Listed, Millis, Operation,
+    Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Listed, Millis, Operation,
     OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
 };
 
@@ -20,6 +21,17 @@ use crate::{Announcements, StoreError};
 pub struct Written {
     /// For each of the plan's events, in order, whether it was written.
     pub events: Vec<bool>,
+}
+
+/// What [`Backend::apply_unlocked`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unlocked {
+    /// The plan is written and committed; `waited` is how long it waited for a connection.
+    Applied { written: Written, waited: Duration },
+    /// The operation is no longer what the plan was decided from: nothing was written.
+    Changed,
+    /// Another open operation of the Begin's intent blocks its claim: nothing was written.
+    Blocked(Blocking),
 }
 
 /// The connection pool at one moment.
@@ -58,6 +70,33 @@ pub trait Backend: Clone + Send + Sync + 'static {
         tenant: &str,
         id: &OperationId,
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
+
+    /// Reads like [`Backend::read`], and when no operation is stored, also takes a fencing token
+    /// never issued before, where the store can issue one outside a write transaction (for a
+    /// first claim written by [`Backend::apply_unlocked`]; an unused one is skipped, never
+    /// issued again).
+    fn read_claimable(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> impl Future<Output = Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError>> + Send;
+
+    /// Whether [`Backend::apply_unlocked`] can write anything here.
+    fn writes_unlocked(&self) -> bool;
+
+    /// Writes `plan`, decided at `now` from the operation a lock-free read found (at version
+    /// `decided_from`; `None` when none was stored), in one statement that commits by itself,
+    /// only if that is still what is stored; for a claim (`guard`: its Begin), only if no other
+    /// operation blocks it (see [`Backend::guard`]). It takes the write gate as
+    /// [`Backend::lock`] does. `None` where the store cannot check a decision that way, or the
+    /// plan is not one it writes so (then the caller decides again in a write transaction).
+    fn apply_unlocked(
+        &self,
+        decided_from: Option<i64>,
+        guard: Option<&BeginCommand>,
+        plan: &Plan,
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send;
 
     /// What must be found before a Begin is granted a new execution right: unless it declares
     /// a new intent, the operation that blocks it (an UNKNOWN or IN_FLIGHT operation of the Begin's

@@ -2,10 +2,10 @@
 
 use std::future::Future;
 
-use once_core::BeginCommand;
+use once_core::{BeginCommand, Millis, Plan};
 use sqlx::{Database, Pool, Transaction};
 
-use crate::StoreError;
+use crate::{StoreError, Unlocked};
 
 /// A database the ledger can live in: everything that is not the same SQL on SQLite and
 /// PostgreSQL. The shared queries are written once in [`crate::Store`], in the dialect both
@@ -28,6 +28,11 @@ pub trait Dialect: Database {
     /// The statement that issues a fencing token never issued before, larger than every one
     /// issued before.
     const NEXT_TOKEN: &'static str;
+
+    /// An expression that issues such a token outside any write transaction (a lock-free read
+    /// hands it out for a first claim written by [`Dialect::apply_unlocked`]); `None` where a
+    /// token is only safe under the write lock.
+    const FRESH_TOKEN: Option<&'static str>;
 
     /// A subquery the first statement of every write transaction (the one that locks the
     /// operation row) runs, to hold the write gate until the transaction ends: see
@@ -58,6 +63,19 @@ pub trait Dialect: Database {
         tx: &mut Self::Connection,
         cmd: &BeginCommand,
     ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+
+    /// Whether [`Dialect::apply_unlocked`] writes anything.
+    const UNLOCKED_WRITES: bool;
+
+    /// See [`crate::Backend::apply_unlocked`]: `None` where the database cannot check a
+    /// decision in the statement that writes it.
+    fn apply_unlocked(
+        pool: &Pool<Self>,
+        decided_from: Option<i64>,
+        guard: Option<&BeginCommand>,
+        plan: &Plan,
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send;
 
     /// Tells the other replicas that events were committed; nothing where they cannot be told
     /// (they look every [`crate::Announcements`] poll interval instead).

@@ -4,14 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use once_core::forensics;
-use once_core::machine::{self, Plan};
+use once_core::machine::{self, Guard, Plan};
 use once_core::reconcile;
 use once_core::*;
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 
 use crate::writer::{over_tx, TxFuture, Writer};
-use crate::{Backend, StoreError, Written};
+use crate::{Backend, StoreError, Unlocked, Written};
 
 /// The most duplicates of one operation [`Ledger::explain`] reads: the latest, so an operation
 /// replayed without end still answers GetOperation in one small message.
@@ -136,19 +136,58 @@ impl<B: Backend> Ledger<B> {
             }
         };
         if let Some(wrote) = wrote {
-            if !wrote.plan.events.is_empty() {
-                self.committed.notify_one();
-            }
-            if let Some(observer) = &self.observer {
-                observer.committed(
-                    wrote.before.as_ref(),
-                    &wrote.plan,
-                    &wrote.written,
-                    wrote.now,
-                );
-            }
+            self.wrote(&wrote);
         }
         Ok(value)
+    }
+
+    /// Tells the watch feed and the observer what a commit wrote.
+    fn wrote(&self, wrote: &Wrote) {
+        if !wrote.plan.events.is_empty() {
+            self.committed.notify_one();
+        }
+        if let Some(observer) = &self.observer {
+            observer.committed(
+                wrote.before.as_ref(),
+                &wrote.plan,
+                &wrote.written,
+                wrote.now,
+            );
+        }
+    }
+
+    /// Writes `plan`, decided at `now` from `before` as a lock-free read found it, in one
+    /// statement where the backend can check that `before` is still what is stored (and, for
+    /// a claim, that nothing blocks `guard`'s intent). `None` when the plan must be decided
+    /// again in a write transaction: the backend cannot, or the operation changed.
+    async fn write_unlocked(
+        &self,
+        before: Option<Operation>,
+        guard: Option<&BeginCommand>,
+        plan: Plan,
+        now: Millis,
+    ) -> Result<Option<Result<(), Blocking>>, StoreError> {
+        let decided_from = before.as_ref().map(|op| op.version);
+        let unlocked = self
+            .backend
+            .apply_unlocked(decided_from, guard, &plan, now)
+            .await?;
+        match unlocked {
+            Some(Unlocked::Applied { written, waited }) => {
+                if let Some(observer) = &self.observer {
+                    observer.transaction_started(waited);
+                }
+                self.wrote(&Wrote {
+                    before,
+                    plan,
+                    written,
+                    now,
+                });
+                Ok(Some(Ok(())))
+            }
+            Some(Unlocked::Blocked(blocking)) => Ok(Some(Err(blocking))),
+            Some(Unlocked::Changed) | None => Ok(None),
+        }
     }
 
     pub fn backend(&self) -> &B {
@@ -176,12 +215,35 @@ impl<B: Backend> Ledger<B> {
         // Most Begins that write nothing (replays, IN_PROGRESS, UNKNOWN, a retried grant) are
         // answered from a plain read: those states only change under a lock, and each answer is
         // true of the committed state it was read from.
-        let (current, now) = self.backend.read(&cmd.tenant, &cmd.operation_id).await?;
-        if let machine::BeginStep::Decided(decision, plan) =
-            machine::begin(current.as_ref(), cmd, now)
-        {
-            if plan.is_empty() {
-                return Ok((decision, now));
+        let (current, now, token) = self
+            .backend
+            .read_claimable(&cmd.tenant, &cmd.operation_id)
+            .await?;
+        // The rest are written from the same read where the backend can check, as it writes,
+        // that the read is still true: a first claim (with the token the read took) and any
+        // decided write. Otherwise, or when the operation changed, it is decided again below
+        // under the row's lock.
+        let (decision, plan, guard) = match machine::begin(current.as_ref(), cmd, now) {
+            machine::BeginStep::Decided(decision, plan) if plan.is_empty() => {
+                return Ok((decision, now))
+            }
+            machine::BeginStep::Decided(decision, plan) => (Some(decision), plan, None),
+            machine::BeginStep::Claim => match (&current, token) {
+                (None, Some(token)) => {
+                    let (decision, plan) = machine::claim(None, cmd, Guard::Clear { token }, now);
+                    (Some(decision), plan, (!cmd.new_intent).then_some(cmd))
+                }
+                _ => (None, Plan::default(), None),
+            },
+        };
+        if let Some(decision) = decision {
+            match self.write_unlocked(current, guard, plan, now).await? {
+                Some(Ok(())) => return Ok((decision, now)),
+                Some(Err(blocking)) => {
+                    let (decision, _) = machine::claim(None, cmd, Guard::Blocked(blocking), now);
+                    return Ok((decision, now));
+                }
+                None => {}
             }
         }
         for _ in 0..CLAIM_RACE_RETRIES {
@@ -232,8 +294,30 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ReportCommand,
     ) -> Result<State, StoreError> {
-        let backend = self.backend.clone();
         let fencing_token = cmd.fencing_token;
+        let answered = |answer: Result<State, machine::Rejection>, life: FencingToken| {
+            if answer.is_err() && fencing_token < life {
+                tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report from an earlier life of the operation");
+            }
+            Ok(answer?)
+        };
+        // Where the backend can check a decision as it writes it: decided from a lock-free
+        // read, and written in one statement if the operation has not changed since.
+        if self.backend.writes_unlocked() {
+            let (current, now) = self.backend.read(tenant, id).await?;
+            let op = current.ok_or(StoreError::NotFound)?;
+            if !machine::needs_attempt_record(&op, fencing_token) {
+                let (answer, plan) = machine::report(&op, cmd, None, now);
+                let life = op.life;
+                if plan.is_empty() {
+                    return answered(answer, life);
+                }
+                if let Some(Ok(())) = self.write_unlocked(Some(op), None, plan, now).await? {
+                    return answered(answer, life);
+                }
+            }
+        }
+        let backend = self.backend.clone();
         let (tenant_owned, id_owned, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());
         let (answer, life) = self
             .write(move |tx| {
@@ -255,10 +339,7 @@ impl<B: Backend> Ledger<B> {
                 })
             })
             .await?;
-        if answer.is_err() && fencing_token < life {
-            tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report from an earlier life of the operation");
-        }
-        Ok(answer?)
+        answered(answer, life)
     }
 
     /// Extends a live lease; returns the new deadline.

@@ -21,10 +21,11 @@ pub mod postgres;
 mod rows;
 pub mod sqlite;
 mod store;
+mod unlocked;
 pub mod watch;
 pub mod writer;
 
-pub use backend::{Backend, PoolUse, Written};
+pub use backend::{Backend, PoolUse, Unlocked, Written};
 pub use dialect::Dialect;
 pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};

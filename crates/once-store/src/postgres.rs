@@ -7,14 +7,14 @@
 
 use std::time::Duration;
 
-use once_core::BeginCommand;
+use once_core::{BeginCommand, Millis, Plan};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
 use std::sync::LazyLock;
 
 use crate::store::Statements;
-use crate::{Announcements, Dialect, Store, StoreError};
+use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
 /// The channel replicas announce committed events on.
 const EVENTS_CHANNEL: &str = "once_events";
@@ -50,6 +50,9 @@ impl Dialect for Postgres {
     /// A sequence never hands out a value twice, committed or not.
     const NEXT_TOKEN: &'static str = "SELECT nextval('fencing_tokens')";
 
+    /// The same sequence: what it hands out is never handed out again, whatever commits.
+    const FRESH_TOKEN: Option<&'static str> = Some("nextval('fencing_tokens')");
+
     /// Shared, so writers never wait for one another on it; the two-key form, so it never
     /// meets an intent lock (`serialise_intent`, one key).
     const WRITE_GATE: &'static str = "SELECT pg_advisory_xact_lock_shared(1330529093, 1)";
@@ -70,7 +73,12 @@ impl Dialect for Postgres {
 
     fn statements() -> &'static Statements {
         static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| {
-            Statements::new(Postgres::NOW, Postgres::ROW_LOCK, Postgres::WRITE_GATE)
+            Statements::new(
+                Postgres::NOW,
+                Postgres::ROW_LOCK,
+                Postgres::WRITE_GATE,
+                Postgres::FRESH_TOKEN,
+            )
         });
         &STATEMENTS
     }
@@ -93,6 +101,18 @@ impl Dialect for Postgres {
         .fetch_one(tx)
         .await
         .map(Some)?)
+    }
+
+    const UNLOCKED_WRITES: bool = true;
+
+    async fn apply_unlocked(
+        pool: &Pool<Self>,
+        decided_from: Option<i64>,
+        guard: Option<&BeginCommand>,
+        plan: &Plan,
+        now: Millis,
+    ) -> Result<Option<Unlocked>, StoreError> {
+        crate::unlocked::apply(pool, decided_from, guard, plan, now).await
     }
 
     async fn announce_events(pool: &Pool<Self>) -> Result<(), StoreError> {
@@ -146,7 +166,7 @@ impl Store<Postgres> {
 }
 
 /// The advisory lock key of one intent: tenant, tool and fingerprint, hashed to 64 bits.
-fn intent_key(cmd: &BeginCommand) -> i64 {
+pub(crate) fn intent_key(cmd: &BeginCommand) -> i64 {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
     for part in [

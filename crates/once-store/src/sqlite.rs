@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use once_core::BeginCommand;
+use once_core::{BeginCommand, Millis, Plan};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -17,7 +17,7 @@ use sqlx::{Pool, Sqlite, Transaction};
 use std::sync::LazyLock;
 
 use crate::store::Statements;
-use crate::{Announcements, Dialect, Store, StoreError};
+use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
 /// The ledger in a SQLite file.
 pub type SqliteBackend = Store<Sqlite>;
@@ -45,6 +45,9 @@ impl Dialect for Sqlite {
     const NEXT_TOKEN: &'static str =
         "UPDATE fencing_tokens SET last = last + 1 WHERE id = 1 RETURNING last";
 
+    /// A token taken outside the write lock could be taken again (see above).
+    const FRESH_TOKEN: Option<&'static str> = None;
+
     /// Writers hold the one write lock from their first statement to their commit, so events
     /// commit in the order of their sequence: no gate is needed.
     const WRITE_GATE: &'static str = "SELECT 1";
@@ -61,8 +64,14 @@ impl Dialect for Sqlite {
         "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events";
 
     fn statements() -> &'static Statements {
-        static STATEMENTS: LazyLock<Statements> =
-            LazyLock::new(|| Statements::new(Sqlite::NOW, Sqlite::ROW_LOCK, Sqlite::WRITE_GATE));
+        static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| {
+            Statements::new(
+                Sqlite::NOW,
+                Sqlite::ROW_LOCK,
+                Sqlite::WRITE_GATE,
+                Sqlite::FRESH_TOKEN,
+            )
+        });
         &STATEMENTS
     }
 
@@ -76,6 +85,20 @@ impl Dialect for Sqlite {
     ) -> Result<Option<i64>, StoreError> {
         // The transaction holds SQLite's one write lock: the guard is serialised already, and
         // a token is taken only by a claim that is clear.
+        Ok(None)
+    }
+
+    const UNLOCKED_WRITES: bool = false;
+
+    async fn apply_unlocked(
+        _pool: &Pool<Self>,
+        _decided_from: Option<i64>,
+        _guard: Option<&BeginCommand>,
+        _plan: &Plan,
+        _now: Millis,
+    ) -> Result<Option<Unlocked>, StoreError> {
+        // A statement cannot both read and write here (no data-modifying CTEs), and writes
+        // already share one transaction under the one write lock.
         Ok(None)
     }
 

@@ -280,6 +280,35 @@ where
         clocked(&row)
     }
 
+    async fn read_claimable(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
+        let row = sqlx::query(&D::statements().read_claimable)
+            .bind(tenant)
+            .bind(id.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+        let (op, now) = clocked(&row)?;
+        let token: Option<i64> = row.try_get("fresh_token")?;
+        Ok((op, now, token.map(rows::token).transpose()?))
+    }
+
+    fn writes_unlocked(&self) -> bool {
+        D::UNLOCKED_WRITES
+    }
+
+    async fn apply_unlocked(
+        &self,
+        decided_from: Option<i64>,
+        guard: Option<&BeginCommand>,
+        plan: &Plan,
+        now: Millis,
+    ) -> Result<Option<crate::Unlocked>, StoreError> {
+        D::apply_unlocked(&self.pool, decided_from, guard, plan, now).await
+    }
+
     async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {
         // A Begin declaring a new intent reads nothing of the others, so it needs no lock: were
         // it to run beside one that does not declare it, the outcome is the one where it ran
@@ -362,41 +391,7 @@ where
                 Write::Insert(op) => (INSERT_OPERATION.as_str(), op),
                 Write::Update(op) => (UPDATE_OPERATION.as_str(), op),
             };
-            // In the order of `rows::WRITTEN_OPERATION_COLUMNS`.
-            let written = sqlx::query(sql)
-                .bind(op.tenant.as_str())
-                .bind(op.operation_id.as_str())
-                .bind(op.tool.as_str())
-                .bind(&op.fingerprint.0[..])
-                .bind(op.state.as_str())
-                .bind(op.source.as_str())
-                .bind(i64::from(op.attempt))
-                .bind(rows::token_column(op.fencing_token))
-                .bind(rows::token_column(op.life))
-                .bind(op.attempt_id.as_str())
-                .bind(op.attempt_context.client_name.as_deref())
-                .bind(op.attempt_context.session_id.as_deref())
-                .bind(op.attempt_context.request_id.as_deref())
-                .bind(op.executor.to_string())
-                .bind(op.lease_started_at)
-                .bind(op.lease_deadline)
-                .bind(op.result.as_deref())
-                .bind(op.provider_ref.as_deref())
-                .bind(op.provider_key.as_str())
-                .bind(op.provider.as_deref())
-                .bind(op.lookup_hints.as_deref())
-                .bind(op.retention_ms)
-                .bind(op.created_at)
-                .bind(op.updated_at)
-                .bind(op.expires_at)
-                .bind(op.reason.as_deref())
-                .bind(op.unknown_since)
-                .bind(op.last_report_at)
-                .bind(op.declared_absent_token.map(rows::token_column))
-                .bind(op.confirmed_by.map(rows::token_column))
-                .bind(i64::from(op.reconcile_lookups))
-                .bind(op.reconcile_next_at)
-                .bind(op.lookup_claimed_until)
+            let written = rows::bind_operation!(sqlx::query(sql), op)
                 .execute(&mut **tx)
                 .await?;
             if matches!(write, Write::Update(_)) && D::rows_affected(&written) != 1 {
@@ -411,20 +406,12 @@ where
                 .await?;
         }
         if let Some(attempt) = &plan.attempt {
-            sqlx::query(&INSERT_ATTEMPT)
-                .bind(tenant)
-                .bind(id.as_str())
-                .bind(i64::from(attempt.number))
-                .bind(rows::token_column(attempt.fencing_token))
-                .bind(attempt.attempt_id.as_str())
-                .bind(attempt.started_at)
-                .bind(attempt.lease_deadline)
-                .bind(attempt.actor.to_string())
-                .bind(attempt.context.client_name.as_deref())
-                .bind(attempt.context.session_id.as_deref())
-                .bind(attempt.context.request_id.as_deref())
-                .execute(&mut **tx)
-                .await?;
+            rows::bind_attempt!(
+                sqlx::query(&INSERT_ATTEMPT).bind(tenant).bind(id.as_str()),
+                attempt
+            )
+            .execute(&mut **tx)
+            .await?;
         }
         for event in &plan.events {
             // Anomalies carry a dedupe key so a repeated cause is recorded once. The tool and
@@ -1052,23 +1039,32 @@ impl<'a, D: Database> Binds<'a, D> {
 pub struct Statements {
     /// The operation with the store's clock beside it, in one row even when there is none.
     read: String,
+    /// The same, with a fresh fencing token (`fresh_token`) when there is no operation and the
+    /// dialect can issue one outside the write lock (see [`Dialect::FRESH_TOKEN`]).
+    read_claimable: String,
     /// The same, locking the row until the transaction ends.
     lock: String,
 }
 
 impl Statements {
-    /// From the dialect's clock, its row lock and its write gate.
-    pub fn new(now: &str, row_lock: &str, gate: &str) -> Self {
-        let clocked = |one: &str, lock: &str| {
+    /// From the dialect's clock, its row lock, its write gate and its fresh token.
+    pub fn new(now: &str, row_lock: &str, gate: &str, fresh_token: Option<&str>) -> Self {
+        let clocked = |one: &str, lock: &str, extra: &str| {
             format!(
-                "SELECT {now} AS now_ms, o.* FROM ({one}) AS one LEFT JOIN \
+                "SELECT {now} AS now_ms{extra}, o.* FROM ({one}) AS one LEFT JOIN \
                  (SELECT {} FROM operations WHERE tenant = $1 AND operation_id = $2{lock}) AS o ON TRUE",
                 OPERATION_COLUMNS.as_str()
             )
         };
+        // CASE evaluates the branch it takes only: a stored operation takes no token.
+        let token = match fresh_token {
+            Some(token) => format!(", CASE WHEN o.tenant IS NULL THEN {token} END AS fresh_token"),
+            None => ", NULL AS fresh_token".to_owned(),
+        };
         Self {
-            read: clocked("SELECT 1", ""),
-            lock: clocked(gate, row_lock),
+            read: clocked("SELECT 1", "", ""),
+            read_claimable: clocked("SELECT 1", "", &token),
+            lock: clocked(gate, row_lock, ""),
         }
     }
 }

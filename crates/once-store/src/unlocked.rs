@@ -1,0 +1,270 @@
+//! PostgreSQL's one-statement writes: a plan decided from a lock-free read, written and
+//! committed by one statement that checks the decision still holds (see
+//! `migrations/postgres/0006_one_statement_writes.sql`).
+//!
+//! The statement's parts are data-modifying CTEs, each reading the one before it: the write
+//! gate (as a locked write's first statement takes it), the fresh-id guard when the plan
+//! claims, the operation row (an INSERT that meets no row, or an UPDATE of the version the
+//! decision read), the attempt and the events. When the row is written nothing else is
+//! checked, so the rest follows it; when it is not, nothing is.
+
+use std::sync::LazyLock;
+use std::time::Instant;
+
+use once_core::machine::Write;
+use once_core::{BeginCommand, Blocking, Millis, Plan};
+use sqlx::{PgPool, Row};
+
+use crate::rows::{
+    self, BlockingRow, ATTEMPT_COLUMNS, BLOCKING_COLUMNS, WRITTEN_OPERATION_COLUMNS,
+};
+use crate::{StoreError, Unlocked, Written};
+
+/// The statement's shape: what the plan writes besides its events.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// The plan claims: the fresh-id guard must find the way clear.
+    guarded: bool,
+    /// The row is inserted (it was not stored); otherwise updated from the version read.
+    insert: bool,
+    /// The plan grants an attempt, for the attempt log.
+    attempt: bool,
+}
+
+impl Shape {
+    fn index(self) -> usize {
+        usize::from(self.guarded) << 2 | usize::from(self.insert) << 1 | usize::from(self.attempt)
+    }
+}
+
+/// The columns of `events` the statement writes from its arrays, in their order.
+const EVENT_ARRAYS: [(&str, &str); 9] = [
+    ("life", "BIGINT"),
+    ("kind", "TEXT"),
+    ("from_state", "TEXT"),
+    ("to_state", "TEXT"),
+    ("attempt", "BIGINT"),
+    ("actor", "TEXT"),
+    ("reason", "TEXT"),
+    ("details", "TEXT"),
+    ("dedupe_key", "TEXT"),
+];
+
+/// The statement of one shape. Binds: the operation's written columns (`$1` tenant, `$2` id,
+/// `$3` tool, `$4` fingerprint, `$5` state, …), then the version read (an update), the clock
+/// of the decision, the intent's lock key (a claim), the attempt's columns (a grant) and one
+/// array per column of [`EVENT_ARRAYS`].
+fn statement(shape: Shape) -> String {
+    let mut bound = WRITTEN_OPERATION_COLUMNS.len();
+    let mut next = || {
+        bound += 1;
+        format!("${bound}")
+    };
+    let version = (!shape.insert).then(&mut next);
+    let now = next();
+    let intent = shape.guarded.then(&mut next);
+    let attempt: Option<Vec<String>> = shape
+        .attempt
+        .then(|| ATTEMPT_COLUMNS.split(", ").map(|_| next()).collect());
+    let arrays: Vec<String> = EVENT_ARRAYS
+        .iter()
+        .map(|(_, ty)| format!("{}::{ty}[]", next()))
+        .collect();
+
+    let mut parts = vec![
+        "gate AS (SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared(1330529093, 1)) AS held)"
+            .to_owned(),
+    ];
+    let clear = match intent {
+        Some(intent) => {
+            parts.push(format!(
+                "blocking AS (SELECT {BLOCKING_COLUMNS} FROM once_blocking({intent}, $1, $3, $4, $2))"
+            ));
+            " AND NOT EXISTS (SELECT 1 FROM blocking)"
+        }
+        None => "",
+    };
+    let placeholders: Vec<String> = (1..=WRITTEN_OPERATION_COLUMNS.len())
+        .map(|n| format!("${n}"))
+        .collect();
+    parts.push(match version {
+        None => format!(
+            "op AS (INSERT INTO operations ({}) SELECT {} WHERE EXISTS (SELECT 1 FROM gate){clear} \
+             ON CONFLICT DO NOTHING RETURNING 1)",
+            WRITTEN_OPERATION_COLUMNS.join(", "),
+            placeholders.join(", "),
+        ),
+        Some(version) => {
+            let assignments: Vec<String> = WRITTEN_OPERATION_COLUMNS
+                .iter()
+                .zip(&placeholders)
+                .skip(2)
+                .map(|(column, placeholder)| format!("{column} = {placeholder}"))
+                .collect();
+            format!(
+                "op AS (UPDATE operations SET {}, version = version + 1 \
+                 WHERE tenant = $1 AND operation_id = $2 AND version = {version} \
+                 AND EXISTS (SELECT 1 FROM gate){clear} RETURNING 1)",
+                assignments.join(", ")
+            )
+        }
+    });
+    if let Some(attempt) = attempt {
+        parts.push(format!(
+            "attempt AS (INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
+             SELECT $1, $2, {} FROM op)",
+            attempt.join(", ")
+        ));
+    }
+    let columns: Vec<&str> = EVENT_ARRAYS.iter().map(|(column, _)| *column).collect();
+    let from_arrays: Vec<String> = columns.iter().map(|c| format!("e.{c}")).collect();
+    // The tool and state of every event are the operation's as the plan leaves it.
+    parts.push(format!(
+        "logged AS (INSERT INTO events (tenant, operation_id, at, {}, tool, state) \
+         SELECT $1, $2, {now}, {}, $3, $5 FROM op, unnest({}) WITH ORDINALITY AS e({}, n) \
+         ORDER BY e.n ON CONFLICT DO NOTHING RETURNING dedupe_key)",
+        columns.join(", "),
+        from_arrays.join(", "),
+        arrays.join(", "),
+        columns.join(", "),
+    ));
+    let blocking = if shape.guarded {
+        " LEFT JOIN blocking b ON TRUE"
+    } else {
+        " LEFT JOIN (SELECT NULL::TEXT AS operation_id, NULL::TEXT AS state, NULL::BIGINT AS attempt, \
+         NULL::BIGINT AS lease_deadline, NULL::BIGINT AS updated_at) b ON TRUE"
+    };
+    format!(
+        "WITH {} SELECT (SELECT count(*) FROM op) AS wrote, \
+         ARRAY(SELECT dedupe_key FROM logged WHERE dedupe_key IS NOT NULL) AS deduped, \
+         b.* FROM (SELECT 1) AS one{blocking}",
+        parts.join(", ")
+    )
+}
+
+/// Every shape's statement, built once.
+static STATEMENTS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    (0..8)
+        .map(|index| {
+            statement(Shape {
+                guarded: index & 4 != 0,
+                insert: index & 2 != 0,
+                attempt: index & 1 != 0,
+            })
+        })
+        .collect()
+});
+
+/// Writes `plan` in one statement if it was decided from what is still stored; see
+/// [`crate::Backend::apply_unlocked`]. A plan that writes no operation row, or starts a new
+/// life of one, is not written so: `None`.
+pub(crate) async fn apply(
+    pool: &PgPool,
+    decided_from: Option<i64>,
+    guard: Option<&BeginCommand>,
+    plan: &Plan,
+    now: Millis,
+) -> Result<Option<Unlocked>, StoreError> {
+    let (op, insert) = match (&plan.operation, decided_from) {
+        (Some(Write::Insert(op)), None) => (op, true),
+        (Some(Write::Update(op)), Some(_)) => (op, false),
+        _ => return Ok(None),
+    };
+    if plan.new_life {
+        return Ok(None);
+    }
+    let shape = Shape {
+        guarded: guard.is_some(),
+        insert,
+        attempt: plan.attempt.is_some(),
+    };
+    let mut query = rows::bind_operation!(sqlx::query(&STATEMENTS[shape.index()]), op);
+    if let Some(version) = decided_from {
+        query = query.bind(version);
+    }
+    query = query.bind(now);
+    if let Some(cmd) = guard {
+        query = query.bind(crate::postgres::intent_key(cmd));
+    }
+    if let Some(attempt) = &plan.attempt {
+        query = rows::bind_attempt!(query, attempt);
+    }
+    let events = &plan.events;
+    let query = query
+        .bind(
+            events
+                .iter()
+                .map(|e| rows::token_column(e.life))
+                .collect::<Vec<_>>(),
+        )
+        .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
+        .bind(
+            events
+                .iter()
+                .map(|e| e.from.map(|s| s.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.to.map(|s| s.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.attempt.map(i64::from))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.actor.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.reason.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.details.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.dedupe_key.as_deref())
+                .collect::<Vec<_>>(),
+        );
+
+    let asked = Instant::now();
+    let mut connection = pool.acquire().await?;
+    let waited = asked.elapsed();
+    let row = query.fetch_one(&mut *connection).await?;
+    let wrote: i64 = row.try_get("wrote")?;
+    if wrote == 1 {
+        let deduped: Vec<String> = row.try_get("deduped")?;
+        let written = Written {
+            events: events
+                .iter()
+                .map(|e| match &e.dedupe_key {
+                    Some(key) => deduped.contains(key),
+                    None => true,
+                })
+                .collect(),
+        };
+        return Ok(Some(Unlocked::Applied { written, waited }));
+    }
+    let blocking: Option<String> = row.try_get("operation_id")?;
+    Ok(Some(match blocking {
+        Some(_) => {
+            use sqlx::FromRow as _;
+            Unlocked::Blocked(Blocking::try_from(BlockingRow::from_row(&row)?)?)
+        }
+        None => Unlocked::Changed,
+    }))
+}
