@@ -22,6 +22,9 @@ const EVENTS_CHANNEL: &str = "once_events";
 /// The ledger in a PostgreSQL database.
 pub type PgBackend = Store<Postgres>;
 
+/// How long a pooled connection may sit unused before it is pinged on its way out.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+
 /// Pool settings for [`PgBackend::connect`].
 #[derive(Debug, Clone)]
 pub struct PgSettings {
@@ -152,7 +155,20 @@ impl Store<Postgres> {
     pub async fn connect(url: &str, settings: &PgSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Internal)?;
         let options = options.application_name("onced");
+        // A connection handed out again within a second of its last use is not pinged first:
+        // that would be a round trip on every call's path, and sqlx pinged it as it came back
+        // (closing one that did not answer). One idle for longer, which a restarted server may
+        // have dropped meanwhile, is pinged, and replaced if it does not answer.
         let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
+            .before_acquire(|connection, used| {
+                Box::pin(async move {
+                    if used.idle_for >= IDLE_BEFORE_PING {
+                        sqlx::Connection::ping(connection).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
             .connect_with(options)

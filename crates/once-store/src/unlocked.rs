@@ -268,3 +268,45 @@ pub(crate) async fn apply(
         None => Unlocked::Changed,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every shape's statement names each of its binds, from `$1` on with none skipped: what
+    /// `apply` binds, in order.
+    #[test]
+    fn every_statement_names_each_of_its_binds() {
+        for (index, sql) in STATEMENTS.iter().enumerate() {
+            let mut named: Vec<usize> = sql
+                .split('$')
+                .skip(1)
+                .filter_map(|rest| {
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse().ok()
+                })
+                .collect();
+            named.sort_unstable();
+            named.dedup();
+            let shape = (index & 4 != 0, index & 2 != 0, index & 1 != 0);
+            let expected = WRITTEN_OPERATION_COLUMNS.len()
+                + usize::from(!shape.1)
+                + 1
+                + usize::from(shape.0)
+                + if shape.2 {
+                    ATTEMPT_COLUMNS.split(", ").count()
+                } else {
+                    0
+                }
+                + EVENT_ARRAYS.len();
+            assert_eq!(
+                named,
+                (1..=expected).collect::<Vec<_>>(),
+                "shape {shape:?}: {sql}"
+            );
+            if std::env::var_os("ONCE_PRINT_STATEMENTS").is_some() {
+                println!("{index}: {sql}");
+            }
+        }
+    }
+}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use sqlx::Connection as _;
-use support::{cycles, onced, percentile, rss_kib, Cycles};
+use support::{cycles, onced, percentile, replays, rss_kib, Cycles};
 use tonic::transport::Channel;
 
 mod support;
@@ -445,12 +445,25 @@ async fn run(
         }
     }
 
+    let mut replayed = Vec::new();
+    for ledger in [&postgres, &sqlite] {
+        let latencies = replays(ledger.channels[0].clone(), Instant::now() + length).await?;
+        replayed.push((percentile(&latencies, 50.0), percentile(&latencies, 99.0)));
+    }
+
     let mut peaks = Vec::new();
     for ledger in [&postgres, &sqlite] {
         let (seen, peak) = ledger.drive(args.memory_callers, length).await?;
         peaks.push((peak, seen.done as f64 / length.as_secs_f64()));
     }
     println!("p50/p99: onced's Begin; pgbench's claim statement alone, at 1 caller");
+    for (store, (p50, p99)) in ["PostgreSQL", "SQLite"].iter().zip(&replayed) {
+        println!(
+            "a Begin answered REPLAY, 1 caller, onced on {store}: p50 {:.3} ms, p99 {:.3} ms",
+            ms(*p50),
+            ms(*p99)
+        );
+    }
 
     let pick = |system: System, callers: usize, of: &dyn Fn(&Figures) -> Option<f64>| {
         let values: Vec<f64> = all

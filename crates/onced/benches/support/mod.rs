@@ -117,6 +117,35 @@ pub async fn cycles(channel: tonic::transport::Channel, end: Instant) -> Cycles 
     seen
 }
 
+/// Begins of one confirmed operation, each answered REPLAY, until `end`: their latencies,
+/// sorted (a Begin that needs no write: the service and one read).
+pub async fn replays(
+    channel: tonic::transport::Channel,
+    end: Instant,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut ledger = pb::ledger_client::LedgerClient::new(channel);
+    let id = format!("bench-replayed-{}", uuid::Uuid::new_v4().simple());
+    let granted = ledger.begin(begin(&id)).await?.into_inner();
+    let confirm = confirm_if_granted(id.clone(), granted)
+        .ok_or_else(|| anyhow::anyhow!("the first Begin of {id} was not granted"))?;
+    ledger.confirm(confirm).await?;
+    let mut latencies = Vec::new();
+    while Instant::now() < end {
+        let started = Instant::now();
+        let answer = ledger.begin(begin(&id)).await?.into_inner();
+        latencies.push(started.elapsed());
+        anyhow::ensure!(
+            matches!(
+                answer.decision,
+                Some(pb::begin_response::Decision::Replay(_))
+            ),
+            "a Begin of confirmed {id} was not a replay: {answer:?}"
+        );
+    }
+    latencies.sort();
+    Ok(latencies)
+}
+
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
