@@ -111,6 +111,57 @@ async fn a_call_reads_its_own_operation_by_an_index_whatever_is_stored(store: St
     let sqlite = bound(once_store::call_statements::<Sqlite>(), call_binds);
     // The operation's row and its one event, at most.
     check(&db, postgres, sqlite, 2).await;
+    if db.store == Store::Postgres {
+        guard_function_reads_an_index(&db).await;
+    }
+}
+
+/// PostgreSQL's one-statement claim runs the fresh-id guard in `once_blocking`, whose query
+/// has a plan of its own, not shown under the call's: it must read a few index pages, not the
+/// table's (thousands of blocks here).
+async fn guard_function_reads_an_index(db: &TestDb) {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let table_blocks: i64 = sqlx::query_scalar(
+        "SELECT pg_relation_size('operations') / current_setting('block_size')::BIGINT",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    // The first call in a session also compiles the function and reads the catalogs to plan
+    // its query. Then run several times: PL/pgSQL plans its query for the values given at
+    // first, then may keep a generic plan; both must read by an index.
+    let warm: Value = sqlx::query_scalar(
+        "SELECT to_json(once_blocking(42, 'default', 'issue_refund', '\\x01'::bytea, 'none'))",
+    )
+    .fetch_optional(&mut conn)
+    .await
+    .unwrap()
+    .unwrap_or(Value::Null);
+    assert_eq!(warm, Value::Null, "nothing blocks that intent");
+    for run in 0..8 {
+        let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+        let plan: Value = sqlx::query_scalar(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) \
+             SELECT * FROM once_blocking(42, $1, $2, $3, $4)",
+        )
+        .bind("default")
+        .bind("issue_refund")
+        .bind(&[1u8][..])
+        .bind("CONFIRMED-12345")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+        let top = &plan[0]["Plan"];
+        let blocks = top["Shared Hit Blocks"].as_i64().unwrap_or(0)
+            + top["Shared Read Blocks"].as_i64().unwrap_or(0);
+        assert!(
+            blocks <= 32 && table_blocks > 200,
+            "run {run}: the guard read {blocks} blocks of a {table_blocks}-block table: {plan:#}"
+        );
+    }
 }
 
 /// A database with the schema, as a replica makes it, and rows of every table, none due.

@@ -139,6 +139,11 @@ pub fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
     let statements = D::statements();
     vec![
         ("read", statements.read.clone(), CallBinds::Operation),
+        (
+            "read for a Begin",
+            statements.read_claimable.clone(),
+            CallBinds::Operation,
+        ),
         ("lock", statements.lock.clone(), CallBinds::Operation),
         ("fresh-id guard", FIND_BLOCKING.clone(), CallBinds::Intent),
         ("attempt", FIND_ATTEMPT.clone(), CallBinds::Token),
