@@ -862,6 +862,29 @@ async fn events_of<B: Backend>(backend: &B, operation_id: &str, kind: EventKind)
     events.iter().filter(|e| e.kind == kind).count()
 }
 
+/// Deletes `operation_id`'s row whatever its state (its attempts go with it).
+async fn delete_settled_or_not<B: Backend>(backend: &B, operation_id: &str) {
+    let op = stored(backend, operation_id).await;
+    let mut settled = op.clone();
+    settled.state = State::Absent;
+    settled.expires_at = Some(op.updated_at - 1);
+    overwrite(backend, &settled).await;
+    let mut deleted = 0;
+    while stored_or_not(backend, operation_id).await {
+        deleted += backend.delete_expired(100).await.unwrap();
+        assert!(deleted <= 100, "{operation_id} is deleted by retention");
+    }
+}
+
+async fn stored_or_not<B: Backend>(backend: &B, operation_id: &str) -> bool {
+    backend
+        .read(TENANT, &id(operation_id))
+        .await
+        .unwrap()
+        .0
+        .is_some()
+}
+
 async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend>(backend: B) {
     let blocker = claimed(&backend, "unlocked-blocker", "refund", 7).await;
     let cmd = command("unlocked-1", "refund", 9);
@@ -877,7 +900,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         let op = claimed(&backend, "unlocked-0", "refund", 8).await;
         let (_, plan) = machine::report(&op, &confirm_command(&op), None, at);
         let unlocked = backend
-            .apply_unlocked(Some(op.version), None, &plan, at)
+            .apply_unlocked(Some((op.life, op.version)), None, &plan, at)
             .await;
         assert_eq!(unlocked.unwrap(), None);
         assert_eq!(stored(&backend, "unlocked-0").await.state, State::InFlight);
@@ -945,7 +968,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     moved.reason = Some("moved on".into());
     overwrite(&backend, &moved).await;
     let stale = backend
-        .apply_unlocked(Some(op.version), None, &confirm, at)
+        .apply_unlocked(Some((op.life, op.version)), None, &confirm, at)
         .await
         .unwrap();
     assert_eq!(stale, Some(once_store::Unlocked::Changed));
@@ -958,7 +981,12 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     );
     let (_, confirm) = machine::report(&now_stored, &confirm_command(&now_stored), None, at);
     let fresh = backend
-        .apply_unlocked(Some(now_stored.version), None, &confirm, at)
+        .apply_unlocked(
+            Some((now_stored.life, now_stored.version)),
+            None,
+            &confirm,
+            at,
+        )
         .await
         .unwrap();
     assert!(
@@ -1039,7 +1067,12 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         ..Plan::default()
     };
     match backend
-        .apply_unlocked(Some(confirmed_op.version), None, &plan, at)
+        .apply_unlocked(
+            Some((confirmed_op.life, confirmed_op.version)),
+            None,
+            &plan,
+            at,
+        )
         .await
         .unwrap()
     {
@@ -1053,9 +1086,42 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         2
     );
 
+    // A plan decided from an earlier life is not written over a new life at the same
+    // version, however long it took to arrive: retention deleted the row it was decided from,
+    // and the id was claimed again.
+    let first_life = claimed(&backend, "unlocked-lives", "refund", 5).await;
+    let (_, late) = machine::report(&first_life, &confirm_command(&first_life), None, at);
+    delete_settled_or_not(&backend, "unlocked-lives").await;
+    let second_life = claimed(&backend, "unlocked-lives", "refund", 5).await;
+    assert_eq!(second_life.version, first_life.version);
+    assert_ne!(second_life.life, first_life.life);
+    let stale = backend
+        .apply_unlocked(Some((first_life.life, first_life.version)), None, &late, at)
+        .await
+        .unwrap();
+    assert_eq!(stale, Some(once_store::Unlocked::Changed));
+    assert_eq!(stored(&backend, "unlocked-lives").await, second_life);
+
+    // A decision whose clock reading is older than the statement allows is not written either.
+    let now_stored = stored(&backend, "unlocked-lives").await;
+    let (_, confirm) = machine::report(&now_stored, &confirm_command(&now_stored), None, at);
+    let long_ago = at - 60_000;
+    let late = backend
+        .apply_unlocked(
+            Some((now_stored.life, now_stored.version)),
+            None,
+            &confirm,
+            long_ago,
+        )
+        .await
+        .unwrap();
+    assert_eq!(late, Some(once_store::Unlocked::Changed));
+    assert_eq!(stored(&backend, "unlocked-lives").await, now_stored);
+
     // Plans this statement does not write: events alone, and a new life of a stored row.
     let events_alone = events_only(vec![event(op.life, EventKind::DoubleExecution, None)]);
-    let version = stored(&backend, "unlocked-1").await.version;
+    let current = stored(&backend, "unlocked-1").await;
+    let version = (current.life, current.version);
     assert_eq!(
         backend
             .apply_unlocked(Some(version), None, &events_alone, at)
@@ -1084,4 +1150,36 @@ fn confirm_command(op: &Operation) -> ReportCommand {
             provider_ref: Some("re_1".into()),
         },
     }
+}
+
+/// The fresh-id guard and the one-statement writes rely on READ COMMITTED (each statement sees
+/// what committed before it began; a version check re-reads a row another writer changed):
+/// the ledger's connections use it whatever the database's default says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_reads_committed_whatever_the_database_default() {
+    use crate::support::{Store, TestDb};
+    let db = TestDb::new(Store::Postgres).await;
+    db.execute(&format!(
+        "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+        db.pg_name()
+    ))
+    .await;
+    let mut direct = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let default: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&mut direct)
+        .await
+        .unwrap();
+    assert_eq!(default, "repeatable read");
+    let settings = once_store::postgres::PgSettings::default();
+    let backend = once_store::PgBackend::connect(&db.url, &settings)
+        .await
+        .unwrap();
+    let mut tx = backend.begin_write().await.unwrap();
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(isolation, "read committed");
 }

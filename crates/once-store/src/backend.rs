@@ -84,15 +84,16 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Whether [`Backend::apply_unlocked`] can write anything here.
     fn writes_unlocked(&self) -> bool;
 
-    /// Writes `plan`, decided at `now` from the operation a lock-free read found (at version
-    /// `decided_from`; `None` when none was stored), in one statement that commits by itself,
-    /// only if that is still what is stored; for a claim (`guard`: its Begin), only if no other
-    /// operation blocks it (see [`Backend::guard`]). It takes the write gate as
-    /// [`Backend::lock`] does. `None` where the store cannot check a decision that way, or the
-    /// plan is not one it writes so (then the caller decides again in a write transaction).
+    /// Writes `plan`, decided at `now` from the operation a lock-free read found (its life and
+    /// version, `decided_from`; `None` when none was stored), in one statement that commits by
+    /// itself, only if that is still what is stored and `now` is recent; for a claim (`guard`:
+    /// its Begin), only if no other operation blocks it (see [`Backend::guard`]). It takes the
+    /// write gate as [`Backend::lock`] does. `None` where the store cannot check a decision
+    /// that way, or the plan is not one it writes so (then the caller decides again in a write
+    /// transaction).
     fn apply_unlocked(
         &self,
-        decided_from: Option<i64>,
+        decided_from: Option<(FencingToken, i64)>,
         guard: Option<&BeginCommand>,
         plan: &Plan,
         now: Millis,

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use once_core::{BeginCommand, Millis, Plan};
+use once_core::{BeginCommand, FencingToken, Millis, Plan};
 use sqlx::{Database, Pool, Transaction};
 
 use crate::{StoreError, Unlocked};
@@ -71,7 +71,7 @@ pub trait Dialect: Database {
     /// decision in the statement that writes it.
     fn apply_unlocked(
         pool: &Pool<Self>,
-        decided_from: Option<i64>,
+        decided_from: Option<(FencingToken, i64)>,
         guard: Option<&BeginCommand>,
         plan: &Plan,
         now: Millis,

@@ -158,16 +158,18 @@ impl<B: Backend> Ledger<B> {
 
     /// Writes `plan`, decided at `now` from `before` as a lock-free read found it, in one
     /// statement where the backend can check that `before` is still what is stored (and, for
-    /// a claim, that nothing blocks `guard`'s intent). `None` when the plan must be decided
-    /// again in a write transaction: the backend cannot, or the operation changed.
+    /// a claim, that nothing blocks `guard`'s intent). Whether it did: if not, the call must be
+    /// decided again in a write transaction (the backend cannot; the operation changed; the
+    /// decision is too old; or the claim is blocked, which the lock decides again, as the
+    /// read may not be true any longer either).
     async fn write_unlocked(
         &self,
         before: Option<Operation>,
         guard: Option<&BeginCommand>,
         plan: Plan,
         now: Millis,
-    ) -> Result<Option<Result<(), Blocking>>, StoreError> {
-        let decided_from = before.as_ref().map(|op| op.version);
+    ) -> Result<bool, StoreError> {
+        let decided_from = before.as_ref().map(|op| (op.life, op.version));
         let unlocked = self
             .backend
             .apply_unlocked(decided_from, guard, &plan, now)
@@ -183,10 +185,9 @@ impl<B: Backend> Ledger<B> {
                     written,
                     now,
                 });
-                Ok(Some(Ok(())))
+                Ok(true)
             }
-            Some(Unlocked::Blocked(blocking)) => Ok(Some(Err(blocking))),
-            Some(Unlocked::Changed) | None => Ok(None),
+            Some(Unlocked::Blocked(_) | Unlocked::Changed) | None => Ok(false),
         }
     }
 
@@ -237,13 +238,8 @@ impl<B: Backend> Ledger<B> {
             },
         };
         if let Some(decision) = decision {
-            match self.write_unlocked(current, guard, plan, now).await? {
-                Some(Ok(())) => return Ok((decision, now)),
-                Some(Err(blocking)) => {
-                    let (decision, _) = machine::claim(None, cmd, Guard::Blocked(blocking), now);
-                    return Ok((decision, now));
-                }
-                None => {}
+            if self.write_unlocked(current, guard, plan, now).await? {
+                return Ok((decision, now));
             }
         }
         for _ in 0..CLAIM_RACE_RETRIES {
@@ -312,7 +308,7 @@ impl<B: Backend> Ledger<B> {
                 if plan.is_empty() {
                     return answered(answer, life);
                 }
-                if let Some(Ok(())) = self.write_unlocked(Some(op), None, plan, now).await? {
+                if self.write_unlocked(Some(op), None, plan, now).await? {
                     return answered(answer, life);
                 }
             }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use once_core::{BeginCommand, Millis, Plan};
+use once_core::{BeginCommand, FencingToken, Millis, Plan};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
@@ -110,7 +110,7 @@ impl Dialect for Postgres {
 
     async fn apply_unlocked(
         pool: &Pool<Self>,
-        decided_from: Option<i64>,
+        decided_from: Option<(FencingToken, i64)>,
         guard: Option<&BeginCommand>,
         plan: &Plan,
         now: Millis,
@@ -154,7 +154,13 @@ impl Store<Postgres> {
     /// PostgreSQL's advisory lock).
     pub async fn connect(url: &str, settings: &PgSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Internal)?;
-        let options = options.application_name("onced");
+        // The fresh-id guard and the version-checked writes rely on READ COMMITTED: each
+        // statement sees what committed before it began, and an update re-reads a row another
+        // writer changed meanwhile. A database or role defaulting to more is overridden.
+        let options = options
+            .application_name("onced")
+            // (A space in a startup option is escaped.)
+            .options([("default_transaction_isolation", "read\\ committed")]);
         // A connection handed out again within a second of its last use is not pinged first:
         // that would be a round trip on every call's path, and sqlx pinged it as it came back
         // (closing one that did not answer). One idle for longer, which a restarted server may

@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use once_core::{BeginCommand, Millis, Plan};
+use once_core::{BeginCommand, FencingToken, Millis, Plan};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -92,7 +92,7 @@ impl Dialect for Sqlite {
 
     async fn apply_unlocked(
         _pool: &Pool<Self>,
-        _decided_from: Option<i64>,
+        _decided_from: Option<(FencingToken, i64)>,
         _guard: Option<&BeginCommand>,
         _plan: &Plan,
         _now: Millis,

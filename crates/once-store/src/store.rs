@@ -306,7 +306,7 @@ where
 
     async fn apply_unlocked(
         &self,
-        decided_from: Option<i64>,
+        decided_from: Option<(FencingToken, i64)>,
         guard: Option<&BeginCommand>,
         plan: &Plan,
         now: Millis,

@@ -5,20 +5,26 @@
 //! The statement's parts are data-modifying CTEs, each reading the one before it: the write
 //! gate (as a locked write's first statement takes it), the fresh-id guard when the plan
 //! claims, the operation row (an INSERT that meets no row, or an UPDATE of the version the
-//! decision read), the attempt and the events. When the row is written nothing else is
-//! checked, so the rest follows it; when it is not, nothing is.
+//! decision read, in the life it read: a version alone comes again in the next life of the
+//! id), the attempt and the events. When the row is written nothing else is checked, so the
+//! rest follows it; when it is not, nothing is. The gate also refuses a decision whose clock
+//! reading is more than [`MAX_DECISION_AGE_MS`] old.
 
 use std::sync::LazyLock;
 use std::time::Instant;
 
 use once_core::machine::Write;
-use once_core::{BeginCommand, Blocking, Millis, Plan};
+use once_core::{BeginCommand, Blocking, FencingToken, Millis, Plan};
 use sqlx::{PgPool, Row};
 
 use crate::rows::{
     self, BlockingRow, ATTEMPT_COLUMNS, BLOCKING_COLUMNS, WRITTEN_OPERATION_COLUMNS,
 };
 use crate::{StoreError, Unlocked, Written};
+
+/// How old the clock reading a plan was decided at may be when its statement runs; an older
+/// decision is made again under a lock. It dates the row, the lease and the events written.
+const MAX_DECISION_AGE_MS: i64 = 1_000;
 
 /// The statement's shape: what the plan writes besides its events.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +57,7 @@ const EVENT_ARRAYS: [(&str, &str); 9] = [
 ];
 
 /// The statement of one shape. Binds: the operation's written columns (`$1` tenant, `$2` id,
-/// `$3` tool, `$4` fingerprint, `$5` state, …), then the version read (an update), the clock
+/// `$3` tool, `$4` fingerprint, `$5` state, …), then the life and version read (an update), the clock
 /// of the decision, the intent's lock key (a claim), the attempt's columns (a grant) and one
 /// array per column of [`EVENT_ARRAYS`].
 fn statement(shape: Shape) -> String {
@@ -60,7 +66,7 @@ fn statement(shape: Shape) -> String {
         bound += 1;
         format!("${bound}")
     };
-    let version = (!shape.insert).then(&mut next);
+    let version = (!shape.insert).then(|| (next(), next()));
     let now = next();
     let intent = shape.guarded.then(&mut next);
     let attempt: Option<Vec<String>> = shape
@@ -71,10 +77,12 @@ fn statement(shape: Shape) -> String {
         .map(|(_, ty)| format!("{}::{ty}[]", next()))
         .collect();
 
-    let mut parts = vec![
-        "gate AS (SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared(1330529093, 1)) AS held)"
-            .to_owned(),
-    ];
+    // The decision's clock reading may be only so old by now: it dates what is written.
+    let mut parts = vec![format!(
+        "gate AS (SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared(1330529093, 1)) AS held \
+         WHERE {} - {now} <= {MAX_DECISION_AGE_MS})",
+        <sqlx::Postgres as crate::Dialect>::NOW
+    )];
     let clear = match intent {
         Some(intent) => {
             parts.push(format!(
@@ -94,7 +102,7 @@ fn statement(shape: Shape) -> String {
             WRITTEN_OPERATION_COLUMNS.join(", "),
             placeholders.join(", "),
         ),
-        Some(version) => {
+        Some((life, version)) => {
             let assignments: Vec<String> = WRITTEN_OPERATION_COLUMNS
                 .iter()
                 .zip(&placeholders)
@@ -103,7 +111,7 @@ fn statement(shape: Shape) -> String {
                 .collect();
             format!(
                 "op AS (UPDATE operations SET {}, version = version + 1 \
-                 WHERE tenant = $1 AND operation_id = $2 AND version = {version} \
+                 WHERE tenant = $1 AND operation_id = $2 AND life = {life} AND version = {version} \
                  AND EXISTS (SELECT 1 FROM gate){clear} RETURNING 1)",
                 assignments.join(", ")
             )
@@ -136,7 +144,7 @@ fn statement(shape: Shape) -> String {
     };
     format!(
         "WITH {} SELECT (SELECT count(*) FROM op) AS wrote, \
-         ARRAY(SELECT dedupe_key FROM logged WHERE dedupe_key IS NOT NULL) AS deduped, \
+         ARRAY(SELECT dedupe_key FROM logged WHERE dedupe_key IS NOT NULL) AS inserted_keys, \
          b.* FROM (SELECT 1) AS one{blocking}",
         parts.join(", ")
     )
@@ -160,7 +168,7 @@ static STATEMENTS: LazyLock<Vec<String>> = LazyLock::new(|| {
 /// life of one, is not written so: `None`.
 pub(crate) async fn apply(
     pool: &PgPool,
-    decided_from: Option<i64>,
+    decided_from: Option<(FencingToken, i64)>,
     guard: Option<&BeginCommand>,
     plan: &Plan,
     now: Millis,
@@ -179,8 +187,8 @@ pub(crate) async fn apply(
         attempt: plan.attempt.is_some(),
     };
     let mut query = rows::bind_operation!(sqlx::query(&STATEMENTS[shape.index()]), op);
-    if let Some(version) = decided_from {
-        query = query.bind(version);
+    if let Some((life, version)) = decided_from {
+        query = query.bind(rows::token_column(life)).bind(version);
     }
     query = query.bind(now);
     if let Some(cmd) = guard {
@@ -247,12 +255,12 @@ pub(crate) async fn apply(
     let row = query.fetch_one(&mut *connection).await?;
     let wrote: i64 = row.try_get("wrote")?;
     if wrote == 1 {
-        let deduped: Vec<String> = row.try_get("deduped")?;
+        let inserted: Vec<String> = row.try_get("inserted_keys")?;
         let written = Written {
             events: events
                 .iter()
                 .map(|e| match &e.dedupe_key {
-                    Some(key) => deduped.contains(key),
+                    Some(key) => inserted.contains(key),
                     None => true,
                 })
                 .collect(),
@@ -290,7 +298,7 @@ mod tests {
             named.dedup();
             let shape = (index & 4 != 0, index & 2 != 0, index & 1 != 0);
             let expected = WRITTEN_OPERATION_COLUMNS.len()
-                + usize::from(!shape.1)
+                + 2 * usize::from(!shape.1)
                 + 1
                 + usize::from(shape.0)
                 + if shape.2 {
