@@ -146,6 +146,24 @@ pub async fn replays(
     Ok(latencies)
 }
 
+/// Health checks of the ledger, one after another, until `end`: their latencies, sorted (the
+/// gRPC round trip with no store call, the floor under every call's latency).
+pub async fn health_checks(
+    channel: tonic::transport::Channel,
+    end: Instant,
+) -> anyhow::Result<Vec<Duration>> {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let mut health = HealthClient::new(channel);
+    let mut latencies = Vec::new();
+    while Instant::now() < end {
+        let started = Instant::now();
+        health.check(HealthCheckRequest::default()).await?;
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    Ok(latencies)
+}
+
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
