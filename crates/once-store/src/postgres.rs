@@ -154,13 +154,7 @@ impl Store<Postgres> {
     /// PostgreSQL's advisory lock).
     pub async fn connect(url: &str, settings: &PgSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Internal)?;
-        // The fresh-id guard and the version-checked writes rely on READ COMMITTED: each
-        // statement sees what committed before it began, and an update re-reads a row another
-        // writer changed meanwhile. A database or role defaulting to more is overridden.
-        let options = options
-            .application_name("onced")
-            // (A space in a startup option is escaped.)
-            .options([("default_transaction_isolation", "read\\ committed")]);
+        let options = options.application_name("onced");
         // A connection handed out again within a second of its last use is not pinged first:
         // that would be a round trip on every call's path, and sqlx pinged it as it came back
         // (closing one that did not answer). One idle for longer, which a restarted server may
@@ -173,6 +167,21 @@ impl Store<Postgres> {
                         sqlx::Connection::ping(connection).await?;
                     }
                     Ok(true)
+                })
+            })
+            // The fresh-id guard and the version-checked writes rely on READ COMMITTED: each
+            // statement sees what committed before it began, and an update re-reads a row
+            // another writer changed meanwhile. A database or role defaulting to more is
+            // overridden, by a statement rather than a startup option, which poolers in front
+            // of PostgreSQL may refuse.
+            .after_connect(|connection, _| {
+                Box::pin(async move {
+                    sqlx::Executor::execute(
+                        &mut *connection,
+                        "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                    )
+                    .await?;
+                    Ok(())
                 })
             })
             .max_connections(settings.max_connections)
