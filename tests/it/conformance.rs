@@ -979,16 +979,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         events_of(&backend, "unlocked-1", EventKind::Confirmed).await,
         0
     );
-    let (_, confirm) = machine::report(&now_stored, &confirm_command(&now_stored), None, at);
-    let fresh = backend
-        .apply_unlocked(
-            Some((now_stored.life, now_stored.version)),
-            None,
-            &confirm,
-            at,
-        )
-        .await
-        .unwrap();
+    let fresh = confirm_unlocked(&backend, &now_stored, at).await;
     assert!(
         matches!(fresh, Some(once_store::Unlocked::Applied { .. })),
         "{fresh:?}"
@@ -1104,17 +1095,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
 
     // A decision whose clock reading is older than the statement allows is not written either.
     let now_stored = stored(&backend, "unlocked-lives").await;
-    let (_, confirm) = machine::report(&now_stored, &confirm_command(&now_stored), None, at);
-    let long_ago = at - 60_000;
-    let late = backend
-        .apply_unlocked(
-            Some((now_stored.life, now_stored.version)),
-            None,
-            &confirm,
-            long_ago,
-        )
-        .await
-        .unwrap();
+    let late = confirm_unlocked(&backend, &now_stored, at - 60_000).await;
     assert_eq!(late, Some(once_store::Unlocked::Changed));
     assert_eq!(stored(&backend, "unlocked-lives").await, now_stored);
 
@@ -1140,6 +1121,19 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
             .unwrap(),
         None
     );
+}
+
+/// A confirm of `op` decided at `at` from `op` as read, written by one statement.
+async fn confirm_unlocked<B: Backend>(
+    backend: &B,
+    op: &Operation,
+    at: Millis,
+) -> Option<once_store::Unlocked> {
+    let (_, confirm) = machine::report(op, &confirm_command(op), None, at);
+    backend
+        .apply_unlocked(Some((op.life, op.version)), None, &confirm, at)
+        .await
+        .unwrap()
 }
 
 fn confirm_command(op: &Operation) -> ReportCommand {

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use std::time::Instant;
 
 use once_core::machine::Write;
-use once_core::{BeginCommand, Blocking, FencingToken, Millis, Plan};
+use once_core::{BeginCommand, Blocking, FencingToken, Millis, NewEvent, Plan};
 use sqlx::{PgPool, Row};
 
 use crate::rows::{
@@ -163,6 +163,11 @@ static STATEMENTS: LazyLock<Vec<String>> = LazyLock::new(|| {
         .collect()
 });
 
+/// One column of `events`, as an array to bind.
+fn column<'e, T>(events: &'e [NewEvent], of: impl Fn(&'e NewEvent) -> T) -> Vec<T> {
+    events.iter().map(of).collect()
+}
+
 /// Writes `plan` in one statement if it was decided from what is still stored; see
 /// [`crate::Backend::apply_unlocked`]. A plan that writes no operation row, or starts a new
 /// life of one, is not written so: `None`.
@@ -199,55 +204,15 @@ pub(crate) async fn apply(
     }
     let events = &plan.events;
     let query = query
-        .bind(
-            events
-                .iter()
-                .map(|e| rows::token_column(e.life))
-                .collect::<Vec<_>>(),
-        )
-        .bind(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
-        .bind(
-            events
-                .iter()
-                .map(|e| e.from.map(|s| s.as_str()))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.to.map(|s| s.as_str()))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.attempt.map(i64::from))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.actor.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.reason.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.details.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.dedupe_key.as_deref())
-                .collect::<Vec<_>>(),
-        );
+        .bind(column(events, |e| rows::token_column(e.life)))
+        .bind(column(events, |e| e.kind.as_str()))
+        .bind(column(events, |e| e.from.map(|s| s.as_str())))
+        .bind(column(events, |e| e.to.map(|s| s.as_str())))
+        .bind(column(events, |e| e.attempt.map(i64::from)))
+        .bind(column(events, |e| e.actor.to_string()))
+        .bind(column(events, |e| e.reason.as_deref()))
+        .bind(column(events, |e| e.details.as_deref()))
+        .bind(column(events, |e| e.dedupe_key.as_deref()));
 
     let asked = Instant::now();
     let mut connection = pool.acquire().await?;
