@@ -1023,18 +1023,14 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .unwrap()
         .0
         .is_none());
-    // Declaring a new intent, it is not.
-    let declared = BeginCommand {
-        new_intent: true,
-        ..blocked.clone()
-    };
+    // Without the guard (what a Begin declaring a new intent sends), it is not.
     let unblocked = backend
         .apply_unlocked(None, None, &claim, at)
         .await
         .unwrap();
     assert!(
         matches!(unblocked, Some(once_store::Unlocked::Applied { .. })),
-        "{declared:?}: {unblocked:?}"
+        "{unblocked:?}"
     );
 
     // An event whose dedupe key is recorded already is not written again.
@@ -1103,24 +1099,34 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     let events_alone = events_only(vec![event(op.life, EventKind::DoubleExecution, None)]);
     let current = stored(&backend, "unlocked-1").await;
     let version = (current.life, current.version);
-    assert_eq!(
-        backend
-            .apply_unlocked(Some(version), None, &events_alone, at)
-            .await
-            .unwrap(),
-        None
-    );
     let new_life = Plan {
         new_life: true,
         ..plan.clone()
     };
-    assert_eq!(
-        backend
-            .apply_unlocked(Some(version), None, &new_life, at)
-            .await
-            .unwrap(),
-        None
-    );
+    for plan in [&events_alone, &new_life] {
+        let unlocked = backend.apply_unlocked(Some(version), None, plan, at).await;
+        assert_eq!(unlocked.unwrap(), None, "{plan:?}");
+    }
+
+    // A first claim whose token was taken before another life of the id began, and ended
+    // with retention, is not written: a life's tokens all come after every earlier life's.
+    let cmd = command("unlocked-overtaken", "refund", 6);
+    let (none, at, early) = backend
+        .read_claimable(TENANT, &cmd.operation_id)
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    let early = early.expect("a token for an operation not stored");
+    let between = claimed(&backend, "unlocked-overtaken", "refund", 6).await;
+    assert!(between.life > early, "{} after {early}", between.life);
+    delete_settled_or_not(&backend, "unlocked-overtaken").await;
+    let (_, claim) = machine::claim(None, &cmd, Guard::Clear { token: early }, at);
+    let overtaken = backend
+        .apply_unlocked(None, Some(&cmd), &claim, at)
+        .await
+        .unwrap();
+    assert_eq!(overtaken, Some(once_store::Unlocked::Changed));
+    assert!(!stored_or_not(&backend, "unlocked-overtaken").await);
 }
 
 /// A confirm of `op` decided at `at` from `op` as read, written by one statement.

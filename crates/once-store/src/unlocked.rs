@@ -96,11 +96,17 @@ fn statement(shape: Shape) -> String {
         .map(|n| format!("${n}"))
         .collect();
     parts.push(match version {
+        // The claim's token was taken by the read. A life of this id that began since (its
+        // tokens larger) and ended with retention has left its events: then the claim would
+        // start a life below an earlier one, whose reports a life's token range must never
+        // take for its own.
         None => format!(
             "op AS (INSERT INTO operations ({}) SELECT {} WHERE EXISTS (SELECT 1 FROM gate){clear} \
-             ON CONFLICT DO NOTHING RETURNING 1)",
+             AND NOT EXISTS (SELECT 1 FROM events WHERE tenant = $1 AND operation_id = $2 \
+             AND life > {}) ON CONFLICT DO NOTHING RETURNING 1)",
             WRITTEN_OPERATION_COLUMNS.join(", "),
             placeholders.join(", "),
+            placeholder_of("life"),
         ),
         Some((life, version)) => {
             let assignments: Vec<String> = WRITTEN_OPERATION_COLUMNS
@@ -148,6 +154,15 @@ fn statement(shape: Shape) -> String {
          b.* FROM (SELECT 1) AS one{blocking}",
         parts.join(", ")
     )
+}
+
+/// The placeholder the operation's `column` is bound to.
+fn placeholder_of(column: &str) -> String {
+    let at = WRITTEN_OPERATION_COLUMNS
+        .iter()
+        .position(|c| *c == column)
+        .expect("a written column");
+    format!("${}", at + 1)
 }
 
 /// Every shape's statement, built once.
