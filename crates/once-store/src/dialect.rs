@@ -67,15 +67,17 @@ pub trait Dialect: Database {
     /// Whether [`Dialect::apply_unlocked`] writes anything.
     const UNLOCKED_WRITES: bool;
 
-    /// See [`crate::Backend::apply_unlocked`]: `None` where the database cannot check a
-    /// decision in the statement that writes it.
+    /// See [`crate::Backend::apply_unlocked`]: `None` (as here) where the database cannot
+    /// check a decision in the statement that writes it.
     fn apply_unlocked(
-        pool: &Pool<Self>,
-        decided_from: Option<(FencingToken, i64)>,
-        guard: Option<&BeginCommand>,
-        plan: &Plan,
-        now: Millis,
-    ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send;
+        _pool: &Pool<Self>,
+        _decided_from: Option<(FencingToken, i64)>,
+        _guard: Option<&BeginCommand>,
+        _plan: &Plan,
+        _now: Millis,
+    ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send {
+        async { Ok(None) }
+    }
 
     /// Tells the other replicas that events were committed; nothing where they cannot be told
     /// (they look every [`crate::Announcements`] poll interval instead).

@@ -224,20 +224,20 @@ impl<B: Backend> Ledger<B> {
         // that the read is still true: a first claim (with the token the read took) and any
         // decided write. Otherwise, or when the operation changed, it is decided again below
         // under the row's lock.
-        let (decision, plan, guard) = match machine::begin(current.as_ref(), cmd, now) {
+        let unlocked = match machine::begin(current.as_ref(), cmd, now) {
             machine::BeginStep::Decided(decision, plan) if plan.is_empty() => {
                 return Ok((decision, now))
             }
-            machine::BeginStep::Decided(decision, plan) => (Some(decision), plan, None),
+            machine::BeginStep::Decided(decision, plan) => Some((decision, plan, None)),
             machine::BeginStep::Claim => match (&current, token) {
                 (None, Some(token)) => {
                     let (decision, plan) = machine::claim(None, cmd, Guard::Clear { token }, now);
-                    (Some(decision), plan, (!cmd.new_intent).then_some(cmd))
+                    Some((decision, plan, (!cmd.new_intent).then_some(cmd)))
                 }
-                _ => (None, Plan::default(), None),
+                _ => None,
             },
         };
-        if let Some(decision) = decision {
+        if let Some((decision, plan, guard)) = unlocked {
             if self.write_unlocked(current, guard, plan, now).await? {
                 return Ok((decision, now));
             }

@@ -82,27 +82,38 @@ pub(crate) static LISTED_OPERATION_COLUMNS: LazyLock<String> = LazyLock::new(|| 
     )
 });
 
-pub(crate) static INSERT_OPERATION: LazyLock<String> = LazyLock::new(|| {
+/// `$1, $2, …`: a placeholder for each of [`WRITTEN_OPERATION_COLUMNS`], in order.
+pub(crate) static OPERATION_PLACEHOLDERS: LazyLock<String> = LazyLock::new(|| {
     let placeholders: Vec<String> = (1..=WRITTEN_OPERATION_COLUMNS.len())
         .map(|n| format!("${n}"))
         .collect();
-    format!(
-        "INSERT INTO operations ({}) VALUES ({})",
-        WRITTEN_OPERATION_COLUMNS.join(", "),
-        placeholders.join(", ")
-    )
+    placeholders.join(", ")
 });
 
-pub(crate) static UPDATE_OPERATION: LazyLock<String> = LazyLock::new(|| {
+/// `tool = $3, fingerprint = $4, …`: every written column but the key, set from its
+/// placeholder, and the version bumped.
+pub(crate) static OPERATION_ASSIGNMENTS: LazyLock<String> = LazyLock::new(|| {
     let assignments: Vec<String> = WRITTEN_OPERATION_COLUMNS
         .iter()
         .enumerate()
         .skip(2)
         .map(|(i, column)| format!("{column} = ${}", i + 1))
         .collect();
+    format!("{}, version = version + 1", assignments.join(", "))
+});
+
+pub(crate) static INSERT_OPERATION: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE operations SET {}, version = version + 1 WHERE tenant = $1 AND operation_id = $2",
-        assignments.join(", ")
+        "INSERT INTO operations ({}) VALUES ({})",
+        WRITTEN_OPERATION_COLUMNS.join(", "),
+        OPERATION_PLACEHOLDERS.as_str()
+    )
+});
+
+pub(crate) static UPDATE_OPERATION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE operations SET {} WHERE tenant = $1 AND operation_id = $2",
+        OPERATION_ASSIGNMENTS.as_str()
     )
 });
 

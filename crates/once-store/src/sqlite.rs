@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use once_core::{BeginCommand, FencingToken, Millis, Plan};
+use once_core::BeginCommand;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -17,7 +17,7 @@ use sqlx::{Pool, Sqlite, Transaction};
 use std::sync::LazyLock;
 
 use crate::store::Statements;
-use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
+use crate::{Announcements, Dialect, Store, StoreError};
 
 /// The ledger in a SQLite file.
 pub type SqliteBackend = Store<Sqlite>;
@@ -88,19 +88,9 @@ impl Dialect for Sqlite {
         Ok(None)
     }
 
+    /// A statement cannot both read and write here (no data-modifying CTEs), and writes
+    /// already share one transaction under the one write lock: `apply_unlocked` writes nothing.
     const UNLOCKED_WRITES: bool = false;
-
-    async fn apply_unlocked(
-        _pool: &Pool<Self>,
-        _decided_from: Option<(FencingToken, i64)>,
-        _guard: Option<&BeginCommand>,
-        _plan: &Plan,
-        _now: Millis,
-    ) -> Result<Option<Unlocked>, StoreError> {
-        // A statement cannot both read and write here (no data-modifying CTEs), and writes
-        // already share one transaction under the one write lock.
-        Ok(None)
-    }
 
     async fn announce_events(_pool: &Pool<Self>) -> Result<(), StoreError> {
         // Other processes on the same file read it again every poll interval.

@@ -18,7 +18,8 @@ use once_core::{BeginCommand, Blocking, FencingToken, Millis, NewEvent, Plan};
 use sqlx::{PgPool, Row};
 
 use crate::rows::{
-    self, BlockingRow, ATTEMPT_COLUMNS, BLOCKING_COLUMNS, WRITTEN_OPERATION_COLUMNS,
+    self, BlockingRow, ATTEMPT_COLUMNS, BLOCKING_COLUMNS, OPERATION_ASSIGNMENTS,
+    OPERATION_PLACEHOLDERS, WRITTEN_OPERATION_COLUMNS,
 };
 use crate::{StoreError, Unlocked, Written};
 
@@ -92,9 +93,6 @@ fn statement(shape: Shape) -> String {
         }
         None => "",
     };
-    let placeholders: Vec<String> = (1..=WRITTEN_OPERATION_COLUMNS.len())
-        .map(|n| format!("${n}"))
-        .collect();
     parts.push(match version {
         // The claim's token was taken by the read. A life of this id that began since (its
         // tokens larger) and ended with retention has left its events: then the claim would
@@ -105,23 +103,15 @@ fn statement(shape: Shape) -> String {
              AND NOT EXISTS (SELECT 1 FROM events WHERE tenant = $1 AND operation_id = $2 \
              AND life > {}) ON CONFLICT DO NOTHING RETURNING 1)",
             WRITTEN_OPERATION_COLUMNS.join(", "),
-            placeholders.join(", "),
+            OPERATION_PLACEHOLDERS.as_str(),
             placeholder_of("life"),
         ),
-        Some((life, version)) => {
-            let assignments: Vec<String> = WRITTEN_OPERATION_COLUMNS
-                .iter()
-                .zip(&placeholders)
-                .skip(2)
-                .map(|(column, placeholder)| format!("{column} = {placeholder}"))
-                .collect();
-            format!(
-                "op AS (UPDATE operations SET {}, version = version + 1 \
-                 WHERE tenant = $1 AND operation_id = $2 AND life = {life} AND version = {version} \
-                 AND EXISTS (SELECT 1 FROM gate){clear} RETURNING 1)",
-                assignments.join(", ")
-            )
-        }
+        Some((life, version)) => format!(
+            "op AS (UPDATE operations SET {} \
+             WHERE tenant = $1 AND operation_id = $2 AND life = {life} AND version = {version} \
+             AND EXISTS (SELECT 1 FROM gate){clear} RETURNING 1)",
+            OPERATION_ASSIGNMENTS.as_str()
+        ),
     });
     if let Some(attempt) = attempt {
         parts.push(format!(
