@@ -64,6 +64,37 @@ async fn oncectl_at_home(home: &std::path::Path, args: &[&str], env: &[(&str, &s
         .expect("run oncectl")
 }
 
+/// `oncectl --addr http://ADDR -o json watch ARGS…`, running, and what it says on stderr, line
+/// by line (its stdout is left for the test to read).
+fn watch(addr: SocketAddr, args: &[&str]) -> (tokio::process::Child, Said) {
+    let mut watching = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
+        .args(["--addr", &format!("http://{addr}")])
+        .args(["-o", "json", "watch"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let said = tokio::io::BufReader::new(watching.stderr.take().unwrap()).lines();
+    (watching, said)
+}
+
+type Said = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>;
+
+/// Waits (boundedly) until the watch says a line containing `needle`.
+async fn until_said(said: &mut Said, needle: &str, what: &str) {
+    within(Duration::from_secs(20), what, async {
+        while let Some(line) = said.next_line().await.unwrap() {
+            if line.contains(needle) {
+                return;
+            }
+        }
+        panic!("oncectl watch ended before it said {needle:?}");
+    })
+    .await;
+}
+
 fn code(output: &Output) -> i32 {
     output.status.code().expect("exited")
 }
@@ -465,24 +496,8 @@ async fn watch_prints_every_change_once_as_json_lines(store: Store) {
     assert_eq!(lines[1]["tool"], "issue_refund");
 
     // By default: what touches UNKNOWN (and the anomalies), from now on.
-    let mut watching = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
-        .args(["--addr", &format!("http://{}", ledger.addr)])
-        .args(["-o", "json", "watch", "--count", "1"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut said = tokio::io::BufReader::new(watching.stderr.take().unwrap()).lines();
-    within(Duration::from_secs(20), "the watch to start", async {
-        while let Some(line) = said.next_line().await.unwrap() {
-            if line.contains("caught up") {
-                return;
-            }
-        }
-        panic!("oncectl watch ended before it started");
-    })
-    .await;
+    let (watching, mut said) = watch(ledger.addr, &["--count", "1"]);
+    until_said(&mut said, "caught up", "the watch to start").await;
     confirm(&mut client, "refund:o-5", grant.fencing_token, b"{}")
         .await
         .unwrap();
@@ -513,18 +528,8 @@ async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
     let addr = ledger.addr;
     let mut client = ledger.client().await;
     unknown_and_confirmed(&mut client).await;
-    let mut watching = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
-        .args(["--addr", &format!("http://{addr}")])
-        .args([
-            "-o", "json", "watch", "--all", "--after", "0", "--count", "6",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (mut watching, mut said) = watch(addr, &["--all", "--after", "0", "--count", "6"]);
     let mut printed = tokio::io::BufReader::new(watching.stdout.take().unwrap()).lines();
-    let mut said = tokio::io::BufReader::new(watching.stderr.take().unwrap()).lines();
     let mut lines = Vec::new();
     within(Duration::from_secs(20), "the four events so far", async {
         while lines.len() < 4 {
@@ -629,33 +634,11 @@ async fn a_watch_narrowed_by_provider_and_age_prints_only_their_operations(store
     );
 
     // Nothing here is an hour old: every event is passed over before it says it caught up.
-    let mut watching = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
-        .args(["--addr", &format!("http://{}", ledger.addr)])
-        .args([
-            "-o",
-            "json",
-            "watch",
-            "--all",
-            "--after",
-            "0",
-            "--older-than",
-            "1h",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut said = tokio::io::BufReader::new(watching.stderr.take().unwrap()).lines();
-    within(Duration::from_secs(20), "the watch to catch up", async {
-        while let Some(line) = said.next_line().await.unwrap() {
-            if line.contains("caught up to #6") {
-                return;
-            }
-        }
-        panic!("oncectl watch ended before it caught up");
-    })
-    .await;
+    let (mut watching, mut said) = watch(
+        ledger.addr,
+        &["--all", "--after", "0", "--older-than", "1h"],
+    );
+    until_said(&mut said, "caught up to #6", "the watch to catch up").await;
     watching.start_kill().unwrap();
     let output = watching.wait_with_output().await.unwrap();
     assert_eq!(String::from_utf8_lossy(&output.stdout), "");
