@@ -136,6 +136,16 @@ async fn unknown_and_confirmed(client: &mut Grpc) -> pb::Execute {
     grant
 }
 
+/// `refund:o-3`, which a `stripe` reconciler can look up, claimed and reported UNKNOWN.
+async fn stripe_unknown(client: &mut Grpc) {
+    let mut looked_up = begin("refund:o-3", ARGS);
+    looked_up.provider = "stripe".into();
+    let grant = claim(client, looked_up).await;
+    report_unknown(client, "refund:o-3", grant.fencing_token)
+        .await
+        .unwrap();
+}
+
 async fn list_show_and_resolve_an_unknown_operation(store: Store) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
@@ -594,12 +604,7 @@ async fn a_watch_narrowed_by_provider_and_age_prints_only_their_operations(store
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
     unknown_and_confirmed(&mut client).await;
-    let mut looked_up = begin("refund:o-3", ARGS);
-    looked_up.provider = "stripe".into();
-    let grant = claim(&mut client, looked_up).await;
-    report_unknown(&mut client, "refund:o-3", grant.fencing_token)
-        .await
-        .unwrap();
+    stripe_unknown(&mut client).await;
 
     // The first two events of a stripe operation, though four of others come before them.
     let output = oncectl(
@@ -650,12 +655,7 @@ async fn a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file(store
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
     unknown_and_confirmed(&mut client).await;
-    let mut looked_up = begin("refund:o-3", ARGS);
-    looked_up.provider = "stripe".into();
-    let grant = claim(&mut client, looked_up).await;
-    report_unknown(&mut client, "refund:o-3", grant.fencing_token)
-        .await
-        .unwrap();
+    stripe_unknown(&mut client).await;
 
     // The provider filter: only the operation a reconciler can look up.
     let listed = json(&oncectl(ledger.addr, &["list", "--provider", "stripe", "--json"]).await);
