@@ -240,6 +240,16 @@ mod tests {
     }
 
     /// A write inserting parent `id`, failing afterwards when `fail`.
+    /// `insert(id, fail)` sent to the writer from a task of its own.
+    fn inserting(
+        writer: &Writer<SqliteBackend>,
+        id: i64,
+        fail: bool,
+    ) -> tokio::task::JoinHandle<Result<i64, StoreError>> {
+        let writer = writer.clone();
+        tokio::spawn(async move { writer.write(insert(id, fail)).await })
+    }
+
     fn insert(
         id: i64,
         fail: bool,
@@ -306,10 +316,7 @@ mod tests {
         let (release, held) = hold(&writer).await;
         let writes: Vec<_> = [(1, false), (2, true), (3, false)]
             .into_iter()
-            .map(|(id, fail)| {
-                let writer = writer.clone();
-                tokio::spawn(async move { writer.write(insert(id, fail)).await })
-            })
+            .map(|(id, fail)| inserting(&writer, id, fail))
             .collect();
         queued(&writer, 3).await;
         drop(release);
@@ -329,10 +336,7 @@ mod tests {
         let (release, held) = hold(&writer).await;
         let mut writes: Vec<_> = [4, 5]
             .into_iter()
-            .map(|id| {
-                let writer = writer.clone();
-                tokio::spawn(async move { writer.write(insert(id, false)).await })
-            })
+            .map(|id| inserting(&writer, id, false))
             .collect();
         // A child of no parent: allowed until the commit, which it makes fail.
         let orphan = writer.clone();
@@ -366,10 +370,7 @@ mod tests {
         let (_dir, store) = store().await;
         let writer = Writer::spawn(store.clone());
         let (release, held) = hold(&writer).await;
-        let first = {
-            let writer = writer.clone();
-            tokio::spawn(async move { writer.write(insert(9, false)).await })
-        };
+        let first = inserting(&writer, 9, false);
         let panicking = {
             let writer = writer.clone();
             tokio::spawn(async move {
@@ -399,10 +400,7 @@ mod tests {
         let (_dir, store) = store().await;
         let writer = Writer::spawn(store.clone());
         let (release, held) = hold(&writer).await;
-        let abandoned = {
-            let writer = writer.clone();
-            tokio::spawn(async move { writer.write(insert(7, false)).await })
-        };
+        let abandoned = inserting(&writer, 7, false);
         queued(&writer, 1).await;
         abandoned.abort();
         assert!(abandoned.await.unwrap_err().is_cancelled());
