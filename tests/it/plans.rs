@@ -15,6 +15,7 @@ use crate::support::*;
 on_both_backends!(
     an_idle_sweep_reads_an_empty_index_range_not_the_table,
     a_call_reads_its_own_operation_by_an_index_whatever_is_stored,
+    a_call_planned_over_empty_tables_reads_by_its_own_operation,
 );
 
 /// A value a statement is bound with.
@@ -113,6 +114,104 @@ async fn a_call_reads_its_own_operation_by_an_index_whatever_is_stored(store: St
     check(&db, postgres, sqlite, 2).await;
     if db.store == Store::Postgres {
         guard_function_reads_an_index(&db).await;
+    }
+}
+
+/// A database plans a statement from what it knows of the tables, and PostgreSQL may keep
+/// the plan a connection made first for as long as the connection lives: a replica that starts
+/// on a new database plans over empty tables. There every index with the tenant first looks as
+/// cheap as the one keyed by the operation, and a plan that took the tenant's would read all of
+/// the tenant's rows on every call once the tables fill. So over empty tables each call's
+/// statement must still look its operation up by the operation's own keys; and no index a call
+/// could take for a lookup by tenant and operation id may lead with the tenant alone.
+async fn a_call_planned_over_empty_tables_reads_by_its_own_operation(store: Store) {
+    let db = TestDb::new(store).await;
+    TestLedger::spawn(&db).await.stop().await;
+    match db.store {
+        Store::Postgres => {
+            let statements = bound(once_store::call_statements::<Postgres>(), call_binds);
+            postgres_lookups_by_operation(&db, statements).await;
+            postgres_indexes_leading_with_the_tenant(&db).await;
+        }
+        Store::Sqlite => {
+            let statements = bound(once_store::call_statements::<Sqlite>(), call_binds);
+            sqlite_lookups_by_operation(&db, statements).await;
+        }
+    }
+}
+
+/// The indexes a lookup of one operation's rows may read in PostgreSQL: keyed by the operation.
+const BY_OPERATION: [&str; 6] = [
+    "operations_pkey",
+    "operations_open_by_fingerprint",
+    "operations_unknown_by_fingerprint",
+    "attempts_pkey",
+    "events_by_operation",
+    "events_once",
+];
+
+async fn postgres_lookups_by_operation(db: &TestDb, statements: Vec<Statement>) {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    for (name, sql, binds) in statements {
+        let explain = format!("EXPLAIN (FORMAT JSON) {sql}");
+        let mut query = sqlx::query_scalar::<_, Value>(&explain);
+        for bind in binds {
+            query = match bind {
+                Bound::Text(text) => query.bind(text),
+                Bound::Int(n) => query.bind(n),
+                Bound::Bytes(bytes) => query.bind(bytes),
+            };
+        }
+        let plan = query.fetch_one(&mut conn).await.unwrap();
+        let mut nodes = Vec::new();
+        walk(&plan[0]["Plan"], &mut nodes);
+        for node in nodes {
+            if let Some(index) = node["Index Name"].as_str() {
+                assert!(
+                    BY_OPERATION.contains(&index),
+                    "{name}, planned over empty tables, reads {index}: {plan:#}"
+                );
+            }
+            assert_ne!(node["Node Type"], "Seq Scan", "{name}: {plan:#}");
+        }
+    }
+}
+
+/// Every index of a table keyed by operation whose first column is the tenant either has the
+/// operation id next, or is partial: a lookup by tenant and operation id cannot take it.
+async fn postgres_indexes_leading_with_the_tenant(db: &TestDb) {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let open: Vec<(String, String)> = sqlx::query_as(
+        "SELECT i.relname::TEXT, pg_get_indexdef(x.indexrelid) FROM pg_index x \
+         JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid \
+         WHERE t.relname IN ('operations', 'events', 'attempts', 'duplicates') \
+         AND x.indpred IS NULL \
+         AND (SELECT attname FROM pg_attribute WHERE attrelid = t.oid AND attnum = x.indkey[0]) = 'tenant' \
+         AND (x.indnatts < 2 OR (SELECT attname FROM pg_attribute WHERE attrelid = t.oid \
+              AND attnum = x.indkey[1]) <> 'operation_id')",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        open.is_empty(),
+        "a lookup of one operation could read these: {open:#?}"
+    );
+}
+
+/// SQLite: each table a statement searches, it searches by the operation id too.
+async fn sqlite_lookups_by_operation(db: &TestDb, statements: Vec<Statement>) {
+    for (name, plan) in sqlite_explained(db, statements).await {
+        for step in plan.iter().filter(|step| step.starts_with("SEARCH")) {
+            assert!(
+                step.contains("operation_id=?") || step.contains("fingerprint=?"),
+                "{name}, planned over empty tables: {plan:#?}"
+            );
+        }
     }
 }
 
@@ -241,9 +340,28 @@ fn walk<'a>(node: &'a Value, into: &mut Vec<&'a Value>) {
 /// SQLite's plan for each statement must search the tables it reads by an index, never scan
 /// them.
 async fn sqlite_plans(db: &TestDb, statements: Vec<Statement>) {
+    for (name, plan) in sqlite_explained(db, statements).await {
+        let scans: Vec<&String> = plan
+            .iter()
+            // The one-row subquery a read joins the clock from is no table.
+            .filter(|step| {
+                step.starts_with("SCAN")
+                    && !["SCAN CONSTANT ROW", "SCAN one"].contains(&step.as_str())
+            })
+            .collect();
+        assert!(scans.is_empty(), "{name} scans a table: {plan:#?}");
+    }
+}
+
+/// SQLite's plan of each statement, a step a line.
+async fn sqlite_explained(
+    db: &TestDb,
+    statements: Vec<Statement>,
+) -> Vec<(&'static str, Vec<String>)> {
     let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url)
         .await
         .unwrap();
+    let mut explained = Vec::new();
     for (name, sql, binds) in statements {
         let explain = format!("EXPLAIN QUERY PLAN {sql}");
         let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
@@ -261,14 +379,7 @@ async fn sqlite_plans(db: &TestDb, statements: Vec<Statement>) {
             .into_iter()
             .map(|(_, _, _, detail)| detail)
             .collect();
-        let scans: Vec<&String> = plan
-            .iter()
-            // The one-row subquery a read joins the clock from is no table.
-            .filter(|step| {
-                step.starts_with("SCAN")
-                    && !["SCAN CONSTANT ROW", "SCAN one"].contains(&step.as_str())
-            })
-            .collect();
-        assert!(scans.is_empty(), "{name} scans a table: {plan:#?}");
+        explained.push((name, plan));
     }
+    explained
 }

@@ -505,7 +505,9 @@ where
         let mut sql = String::new();
         let mut binds = Binds::<D>::default();
         sql += &format!(
-            "SELECT {} FROM operations WHERE tenant = {}",
+            // `created_at >= 0`, true of every row, lets PostgreSQL read the tenant's rows in
+            // order by their partial index (see `0007_lookups_cannot_take_a_tenant_index.sql`).
+            "SELECT {} FROM operations WHERE tenant = {} AND created_at >= 0",
             LISTED_OPERATION_COLUMNS.as_str(),
             binds.push(tenant)?
         );
@@ -745,7 +747,9 @@ where
         let mut sql = String::new();
         let mut binds = Binds::<D>::default();
         sql += &format!(
-            "SELECT {} FROM events WHERE tenant = {} AND sequence > {} AND sequence <= {}",
+            // `sequence > 0`: see `list`.
+            "SELECT {} FROM events WHERE tenant = {} AND sequence > 0 AND sequence > {} \
+             AND sequence <= {}",
             WATCHED_EVENT_COLUMNS.as_str(),
             binds.push(tenant)?,
             binds.push(after)?,
@@ -808,10 +812,12 @@ where
         .fetch_all(&self.pool)
         .await?;
         // The window's events are read by (tenant, sequence) from the sequence of the first
-        // event in it by time (one probe of the time index), not by scanning the tenant's.
+        // event in it by time (one probe of the time index), not by scanning the tenant's
+        // (`sequence > 0`: see `list`).
         let window = format!(
-            "e.tenant = $1 AND e.at >= {now} - $2 AND e.sequence >= COALESCE((SELECT w.sequence \
-             FROM events w WHERE w.at >= {now} - $2 ORDER BY w.at LIMIT 1), 0)"
+            "e.tenant = $1 AND e.sequence > 0 AND e.at >= {now} - $2 \
+             AND e.sequence >= COALESCE((SELECT w.sequence FROM events w \
+             WHERE w.at >= {now} - $2 ORDER BY w.at LIMIT 1), 0)"
         );
         // Each move out of UNKNOWN in the window, and how long after the operation's latest
         // move into UNKNOWN in the same life.
@@ -962,7 +968,8 @@ where
         limit: u32,
     ) -> Result<Vec<Duplicate>, StoreError> {
         let sql = format!(
-            "SELECT {DUPLICATE_COLUMNS} FROM duplicates WHERE tenant = $1 AND at >= $2 \
+            // `at >= 0`: see `list`.
+            "SELECT {DUPLICATE_COLUMNS} FROM duplicates WHERE tenant = $1 AND at >= 0 AND at >= $2 \
              AND ($3 IS NULL OR tool = $3) ORDER BY at, id LIMIT $4"
         );
         let rows: Vec<DuplicateRow> = sqlx::query_as(&sql)
