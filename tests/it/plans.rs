@@ -155,16 +155,7 @@ async fn postgres_lookups_by_operation(db: &TestDb, statements: Vec<Statement>) 
         .await
         .unwrap();
     for (name, sql, binds) in statements {
-        let explain = format!("EXPLAIN (FORMAT JSON) {sql}");
-        let mut query = sqlx::query_scalar::<_, Value>(&explain);
-        for bind in binds {
-            query = match bind {
-                Bound::Text(text) => query.bind(text),
-                Bound::Int(n) => query.bind(n),
-                Bound::Bytes(bytes) => query.bind(bytes),
-            };
-        }
-        let plan = query.fetch_one(&mut conn).await.unwrap();
+        let plan = postgres_generic_plan(&mut conn, "FORMAT JSON", &sql, &binds).await;
         let mut nodes = Vec::new();
         walk(&plan[0]["Plan"], &mut nodes);
         for node in nodes {
@@ -328,6 +319,48 @@ async fn postgres_plans(db: &TestDb, statements: Vec<Statement>, rows: i64) {
             "{name} read {read} rows and filtered {filtered} (a full scan: {whole}): {plan:#}"
         );
     }
+}
+
+/// The generic plan of `sql`, run with `binds`: the plan made for any values, which a
+/// connection may keep for a statement it prepared and runs again and again.
+async fn postgres_generic_plan(
+    conn: &mut sqlx::PgConnection,
+    options: &str,
+    sql: &str,
+    binds: &[Bound],
+) -> Value {
+    let values: Vec<String> = binds
+        .iter()
+        .map(|bind| match bind {
+            Bound::Text(text) => format!("'{}'", text.replace('\'', "''")),
+            Bound::Int(n) => n.to_string(),
+            Bound::Bytes(bytes) => {
+                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                format!("'\\x{hex}'::bytea")
+            }
+        })
+        .collect();
+    let arguments = if values.is_empty() {
+        String::new()
+    } else {
+        format!("({})", values.join(", "))
+    };
+    sqlx::raw_sql(&format!(
+        "SET plan_cache_mode = force_generic_plan; PREPARE checked AS {sql}"
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan: Value =
+        sqlx::query_scalar(&format!("EXPLAIN ({options}) EXECUTE checked{arguments}"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    sqlx::raw_sql("DEALLOCATE checked")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    plan
 }
 
 fn walk<'a>(node: &'a Value, into: &mut Vec<&'a Value>) {

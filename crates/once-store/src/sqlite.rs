@@ -134,7 +134,10 @@ impl Store<Sqlite> {
 async fn open(options: &SqliteConnectOptions) -> Result<SqlitePool, StoreError> {
     let mut tries = 0;
     loop {
+        // A connection to a file is not dropped by a server or a network: pinging it before
+        // each use would only add a round trip to sqlx's worker thread to every call.
         let opened = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(8)
             .acquire_timeout(BUSY_TIMEOUT)
             .connect_with(options.clone())
