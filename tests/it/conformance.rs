@@ -888,8 +888,10 @@ async fn stored_or_not<B: Backend>(backend: &B, operation_id: &str) -> bool {
 async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend>(backend: B) {
     let blocker = claimed(&backend, "unlocked-blocker", "refund", 7).await;
     let cmd = command("unlocked-1", "refund", 9);
+    // One connection for every read and write, as a call holds one for both.
+    let (mut conn, _) = backend.connection().await.unwrap();
     let (none, at, token) = backend
-        .read_claimable(TENANT, &cmd.operation_id)
+        .read_claimable(&mut conn, TENANT, &cmd.operation_id)
         .await
         .unwrap();
     assert!(none.is_none());
@@ -900,7 +902,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         let op = claimed(&backend, "unlocked-0", "refund", 8).await;
         let (_, plan) = machine::report(&op, &confirm_command(&op), None, at);
         let unlocked = backend
-            .apply_unlocked(Some((op.life, op.version)), None, &plan, at)
+            .apply_unlocked(&mut conn, Some((op.life, op.version)), None, &plan, at)
             .await;
         assert_eq!(unlocked.unwrap(), None);
         assert_eq!(stored(&backend, "unlocked-0").await.state, State::InFlight);
@@ -916,7 +918,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     );
     let (_, claim) = machine::claim(None, &cmd, Guard::Clear { token }, at);
     match backend
-        .apply_unlocked(None, Some(&cmd), &claim, at)
+        .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
         .await
         .unwrap()
     {
@@ -942,7 +944,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     // A stored operation gets no token from the read.
     assert_eq!(
         backend
-            .read_claimable(TENANT, &op.operation_id)
+            .read_claimable(&mut conn, TENANT, &op.operation_id)
             .await
             .unwrap()
             .2,
@@ -951,7 +953,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
 
     // The same claim again meets the row: nothing is written.
     let again = backend
-        .apply_unlocked(None, Some(&cmd), &claim, at)
+        .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
         .await
         .unwrap();
     assert_eq!(again, Some(once_store::Unlocked::Changed));
@@ -968,7 +970,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     moved.reason = Some("moved on".into());
     overwrite(&backend, &moved).await;
     let stale = backend
-        .apply_unlocked(Some((op.life, op.version)), None, &confirm, at)
+        .apply_unlocked(&mut conn, Some((op.life, op.version)), None, &confirm, at)
         .await
         .unwrap();
     assert_eq!(stale, Some(once_store::Unlocked::Changed));
@@ -995,7 +997,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     // A new id for an intent still running is blocked by it, and writes nothing.
     let blocked = command("unlocked-2", "refund", 7);
     let (_, _, token) = backend
-        .read_claimable(TENANT, &blocked.operation_id)
+        .read_claimable(&mut conn, TENANT, &blocked.operation_id)
         .await
         .unwrap();
     let (_, claim) = machine::claim(
@@ -1007,7 +1009,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         at,
     );
     match backend
-        .apply_unlocked(None, Some(&blocked), &claim, at)
+        .apply_unlocked(&mut conn, None, Some(&blocked), &claim, at)
         .await
         .unwrap()
     {
@@ -1025,7 +1027,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .is_none());
     // Without the guard (what a Begin declaring a new intent sends), it is not.
     let unblocked = backend
-        .apply_unlocked(None, None, &claim, at)
+        .apply_unlocked(&mut conn, None, None, &claim, at)
         .await
         .unwrap();
     assert!(
@@ -1055,6 +1057,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     };
     match backend
         .apply_unlocked(
+            &mut conn,
             Some((confirmed_op.life, confirmed_op.version)),
             None,
             &plan,
@@ -1083,7 +1086,13 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     assert_eq!(second_life.version, first_life.version);
     assert_ne!(second_life.life, first_life.life);
     let stale = backend
-        .apply_unlocked(Some((first_life.life, first_life.version)), None, &late, at)
+        .apply_unlocked(
+            &mut conn,
+            Some((first_life.life, first_life.version)),
+            None,
+            &late,
+            at,
+        )
         .await
         .unwrap();
     assert_eq!(stale, Some(once_store::Unlocked::Changed));
@@ -1104,7 +1113,9 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         ..plan.clone()
     };
     for plan in [&events_alone, &new_life] {
-        let unlocked = backend.apply_unlocked(Some(version), None, plan, at).await;
+        let unlocked = backend
+            .apply_unlocked(&mut conn, Some(version), None, plan, at)
+            .await;
         assert_eq!(unlocked.unwrap(), None, "{plan:?}");
     }
 
@@ -1112,7 +1123,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     // with retention, is not written: a life's tokens all come after every earlier life's.
     let cmd = command("unlocked-overtaken", "refund", 6);
     let (none, at, early) = backend
-        .read_claimable(TENANT, &cmd.operation_id)
+        .read_claimable(&mut conn, TENANT, &cmd.operation_id)
         .await
         .unwrap();
     assert!(none.is_none());
@@ -1122,7 +1133,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     delete_settled_or_not(&backend, "unlocked-overtaken").await;
     let (_, claim) = machine::claim(None, &cmd, Guard::Clear { token: early }, at);
     let overtaken = backend
-        .apply_unlocked(None, Some(&cmd), &claim, at)
+        .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
         .await
         .unwrap();
     assert_eq!(overtaken, Some(once_store::Unlocked::Changed));
@@ -1136,8 +1147,9 @@ async fn confirm_unlocked<B: Backend>(
     at: Millis,
 ) -> Option<once_store::Unlocked> {
     let (_, confirm) = machine::report(op, &confirm_command(op), None, at);
+    let (mut conn, _) = backend.connection().await.unwrap();
     backend
-        .apply_unlocked(Some((op.life, op.version)), None, &confirm, at)
+        .apply_unlocked(&mut conn, Some((op.life, op.version)), None, &confirm, at)
         .await
         .unwrap()
 }
@@ -1182,4 +1194,50 @@ async fn the_ledger_reads_committed_whatever_the_database_default() {
         .await
         .unwrap();
     assert_eq!(isolation, "read committed");
+}
+
+/// A call holds one pooled connection for its lock-free read and the one-statement write, and
+/// gives it back before it takes a write transaction: on a pool of one connection, a Begin the
+/// one statement cannot write (a new id blocked by its intent) and one it writes both answer,
+/// where holding the read's connection into the transaction would wait for the pool forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_never_holds_two_pooled_connections() {
+    use crate::support::{Store, TestDb};
+    let db = TestDb::new(Store::Postgres).await;
+    let settings = once_store::postgres::PgSettings {
+        max_connections: 1,
+        acquire_timeout: std::time::Duration::from_secs(2),
+    };
+    let backend = once_store::PgBackend::connect(&db.url, &settings)
+        .await
+        .unwrap();
+    let ledger = once_store::Ledger::new(backend);
+    let (first, _) = ledger
+        .begin(&command("one-connection-1", "refund", 3))
+        .await
+        .unwrap();
+    let BeginDecision::Execute(grant) = first else {
+        panic!("{first:?}")
+    };
+    // The same intent under a new id: the one statement finds it blocked, the lock decides.
+    let (blocked, _) = ledger
+        .begin(&command("one-connection-2", "refund", 3))
+        .await
+        .unwrap();
+    assert!(
+        matches!(blocked, BeginDecision::InProgress { .. }),
+        "{blocked:?}"
+    );
+    let op = ledger
+        .read(TENANT, &id("one-connection-1"))
+        .await
+        .unwrap()
+        .0
+        .unwrap();
+    assert_eq!(op.fencing_token, grant.fencing_token);
+    let state = ledger
+        .report(TENANT, &id("one-connection-1"), &confirm_command(&op))
+        .await
+        .unwrap();
+    assert_eq!(state, State::Confirmed);
 }

@@ -26,8 +26,8 @@ pub struct Written {
 /// What [`Backend::apply_unlocked`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unlocked {
-    /// The plan is written and committed; `waited` is how long it waited for a connection.
-    Applied { written: Written, waited: Duration },
+    /// The plan is written and committed.
+    Applied { written: Written },
     /// The operation is no longer what the plan was decided from: nothing was written.
     Changed,
     /// Another open operation of the Begin's intent blocks its claim: nothing was written.
@@ -49,6 +49,10 @@ pub struct PoolUse {
 /// [`Backend::commit`] makes it durable. Dropping a transaction rolls it back.
 pub trait Backend: Clone + Send + Sync + 'static {
     type Tx: Send;
+    /// A connection one call holds for its lock-free read and the one-statement write decided
+    /// from it ([`Backend::apply_unlocked`]): one trip to the pool, not two. Released before the
+    /// call takes a write transaction, which needs a connection of its own.
+    type Conn: Send;
 
     /// A short name for logs: `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
@@ -71,12 +75,25 @@ pub trait Backend: Clone + Send + Sync + 'static {
         id: &OperationId,
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
 
+    /// Takes a connection for one call, and how long that waited.
+    fn connection(&self)
+        -> impl Future<Output = Result<(Self::Conn, Duration), StoreError>> + Send;
+
+    /// [`Backend::read`] on the call's connection.
+    fn read_held(
+        &self,
+        conn: &mut Self::Conn,
+        tenant: &str,
+        id: &OperationId,
+    ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
+
     /// Reads like [`Backend::read`], and when no operation is stored, also takes a fencing token
     /// never issued before, where the store can issue one outside a write transaction (for a
     /// first claim written by [`Backend::apply_unlocked`]; an unused one is skipped, never
     /// issued again).
     fn read_claimable(
         &self,
+        conn: &mut Self::Conn,
         tenant: &str,
         id: &OperationId,
     ) -> impl Future<Output = Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError>> + Send;
@@ -93,6 +110,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// transaction).
     fn apply_unlocked(
         &self,
+        conn: &mut Self::Conn,
         decided_from: Option<(FencingToken, i64)>,
         guard: Option<&BeginCommand>,
         plan: &Plan,

@@ -70,7 +70,7 @@ pub trait Dialect: Database {
     /// See [`crate::Backend::apply_unlocked`]: `None` (as here) where the database cannot
     /// check a decision in the statement that writes it.
     fn apply_unlocked(
-        _pool: &Pool<Self>,
+        _conn: &mut Self::Connection,
         _decided_from: Option<(FencingToken, i64)>,
         _guard: Option<&BeginCommand>,
         _plan: &Plan,

@@ -156,14 +156,15 @@ impl<B: Backend> Ledger<B> {
         }
     }
 
-    /// Writes `plan`, decided at `now` from `before` as a lock-free read found it, in one
-    /// statement where the backend can check that `before` is still what is stored (and, for
-    /// a claim, that nothing blocks `guard`'s intent). Whether it did: if not, the call must be
-    /// decided again in a write transaction (the backend cannot; the operation changed; the
-    /// decision is too old; or the claim is blocked, which the lock decides again, as the
-    /// read may not be true any longer either).
+    /// Writes `plan`, decided at `now` from `before` as a lock-free read on `conn` found it
+    /// (`conn` came from the pool after `waited`), in one statement where the backend can check
+    /// that `before` is still what is stored (and, for a claim, that nothing blocks `guard`'s
+    /// intent). Whether it did: if not, the call must be decided again in a write transaction
+    /// (the backend cannot; the operation changed; the decision is too old; or the claim is
+    /// blocked, which the lock decides again, as the read may not be true any longer either).
     async fn write_unlocked(
         &self,
+        (conn, waited): (&mut B::Conn, Duration),
         before: Option<Operation>,
         guard: Option<&BeginCommand>,
         plan: Plan,
@@ -172,10 +173,10 @@ impl<B: Backend> Ledger<B> {
         let decided_from = before.as_ref().map(|op| (op.life, op.version));
         let unlocked = self
             .backend
-            .apply_unlocked(decided_from, guard, &plan, now)
+            .apply_unlocked(conn, decided_from, guard, &plan, now)
             .await?;
         match unlocked {
-            Some(Unlocked::Applied { written, waited }) => {
+            Some(Unlocked::Applied { written }) => {
                 if let Some(observer) = &self.observer {
                     observer.transaction_started(waited);
                 }
@@ -216,9 +217,10 @@ impl<B: Backend> Ledger<B> {
         // Most Begins that write nothing (replays, IN_PROGRESS, UNKNOWN, a retried grant) are
         // answered from a plain read: those states only change under a lock, and each answer is
         // true of the committed state it was read from.
+        let (mut conn, waited) = self.backend.connection().await?;
         let (current, now, token) = self
             .backend
-            .read_claimable(&cmd.tenant, &cmd.operation_id)
+            .read_claimable(&mut conn, &cmd.tenant, &cmd.operation_id)
             .await?;
         // The rest are written from the same read where the backend can check, as it writes,
         // that the read is still true: a first claim (with the token the read took) and any
@@ -238,10 +240,14 @@ impl<B: Backend> Ledger<B> {
             },
         };
         if let Some((decision, plan, guard)) = unlocked {
-            if self.write_unlocked(current, guard, plan, now).await? {
+            let held = (&mut conn, waited);
+            if self.write_unlocked(held, current, guard, plan, now).await? {
                 return Ok((decision, now));
             }
         }
+        // Back to the pool before the write transaction takes a connection: a call holding two
+        // at once could wait for the pool forever.
+        drop(conn);
         for _ in 0..CLAIM_RACE_RETRIES {
             let backend = self.backend.clone();
             let cmd = cmd.clone();
@@ -300,7 +306,8 @@ impl<B: Backend> Ledger<B> {
         // Where the backend can check a decision as it writes it: decided from a lock-free
         // read, and written in one statement if the operation has not changed since.
         if self.backend.writes_unlocked() {
-            let (current, now) = self.backend.read(tenant, id).await?;
+            let (mut conn, waited) = self.backend.connection().await?;
+            let (current, now) = self.backend.read_held(&mut conn, tenant, id).await?;
             let op = current.ok_or(StoreError::NotFound)?;
             if !machine::needs_attempt_record(&op, fencing_token) {
                 let (answer, plan) = machine::report(&op, cmd, None, now);
@@ -308,10 +315,13 @@ impl<B: Backend> Ledger<B> {
                 if plan.is_empty() {
                     return answered(answer, life);
                 }
-                if self.write_unlocked(Some(op), None, plan, now).await? {
+                let held = (&mut conn, waited);
+                if self.write_unlocked(held, Some(op), None, plan, now).await? {
                     return answered(answer, life);
                 }
             }
+            // Back to the pool before the write transaction takes one (see `begin_in_store`).
+            drop(conn);
         }
         let backend = self.backend.clone();
         let (tenant_owned, id_owned, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());

@@ -109,13 +109,13 @@ impl Dialect for Postgres {
     const UNLOCKED_WRITES: bool = true;
 
     async fn apply_unlocked(
-        pool: &Pool<Self>,
+        conn: &mut PgConnection,
         decided_from: Option<(FencingToken, i64)>,
         guard: Option<&BeginCommand>,
         plan: &Plan,
         now: Millis,
     ) -> Result<Option<Unlocked>, StoreError> {
-        crate::unlocked::apply(pool, decided_from, guard, plan, now).await
+        crate::unlocked::apply(conn, decided_from, guard, plan, now).await
     }
 
     async fn announce_events(pool: &Pool<Self>) -> Result<(), StoreError> {

@@ -9,6 +9,9 @@ use once_core::{
     Attempt, BeginCommand, Blocking, Event, EventKind, FencingToken, ListQuery, Listed, Millis,
     Operation, OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
 };
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
 use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row,
     Transaction, Type,
@@ -253,6 +256,7 @@ where
     for<'n> &'n str: ColumnIndex<D::Row>,
 {
     type Tx = Transaction<'static, D>;
+    type Conn = PoolConnection<D>;
 
     fn kind(&self) -> &'static str {
         D::KIND
@@ -277,23 +281,40 @@ where
     }
 
     async fn read(&self, tenant: &str, id: &OperationId) -> Result<Clocked, StoreError> {
+        let (mut conn, _) = self.connection().await?;
+        self.read_held(&mut conn, tenant, id).await
+    }
+
+    async fn connection(&self) -> Result<(Self::Conn, Duration), StoreError> {
+        let asked = Instant::now();
+        let conn = self.pool.acquire().await?;
+        Ok((conn, asked.elapsed()))
+    }
+
+    async fn read_held(
+        &self,
+        conn: &mut Self::Conn,
+        tenant: &str,
+        id: &OperationId,
+    ) -> Result<Clocked, StoreError> {
         let row = sqlx::query(&D::statements().read)
             .bind(tenant)
             .bind(id.as_str())
-            .fetch_one(&self.pool)
+            .fetch_one(&mut **conn)
             .await?;
         clocked(&row)
     }
 
     async fn read_claimable(
         &self,
+        conn: &mut Self::Conn,
         tenant: &str,
         id: &OperationId,
     ) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
         let row = sqlx::query(&D::statements().read_claimable)
             .bind(tenant)
             .bind(id.as_str())
-            .fetch_one(&self.pool)
+            .fetch_one(&mut **conn)
             .await?;
         let (op, now) = clocked(&row)?;
         let token: Option<i64> = row.try_get("fresh_token")?;
@@ -306,12 +327,13 @@ where
 
     async fn apply_unlocked(
         &self,
+        conn: &mut Self::Conn,
         decided_from: Option<(FencingToken, i64)>,
         guard: Option<&BeginCommand>,
         plan: &Plan,
         now: Millis,
     ) -> Result<Option<crate::Unlocked>, StoreError> {
-        D::apply_unlocked(&self.pool, decided_from, guard, plan, now).await
+        D::apply_unlocked(&mut **conn, decided_from, guard, plan, now).await
     }
 
     async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {

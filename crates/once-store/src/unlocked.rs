@@ -11,11 +11,10 @@
 //! reading is more than [`MAX_DECISION_AGE_MS`] old.
 
 use std::sync::LazyLock;
-use std::time::Instant;
 
 use once_core::machine::Write;
 use once_core::{BeginCommand, Blocking, FencingToken, Millis, NewEvent, Plan};
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, Row};
 
 use crate::rows::{
     self, BlockingRow, ATTEMPT_COLUMNS, BLOCKING_COLUMNS, OPERATION_ASSIGNMENTS,
@@ -177,7 +176,7 @@ fn column<'e, T>(events: &'e [NewEvent], of: impl Fn(&'e NewEvent) -> T) -> Vec<
 /// [`crate::Backend::apply_unlocked`]. A plan that writes no operation row, or starts a new
 /// life of one, is not written so: `None`.
 pub(crate) async fn apply(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     decided_from: Option<(FencingToken, i64)>,
     guard: Option<&BeginCommand>,
     plan: &Plan,
@@ -219,10 +218,7 @@ pub(crate) async fn apply(
         .bind(column(events, |e| e.details.as_deref()))
         .bind(column(events, |e| e.dedupe_key.as_deref()));
 
-    let asked = Instant::now();
-    let mut connection = pool.acquire().await?;
-    let waited = asked.elapsed();
-    let row = query.fetch_one(&mut *connection).await?;
+    let row = query.fetch_one(conn).await?;
     let wrote: i64 = row.try_get("wrote")?;
     if wrote == 1 {
         let inserted: Vec<String> = row.try_get("inserted_keys")?;
@@ -235,7 +231,7 @@ pub(crate) async fn apply(
                 })
                 .collect(),
         };
-        return Ok(Some(Unlocked::Applied { written, waited }));
+        return Ok(Some(Unlocked::Applied { written }));
     }
     let blocking: Option<String> = row.try_get("operation_id")?;
     Ok(Some(match blocking {
