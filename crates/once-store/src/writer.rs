@@ -3,7 +3,8 @@
 //! and one flush to disk. Each caller is answered only after that commit.
 //!
 //! A write that fails is undone alone: in a shared transaction each write runs inside its own
-//! savepoint, rolled back when it fails, so the others still commit. A batch whose transaction
+//! savepoint (nested in the one before), rolled back to when it fails, so the others still
+//! commit. A batch whose transaction
 //! cannot start, breaks, or fails to commit fails every write in it, and none of it is applied.
 //! A write whose caller stopped waiting before it ran is not run.
 //!
@@ -196,13 +197,10 @@ async fn write_batch<B: Backend>(backend: B, batch: Vec<Box<dyn Job<B::Tx>>>) {
             }
         }
         let outcome = job.run(&mut tx).await;
-        if shared {
-            let closed = if outcome.failed() {
-                backend.rollback_to_savepoint(&mut tx).await
-            } else {
-                backend.release_savepoint(&mut tx).await
-            };
-            if let Err(error) = closed {
+        // A write that ran is kept by leaving its savepoint open: the next one nests inside it,
+        // and the commit keeps them all (no statement, no round trip, to release each).
+        if shared && outcome.failed() {
+            if let Err(error) = backend.rollback_to_savepoint(&mut tx).await {
                 broken = Some(error);
             }
         }
@@ -314,19 +312,20 @@ mod tests {
         let (_dir, store) = store().await;
         let writer = Writer::spawn(store.clone());
         let (release, held) = hold(&writer).await;
-        let writes: Vec<_> = [(1, false), (2, true), (3, false)]
+        // Two failures in a row: each is undone to its own savepoint, not the one before.
+        let writes: Vec<_> = [(1, false), (2, true), (3, true), (4, false)]
             .into_iter()
             .map(|(id, fail)| inserting(&writer, id, fail))
             .collect();
-        queued(&writer, 3).await;
+        queued(&writer, 4).await;
         drop(release);
         held.await.unwrap();
         let mut answers = Vec::new();
         for write in writes {
             answers.push(write.await.unwrap().ok());
         }
-        assert_eq!(answers, [Some(1), None, Some(3)]);
-        assert_eq!(parents(&store).await, [1, 3]);
+        assert_eq!(answers, [Some(1), None, None, Some(4)]);
+        assert_eq!(parents(&store).await, [1, 4]);
     }
 
     #[tokio::test]
