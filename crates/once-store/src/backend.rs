@@ -175,11 +175,16 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// ([`crate::writer`]): where the database takes one writer at a time anyway.
     fn group_commit(&self) -> bool;
 
-    /// Marks where one write of a shared transaction starts: a savepoint, nested in the one
-    /// before it (which the commit keeps with everything in it).
+    /// Marks where one write of a shared transaction starts.
     fn savepoint(&self, tx: &mut Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Undoes what was written since the latest savepoint, which stays, holding nothing.
+    /// Keeps what was written since the savepoint.
+    fn release_savepoint(
+        &self,
+        tx: &mut Self::Tx,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Undoes what was written since the savepoint, and releases it.
     fn rollback_to_savepoint(
         &self,
         tx: &mut Self::Tx,

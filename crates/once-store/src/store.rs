@@ -480,11 +480,18 @@ where
         Ok(())
     }
 
+    async fn release_savepoint(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
+        sqlx::query("RELEASE SAVEPOINT write")
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
     async fn rollback_to_savepoint(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
         sqlx::query("ROLLBACK TO SAVEPOINT write")
             .execute(&mut **tx)
             .await?;
-        Ok(())
+        self.release_savepoint(tx).await
     }
 
     async fn history(

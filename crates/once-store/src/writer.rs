@@ -3,8 +3,7 @@
 //! and one flush to disk. Each caller is answered only after that commit.
 //!
 //! A write that fails is undone alone: in a shared transaction each write runs inside its own
-//! savepoint (nested in the one before), rolled back to when it fails, so the others still
-//! commit. A batch whose transaction
+//! savepoint, rolled back when it fails, so the others still commit. A batch whose transaction
 //! cannot start, breaks, or fails to commit fails every write in it, and none of it is applied.
 //! A write whose caller stopped waiting before it ran is not run.
 //!
@@ -197,10 +196,13 @@ async fn write_batch<B: Backend>(backend: B, batch: Vec<Box<dyn Job<B::Tx>>>) {
             }
         }
         let outcome = job.run(&mut tx).await;
-        // A write that ran is kept by leaving its savepoint open: the next one nests inside it,
-        // and the commit keeps them all (no statement, no round trip, to release each).
-        if shared && outcome.failed() {
-            if let Err(error) = backend.rollback_to_savepoint(&mut tx).await {
+        if shared {
+            let closed = if outcome.failed() {
+                backend.rollback_to_savepoint(&mut tx).await
+            } else {
+                backend.release_savepoint(&mut tx).await
+            };
+            if let Err(error) = closed {
                 broken = Some(error);
             }
         }
@@ -312,7 +314,7 @@ mod tests {
         let (_dir, store) = store().await;
         let writer = Writer::spawn(store.clone());
         let (release, held) = hold(&writer).await;
-        // Two failures in a row: each is undone to its own savepoint, not the one before.
+        // Two failures in a row: each is undone to its own savepoint.
         let writes: Vec<_> = [(1, false), (2, true), (3, true), (4, false)]
             .into_iter()
             .map(|(id, fail)| inserting(&writer, id, fail))
