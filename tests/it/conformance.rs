@@ -1235,8 +1235,41 @@ async fn a_call_never_holds_two_pooled_connections() {
         .0
         .unwrap();
     assert_eq!(op.fencing_token, grant.fencing_token);
+    // A report from an attempt this life has since replaced needs its attempt record, read
+    // under the lock: the locked path after the read, on a report as on a Begin.
+    let absent = ReportCommand {
+        fencing_token: op.fencing_token,
+        report: Report::Absent {
+            reason: "declined".into(),
+        },
+    };
     let state = ledger
+        .report(TENANT, &id("one-connection-1"), &absent)
+        .await
+        .unwrap();
+    assert_eq!(state, State::Absent);
+    let retried = BeginCommand {
+        attempt_id: "attempt-retried-after-absent".into(),
+        ..command("one-connection-1", "refund", 3)
+    };
+    let (again, _) = ledger.begin(&retried).await.unwrap();
+    let BeginDecision::Execute(second) = again else {
+        panic!("{again:?}")
+    };
+    assert!(second.fencing_token > grant.fencing_token);
+    let late = ledger
         .report(TENANT, &id("one-connection-1"), &confirm_command(&op))
+        .await;
+    // Refused by the state machine, not left waiting for a second connection.
+    assert!(matches!(late, Err(StoreError::Rejected(_))), "{late:?}");
+    let now = ledger
+        .read(TENANT, &id("one-connection-1"))
+        .await
+        .unwrap()
+        .0
+        .unwrap();
+    let state = ledger
+        .report(TENANT, &id("one-connection-1"), &confirm_command(&now))
         .await
         .unwrap();
     assert_eq!(state, State::Confirmed);

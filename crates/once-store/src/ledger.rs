@@ -305,6 +305,8 @@ impl<B: Backend> Ledger<B> {
         };
         // Where the backend can check a decision as it writes it: decided from a lock-free
         // read, and written in one statement if the operation has not changed since.
+        // The connection goes back to the pool as this block ends, before the write
+        // transaction below takes one.
         if self.backend.writes_unlocked() {
             let (mut conn, waited) = self.backend.connection().await?;
             let (current, now) = self.backend.read_held(&mut conn, tenant, id).await?;
@@ -320,8 +322,6 @@ impl<B: Backend> Ledger<B> {
                     return answered(answer, life);
                 }
             }
-            // Back to the pool before the write transaction takes one (see `begin_in_store`).
-            drop(conn);
         }
         let backend = self.backend.clone();
         let (tenant_owned, id_owned, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());

@@ -1,5 +1,7 @@
 //! The ledger's SQL, written once for every [`Dialect`].
 
+use std::time::{Duration, Instant};
+
 use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
 use once_core::machine::{self, Guard, Write};
@@ -9,8 +11,6 @@ use once_core::{
     Attempt, BeginCommand, Blocking, Event, EventKind, FencingToken, ListQuery, Listed, Millis,
     Operation, OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
 };
-use std::time::{Duration, Instant};
-
 use sqlx::pool::PoolConnection;
 use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row,

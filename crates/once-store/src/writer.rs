@@ -239,7 +239,6 @@ mod tests {
         (dir, store)
     }
 
-    /// A write inserting parent `id`, failing afterwards when `fail`.
     /// `insert(id, fail)` sent to the writer from a task of its own.
     fn inserting(
         writer: &Writer<SqliteBackend>,
@@ -250,6 +249,7 @@ mod tests {
         tokio::spawn(async move { writer.write(insert(id, fail)).await })
     }
 
+    /// A write inserting parent `id`, failing afterwards when `fail`.
     fn insert(
         id: i64,
         fail: bool,
