@@ -37,6 +37,9 @@ conformance!(
     fencing_tokens_grow_and_are_never_issued_twice,
     every_update_bumps_the_version_and_needs_the_row,
     the_guard_finds_only_open_operations_of_the_same_intent,
+    a_begin_locks_its_operation_with_the_guard_its_claim_would_have,
+    a_token_read_with_a_lock_is_issued_once_its_claim_commits,
+    a_write_transaction_dropped_uncommitted_is_undone_before_the_next_one_starts,
     attempts_are_found_by_token_for_their_own_operation_only,
     resolutions_are_found_by_id_in_any_life,
     history_is_the_current_life_oldest_first,
@@ -315,6 +318,143 @@ async fn the_guard_finds_only_open_operations_of_the_same_intent<B: Backend>(bac
         panic!("a new intent is never blocked")
     };
     assert!(token > running.fencing_token);
+}
+
+/// A Begin's lock (and the guard read with it, where the backend reads one), then the guard
+/// [`Backend::guard`] finds in the same transaction, rolled back.
+async fn locked_for<B: Backend>(
+    backend: &B,
+    cmd: &BeginCommand,
+) -> (Option<Operation>, Option<Guard>, Guard) {
+    let mut tx = backend.begin_write().await.unwrap();
+    let ((current, _), beside) = backend.lock_begin(&mut tx, cmd).await.unwrap();
+    let found = backend.guard(&mut tx, cmd).await.unwrap();
+    drop(tx);
+    (current, beside, found)
+}
+
+async fn a_begin_locks_its_operation_with_the_guard_its_claim_would_have<B: Backend>(backend: B) {
+    let running = claimed(&backend, "lock-begin-running", "refund", 3).await;
+    in_state(&backend, "lock-begin-unknown", 4, State::Unknown, 0).await;
+    let cases = [
+        ("lock-begin-running", 3, false, "the operation itself"),
+        ("lock-begin-blocked", 3, false, "blocked by the running one"),
+        (
+            "lock-begin-behind-unknown",
+            4,
+            false,
+            "blocked by the UNKNOWN one",
+        ),
+        ("lock-begin-new-intent", 3, true, "a new intent passes"),
+        (
+            "lock-begin-clear",
+            5,
+            false,
+            "nothing of its intent is open",
+        ),
+    ];
+    for (operation_id, fingerprint, new_intent, case) in cases {
+        let mut cmd = command(operation_id, "refund", fingerprint);
+        cmd.new_intent = new_intent;
+        let (current, beside, found) = locked_for(&backend, &cmd).await;
+        let (lock, _) = {
+            let mut tx = backend.begin_write().await.unwrap();
+            backend
+                .lock(&mut tx, TENANT, &cmd.operation_id)
+                .await
+                .unwrap()
+        };
+        assert_eq!(current, lock, "{case}: the operation as the lock reads it");
+        if let Some(beside) = beside {
+            assert_eq!(beside, found, "{case}: the guard read with the lock");
+        }
+    }
+    let (current, ..) = locked_for(&backend, &command("lock-begin-running", "refund", 3)).await;
+    assert_eq!(current, Some(running));
+}
+
+/// Claims `cmd` in `tx` as a Begin's write transaction does, from its lock; the token taken.
+async fn claim_locked<B: Backend>(backend: &B, tx: &mut B::Tx, cmd: &BeginCommand) -> FencingToken {
+    let ((current, at), beside) = backend.lock_begin(tx, cmd).await.unwrap();
+    let guard = match beside {
+        Some(guard) => guard,
+        None => backend.guard(tx, cmd).await.unwrap(),
+    };
+    let Guard::Clear { token } = guard else {
+        panic!("{} is not blocked", cmd.operation_id)
+    };
+    let (_, plan) = machine::claim(current.as_ref(), cmd, Guard::Clear { token }, at);
+    backend
+        .apply(tx, TENANT, &cmd.operation_id, &plan, at)
+        .await
+        .unwrap();
+    token
+}
+
+async fn a_token_read_with_a_lock_is_issued_once_its_claim_commits<B: Backend>(backend: B) {
+    // Two claims in one transaction, as a batch of writes shares one.
+    let mut tx = backend.begin_write().await.unwrap();
+    let first = claim_locked(&backend, &mut tx, &command("token-lock-1", "refund", 11)).await;
+    let second = claim_locked(&backend, &mut tx, &command("token-lock-2", "refund", 12)).await;
+    backend.commit(tx).await.unwrap();
+    assert!(first < second, "{first} then {second}");
+
+    // A claim rolled back took nothing: a token is never one a committed row took.
+    let mut tx = backend.begin_write().await.unwrap();
+    let undone = claim_locked(
+        &backend,
+        &mut tx,
+        &command("token-lock-undone", "refund", 13),
+    )
+    .await;
+    drop(tx);
+    assert!(undone > second);
+
+    // Retention deletes the rows; their tokens are still never issued again, by a lock or by
+    // the counter itself.
+    delete_settled_or_not(&backend, "token-lock-1").await;
+    delete_settled_or_not(&backend, "token-lock-2").await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let again = claim_locked(&backend, &mut tx, &command("token-lock-1", "refund", 11)).await;
+    backend.commit(tx).await.unwrap();
+    assert!(again > second, "{again} after {second}");
+    let mut tx = backend.begin_write().await.unwrap();
+    let counted = backend.next_token(&mut tx).await.unwrap();
+    backend.commit(tx).await.unwrap();
+    assert!(counted > again, "{counted} after {again}");
+    // A new attempt of a stored operation takes a token too.
+    let mut ended = stored(&backend, "token-lock-1").await;
+    ended.state = State::Absent;
+    overwrite(&backend, &ended).await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let retried = claim_locked(&backend, &mut tx, &command("token-lock-1", "refund", 11)).await;
+    backend.commit(tx).await.unwrap();
+    assert!(retried > counted, "{retried} after {counted}");
+    let mut tx = backend.begin_write().await.unwrap();
+    let last = claim_locked(&backend, &mut tx, &command("token-lock-3", "refund", 14)).await;
+    backend.commit(tx).await.unwrap();
+    assert!(last > retried, "{last} after {retried}");
+}
+
+async fn a_write_transaction_dropped_uncommitted_is_undone_before_the_next_one_starts<
+    B: Backend,
+>(
+    backend: B,
+) {
+    // SQLite's write transactions take turns on one kept connection: each round starts on the
+    // connection the last one dropped in the middle of its transaction.
+    for round in 0..3 {
+        let cmd = command(&format!("dropped-{round}"), "refund", 20 + round);
+        let mut tx = backend.begin_write().await.unwrap();
+        claim_locked(&backend, &mut tx, &cmd).await;
+        drop(tx);
+        assert!(!stored_or_not(&backend, cmd.operation_id.as_str()).await);
+        let mut tx = backend.begin_write().await.unwrap();
+        let ((current, _), _) = backend.lock_begin(&mut tx, &cmd).await.unwrap();
+        assert_eq!(current, None, "round {round}: nothing of the dropped one");
+    }
+    let kept = claimed(&backend, "dropped-then-kept", "refund", 30).await;
+    assert_eq!(stored(&backend, "dropped-then-kept").await, kept);
 }
 
 async fn attempts_are_found_by_token_for_their_own_operation_only<B: Backend>(backend: B) {
