@@ -1073,11 +1073,8 @@ where
     }
 
     async fn close(&self) {
-        self.writes.release().await;
+        self.writes.close().await;
         self.pool.close().await;
-        if let Writes::Kept { pool, .. } = &self.writes {
-            pool.close().await;
-        }
     }
 }
 
