@@ -187,23 +187,7 @@ async fn refused_then_recovered(refuse: &str, restore: &str) {
     end_sessions(&db).await;
     health_is(ledger.addr, ServingStatus::Serving).await;
     assert_eq!(db.snapshot().await[0], 1, "nothing was written meanwhile");
-    // A pooled connection the server ended less than a second after its last use is handed out
-    // without a ping, and the call on it is refused as a retryable outage: the same Begin, sent
-    // again as a client would, is granted once the pool has replaced it.
-    let request = begin("refused-1", ARGS);
-    eventually(Duration::from_secs(10), "the Begin to be granted", || {
-        let (mut client, request) = (client.clone(), request.clone());
-        async move {
-            match client.begin(request).await {
-                Ok(response) => Some(expect_execute(&response.into_inner())),
-                Err(refused) => {
-                    assert_eq!(reason(&refused), "STORE_UNAVAILABLE", "{refused:?}");
-                    None
-                }
-            }
-        }
-    })
-    .await;
+    claim(&mut client, begin("refused-1", ARGS)).await;
     ledger.stop().await;
 }
 
