@@ -248,8 +248,8 @@ impl<B: Backend> Ledger<B> {
                 return Ok((decision, now));
             }
         }
-        // Back to the pool before the write transaction takes a connection (from the same pool,
-        // on PostgreSQL): a call holding two at once could wait for the pool forever.
+        // Back to the pool before the write transaction takes a connection: a call holding two
+        // at once could wait for the pool forever.
         drop(conn);
         let cmd = Arc::new(cmd.clone());
         for _ in 0..CLAIM_RACE_RETRIES {

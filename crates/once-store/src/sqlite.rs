@@ -45,9 +45,7 @@ impl Dialect for Sqlite {
 
     /// The counter row is written under the write lock and rolls back with the transaction that
     /// took a token, so a token no committed transaction used may come again, but never one that
-    /// any committed transaction used. A Begin's write reads the next token without taking it
-    /// (`Statements::guarded_by_the_write_lock`); the triggers of migration 0006 move the counter
-    /// when an operation row stores it.
+    /// any committed transaction used.
     const NEXT_TOKEN: &'static str =
         "UPDATE fencing_tokens SET last = last + 1 WHERE id = 1 RETURNING last";
 

@@ -1073,8 +1073,11 @@ where
     }
 
     async fn close(&self) {
-        self.writes.close().await;
+        self.writes.release().await;
         self.pool.close().await;
+        if let Writes::Kept { pool, .. } = &self.writes {
+            pool.close().await;
+        }
     }
 }
 

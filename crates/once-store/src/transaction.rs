@@ -20,7 +20,7 @@ pub(crate) enum Writes<D: Database> {
     /// A connection of the store's pool for each transaction.
     Pooled,
     /// The one connection in `kept`, taken from `pool` when there is none (at first, and after
-    /// one failed to start a transaction, which is closed, not given back to `pool`).
+    /// one failed to start a transaction).
     Kept {
         pool: Pool<D>,
         kept: Arc<Mutex<Option<PoolConnection<D>>>>,
@@ -65,27 +65,19 @@ impl<D: Database> Writes<D> {
             }
         };
         if let Err(error) = D::TransactionManager::begin(&mut conn, begin.map(Into::into)).await {
-            // A connection that cannot start a transaction (one SQLite rolled back under sqlx,
-            // say) is closed, so the next transaction starts on a new one.
+            // A connection that cannot start a transaction is not kept for the next one.
             if let Held::Kept(turn) = &mut conn {
-                if let Some(mut broken) = turn.take() {
-                    broken.close_on_drop();
-                }
+                turn.take();
             }
             return Err(error);
         }
         Ok(WriteTx { conn, open: true })
     }
 
-    /// Closes the kept connection and its pool, after the transaction on it ends. A write
-    /// transaction asked for later fails: its pool is closed.
-    pub(crate) async fn close(&self) {
-        if let Self::Kept { pool, kept } = self {
-            // The turn is held until the pool has closed, so no transaction takes a new
-            // connection from it in between, which would keep it from closing.
-            let mut turn = kept.lock().await;
-            turn.take();
-            pool.close().await;
+    /// Gives the kept connection back to its pool, so the pool can close.
+    pub(crate) async fn release(&self) {
+        if let Self::Kept { kept, .. } = self {
+            kept.lock().await.take();
         }
     }
 }
@@ -164,75 +156,5 @@ impl<D: Database> Drop for WriteTx<D> {
             // before a pooled connection is taken again.
             D::TransactionManager::start_rollback(&mut self.conn);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use crate::{Backend, SqliteBackend};
-
-    async fn store() -> (tempfile::TempDir, SqliteBackend) {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("writes.db").display());
-        (dir, SqliteBackend::connect(&url).await.unwrap())
-    }
-
-    /// Bounds a wait that must end, so a hang fails the test instead of stalling it.
-    async fn ends<T>(what: &str, wait: impl std::future::Future<Output = T>) -> T {
-        tokio::time::timeout(Duration::from_secs(30), wait)
-            .await
-            .unwrap_or_else(|_| panic!("{what} did not end"))
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn closing_ends_while_write_transactions_keep_starting() {
-        let (_dir, store) = store().await;
-        let writers: Vec<_> = (0..4)
-            .map(|_| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    // Until the store is closed under it.
-                    while let Ok(tx) = store.begin_write().await {
-                        tokio::task::yield_now().await;
-                        if store.commit(tx).await.is_err() {
-                            break;
-                        }
-                    }
-                })
-            })
-            .collect();
-        tokio::task::yield_now().await;
-        ends("close", store.close()).await;
-        for writer in writers {
-            ends("a writer", writer).await.unwrap();
-        }
-        assert!(
-            store.begin_write().await.is_err(),
-            "a closed store writes nothing"
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_kept_connection_that_cannot_start_a_transaction_is_replaced() {
-        let (_dir, store) = store().await;
-        // SQLite ends the transaction under sqlx, which still counts it open: the rollback the
-        // drop queues fails, and the connection cannot start another.
-        let mut tx = store.begin_write().await.unwrap();
-        sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await.unwrap();
-        drop(tx);
-        let mut failures = 0;
-        let tx = loop {
-            match store.begin_write().await {
-                Ok(tx) => break tx,
-                Err(_) if failures == 0 => failures += 1,
-                Err(error) => panic!("a second connection could not start either: {error}"),
-            }
-        };
-        store.commit(tx).await.unwrap();
-        // And the one after it starts at once.
-        let tx = store.begin_write().await.unwrap();
-        store.commit(tx).await.unwrap();
     }
 }

@@ -170,9 +170,6 @@ async fn write_batch<B: Backend>(backend: B, mut batch: Vec<Box<dyn Job<B::Tx>>>
             Ok(()) => return,
             Err(Failed) => batch.retain(|job| job.wanted()),
         }
-        if batch.is_empty() {
-            return;
-        }
     }
     write_in_savepoints(&backend, batch).await
 }
