@@ -42,9 +42,6 @@ pub struct PoolUse {
     pub max: u32,
 }
 
-/// An operation as stored (none when there is none) and the store's clock as it was read.
-pub type Clocked = (Option<Operation>, Millis);
-
 /// A database that can hold the ledger.
 ///
 /// Writers go through a transaction: [`Backend::lock`] reads an operation and the clock while
@@ -70,15 +67,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
         tenant: &str,
         id: &OperationId,
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
-
-    /// [`Backend::lock`] for a Begin, and where the store reads it in the same statement, the
-    /// guard a claim of `cmd` would have (as [`Backend::guard`] would find it, with the next
-    /// fencing token, which only the claim's write takes).
-    fn lock_begin(
-        &self,
-        tx: &mut Self::Tx,
-        cmd: &BeginCommand,
-    ) -> impl Future<Output = Result<(Clocked, Option<Guard>), StoreError>> + Send;
 
     /// Reads the operation and the store's clock without taking any lock.
     fn read(

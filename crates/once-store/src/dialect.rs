@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use once_core::{BeginCommand, FencingToken, Millis, Plan};
-use sqlx::{Database, Pool};
+use sqlx::{Database, Pool, Transaction};
 
 use crate::{StoreError, Unlocked};
 
@@ -50,8 +50,10 @@ pub trait Dialect: Database {
     /// The statements built from the constants above, once.
     fn statements() -> &'static crate::store::Statements;
 
-    /// The statement that starts a write transaction (the database's BEGIN when `None`).
-    const BEGIN_WRITE: Option<&'static str>;
+    /// Starts a write transaction.
+    fn begin_write(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, StoreError>> + Send;
 
     /// Serialises the fresh-id guard of `cmd`'s intent until the transaction ends. Where that
     /// takes a statement, the same statement may issue the token a clear claim would use (a

@@ -259,14 +259,11 @@ impl<B: Backend> Ledger<B> {
                     let (backend, cmd) = (backend.clone(), cmd.clone());
                     Box::pin(async move {
                         let key = (cmd.tenant.as_str(), &cmd.operation_id);
-                        let ((current, now), guard) = backend.lock_begin(tx, &cmd).await?;
+                        let (current, now) = backend.lock(tx, key.0, key.1).await?;
                         let (decision, plan) = match machine::begin(current.as_ref(), &cmd, now) {
                             machine::BeginStep::Decided(decision, plan) => (decision, plan),
                             machine::BeginStep::Claim => {
-                                let guard = match guard {
-                                    Some(guard) => guard,
-                                    None => backend.guard(tx, &cmd).await?,
-                                };
+                                let guard = backend.guard(tx, &cmd).await?;
                                 machine::claim(current.as_ref(), &cmd, guard, now)
                             }
                         };

@@ -21,17 +21,15 @@ pub mod postgres;
 mod rows;
 pub mod sqlite;
 mod store;
-mod transaction;
 mod unlocked;
 pub mod watch;
 pub mod writer;
 
-pub use backend::{Backend, Clocked, PoolUse, Unlocked, Written};
+pub use backend::{Backend, PoolUse, Unlocked, Written};
 pub use dialect::Dialect;
 pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
 pub use store::{call_statements, sweep_statements, CallBinds, Statements, Store, SweepBinds};
-pub use transaction::WriteTx;
 pub use watch::{Announcements, Frontier, Watermark};

@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use once_core::{BeginCommand, FencingToken, Millis, Plan};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
-use sqlx::{Pool, Postgres};
+use sqlx::{Pool, Postgres, Transaction};
 
 use std::sync::LazyLock;
 
 use crate::store::Statements;
-use crate::transaction::Writes;
 use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
 /// The channel replicas announce committed events on.
@@ -87,7 +86,9 @@ impl Dialect for Postgres {
         &STATEMENTS
     }
 
-    const BEGIN_WRITE: Option<&'static str> = None;
+    async fn begin_write(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, StoreError> {
+        Ok(pool.begin().await?)
+    }
 
     async fn serialise_intent(
         tx: &mut PgConnection,
@@ -191,10 +192,7 @@ impl Store<Postgres> {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Internal(e.into()))?;
-        Ok(Self {
-            pool,
-            writes: Writes::Pooled,
-        })
+        Ok(Self { pool })
     }
 }
 

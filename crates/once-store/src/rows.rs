@@ -9,7 +9,7 @@ use once_core::access::{Credential, CredentialKind, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
 use once_core::{
     Actor, Attempt, AttemptContext, Blocking, Event, EventKind, FencingToken, Fingerprint, Listed,
-    Operation, OperationEvent, OperationId, Source, State,
+    Millis, Operation, OperationEvent, OperationId, Source, State,
 };
 
 use crate::StoreError;
@@ -403,47 +403,6 @@ pub(crate) struct BlockingRow {
     updated_at: i64,
 }
 
-impl BlockingRow {
-    /// The blocking operation read beside another row, in columns named `blocking_*` (all NULL
-    /// when nothing blocks).
-    pub(crate) fn beside<R>(row: &R) -> Result<Option<Self>, StoreError>
-    where
-        R: sqlx::Row,
-        for<'q> Option<String>: sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
-        for<'q> Option<i64>: sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
-        for<'n> &'n str: sqlx::ColumnIndex<R>,
-    {
-        let text = |column: &str| row.try_get::<Option<String>, _>(column);
-        let number = |column: &str| row.try_get::<Option<i64>, _>(column);
-        let read = (
-            text("blocking_operation_id")?,
-            text("blocking_state")?,
-            number("blocking_attempt")?,
-            number("blocking_lease_deadline")?,
-            number("blocking_updated_at")?,
-        );
-        match read {
-            (None, ..) => Ok(None),
-            (
-                Some(operation_id),
-                Some(state),
-                Some(attempt),
-                Some(lease_deadline),
-                Some(updated_at),
-            ) => Ok(Some(Self {
-                operation_id,
-                state,
-                attempt,
-                lease_deadline,
-                updated_at,
-            })),
-            _ => Err(StoreError::Corrupt(
-                "a blocking operation read with NULL columns".into(),
-            )),
-        }
-    }
-}
-
 impl TryFrom<BlockingRow> for Blocking {
     type Error = StoreError;
 
@@ -568,7 +527,7 @@ where
 }
 
 /// The store's clock beside the operation it read, if there was one.
-pub(crate) use crate::backend::Clocked;
+pub(crate) type Clocked = (Option<Operation>, Millis);
 
 /// A fencing token as the database stores it (BIGINT). Tokens come from the store's own
 /// counter, so one that does not fit was never issued.

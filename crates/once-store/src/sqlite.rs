@@ -12,20 +12,16 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Pool, Sqlite};
+use sqlx::{Pool, Sqlite, Transaction};
 
 use std::sync::LazyLock;
 
 use crate::store::Statements;
-use crate::transaction::Writes;
 use crate::{Announcements, Dialect, Store, StoreError};
 
 /// The ledger in a SQLite file.
 pub type SqliteBackend = Store<Sqlite>;
 
-/// Connections for reads and the writes made outside a write transaction; write transactions
-/// have one connection of their own.
-const READERS: u32 = 8;
 /// How long a writer waits for another process's write lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often start-up migration is retried when another process migrates the same file.
@@ -75,13 +71,13 @@ impl Dialect for Sqlite {
                 Sqlite::WRITE_GATE,
                 Sqlite::FRESH_TOKEN,
             )
-            .guarded_by_the_write_lock(Sqlite::NOW)
         });
         &STATEMENTS
     }
 
-    /// Takes the write lock before the first read.
-    const BEGIN_WRITE: Option<&'static str> = Some("BEGIN IMMEDIATE");
+    async fn begin_write(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, StoreError> {
+        Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
 
     async fn serialise_intent(
         _tx: &mut SqliteConnection,
@@ -126,24 +122,23 @@ impl Store<Sqlite> {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
-        let pool = open(&options, READERS).await?;
+        let pool = open(&options).await?;
         migrate(&pool).await?;
-        let writes = Writes::kept(open(&options, 1).await?);
-        Ok(Self { pool, writes })
+        Ok(Self { pool })
     }
 }
 
-/// Opens a pool of up to `connections`. A new file that another process is opening at the same moment may be locked
+/// Opens the pool. A new file that another process is opening at the same moment may be locked
 /// for a while (switching it to WAL takes SQLite's exclusive lock, which no busy timeout waits
 /// for); opening is then tried again.
-async fn open(options: &SqliteConnectOptions, connections: u32) -> Result<SqlitePool, StoreError> {
+async fn open(options: &SqliteConnectOptions) -> Result<SqlitePool, StoreError> {
     let mut tries = 0;
     loop {
         // A connection to a file is not dropped by a server or a network: pinging it before
         // each use would only add a round trip to sqlx's worker thread to every call.
         let opened = SqlitePoolOptions::new()
             .test_before_acquire(false)
-            .max_connections(connections)
+            .max_connections(8)
             .acquire_timeout(BUSY_TIMEOUT)
             .connect_with(options.clone())
             .await;

@@ -14,7 +14,7 @@ use once_core::{
 use sqlx::pool::PoolConnection;
 use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row,
-    Type,
+    Transaction, Type,
 };
 
 use crate::rows::{
@@ -24,7 +24,6 @@ use crate::rows::{
     INSERT_EVENT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
     UPDATE_OPERATION, WATCHED_EVENT_COLUMNS,
 };
-use crate::transaction::{WriteTx, Writes};
 use crate::watch::Frontier;
 use crate::Announcements;
 use crate::{Backend, Dialect, StoreError};
@@ -34,15 +33,12 @@ use crate::{Backend, Dialect, StoreError};
 #[derive(Debug)]
 pub struct Store<D: Database> {
     pub(crate) pool: Pool<D>,
-    /// Where write transactions take their connection.
-    pub(crate) writes: Writes<D>,
 }
 
 impl<D: Database> Clone for Store<D> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
-            writes: self.writes.clone(),
         }
     }
 }
@@ -137,8 +133,6 @@ pub enum CallBinds {
     Token,
     /// `$1` a tenant, `$2` an operation id, `$3` an event's dedupe key.
     DedupeKey,
-    /// As [`CallBinds::Intent`], then `$5` whether the Begin declares a new intent.
-    Begin,
 }
 
 /// The statements of the Begin and report path that look rows up, as they are sent, with how
@@ -146,7 +140,7 @@ pub enum CallBinds {
 /// table holds).
 pub fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
     let statements = D::statements();
-    let mut listed = vec![
+    vec![
         ("read", statements.read.clone(), CallBinds::Operation),
         (
             "read for a Begin",
@@ -155,19 +149,13 @@ pub fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
         ),
         ("lock", statements.lock.clone(), CallBinds::Operation),
         ("fresh-id guard", FIND_BLOCKING.clone(), CallBinds::Intent),
-    ];
-    if let Some(lock_begin) = &statements.lock_begin {
-        listed.push(("lock for a Begin", lock_begin.clone(), CallBinds::Begin));
-    }
-    listed.extend([
         ("attempt", FIND_ATTEMPT.clone(), CallBinds::Token),
         (
             "resolution",
             FIND_RESOLUTION.to_owned(),
             CallBinds::DedupeKey,
         ),
-    ]);
-    listed
+    ]
 }
 
 /// What a sweeper statement is bound with.
@@ -209,7 +197,7 @@ pub fn sweep_statements<D: Dialect>() -> Vec<(&'static str, String, SweepBinds)>
 /// Deletes up to `limit` rows of `table` (history kept beside the ledger, keyed by `key`)
 /// whose `at` is older than `age_ms`, oldest first, in `tx`; returns their keys.
 async fn delete_older<D>(
-    tx: &mut WriteTx<D>,
+    tx: &mut Transaction<'static, D>,
     (table, key): (&str, &str),
     age_ms: i64,
     limit: u32,
@@ -267,7 +255,7 @@ where
     for<'r> (i64,): FromRow<'r, D::Row>,
     for<'n> &'n str: ColumnIndex<D::Row>,
 {
-    type Tx = WriteTx<D>;
+    type Tx = Transaction<'static, D>;
     type Conn = PoolConnection<D>;
 
     fn kind(&self) -> &'static str {
@@ -275,7 +263,7 @@ where
     }
 
     async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
-        Ok(self.writes.begin(&self.pool, D::BEGIN_WRITE).await?)
+        D::begin_write(&self.pool).await
     }
 
     async fn lock(
@@ -290,32 +278,6 @@ where
             .fetch_one(&mut **tx)
             .await?;
         clocked(&row)
-    }
-
-    async fn lock_begin(
-        &self,
-        tx: &mut Self::Tx,
-        cmd: &BeginCommand,
-    ) -> Result<(Clocked, Option<Guard>), StoreError> {
-        let Some(sql) = &D::statements().lock_begin else {
-            let locked = self.lock(tx, &cmd.tenant, &cmd.operation_id).await?;
-            return Ok((locked, None));
-        };
-        let row = sqlx::query(sql)
-            .bind(cmd.tenant.as_str())
-            .bind(cmd.tool.as_str())
-            .bind(&cmd.fingerprint.0[..])
-            .bind(cmd.operation_id.as_str())
-            .bind(cmd.new_intent)
-            .fetch_one(&mut **tx)
-            .await?;
-        let guard = match BlockingRow::beside(&row)? {
-            Some(blocking) => Guard::Blocked(Blocking::try_from(blocking)?),
-            None => Guard::Clear {
-                token: rows::token(row.try_get("next_token")?)?,
-            },
-        };
-        Ok((clocked(&row)?, Some(guard)))
     }
 
     async fn read(&self, tenant: &str, id: &OperationId) -> Result<Clocked, StoreError> {
@@ -675,7 +637,7 @@ where
     async fn delete_events_older_than(&self, age_ms: i64, limit: u32) -> Result<u64, StoreError> {
         // The deletion and the horizon it moves commit together: a watcher that reads the
         // horizon after its events sees every deletion that took events from under it.
-        let mut tx = self.begin_write().await?;
+        let mut tx = D::begin_write(&self.pool).await?;
         let deleted = delete_older(&mut tx, ("events", "sequence"), age_ms, limit).await?;
         if let Some(&through) = deleted.iter().max() {
             sqlx::query(
@@ -1047,7 +1009,7 @@ where
         age_ms: i64,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = D::begin_write(&self.pool).await?;
         let deleted = delete_older(&mut tx, ("duplicates", "id"), age_ms, limit).await?;
         tx.commit().await?;
         Ok(deleted.len() as u64)
@@ -1073,11 +1035,7 @@ where
     }
 
     async fn close(&self) {
-        self.writes.release().await;
         self.pool.close().await;
-        if let Writes::Kept { pool, .. } = &self.writes {
-            pool.close().await;
-        }
     }
 }
 
@@ -1120,11 +1078,6 @@ pub struct Statements {
     read_claimable: String,
     /// The same, locking the row until the transaction ends.
     lock: String,
-    /// Where a write transaction holds the store's one write lock (see
-    /// [`Statements::guarded_by_the_write_lock`]), a Begin's lock with its claim's guard: bound
-    /// as [`CallBinds::Begin`], the operation's row beside what blocks its intent
-    /// (`blocking_*`, unless it declares a new one) and the next fencing token (`next_token`).
-    lock_begin: Option<String>,
 }
 
 impl Statements {
@@ -1146,28 +1099,7 @@ impl Statements {
             read: clocked("SELECT 1", "", ""),
             read_claimable: clocked("SELECT 1", "", &token),
             lock: clocked(gate, row_lock, ""),
-            lock_begin: None,
         }
-    }
-
-    /// These statements, for a store whose write transactions take its one write lock before
-    /// their first statement and whose token counter follows the tokens operation rows take
-    /// (SQLite): a Begin reads its operation, its guard and the next token in one statement.
-    /// A token read that no row takes is read again by the next transaction; one a committed
-    /// row took never is.
-    pub fn guarded_by_the_write_lock(mut self, now: &str) -> Self {
-        self.lock_begin = Some(format!(
-            "SELECT {now} AS now_ms, (SELECT last + 1 FROM fencing_tokens WHERE id = 1) AS next_token, \
-             blocking.operation_id AS blocking_operation_id, blocking.state AS blocking_state, \
-             blocking.attempt AS blocking_attempt, \
-             blocking.lease_deadline AS blocking_lease_deadline, \
-             blocking.updated_at AS blocking_updated_at, o.* FROM (SELECT 1) AS one \
-             LEFT JOIN (SELECT {} FROM operations WHERE tenant = $1 AND operation_id = $4) AS o ON TRUE \
-             LEFT JOIN ({}) AS blocking ON $5 = FALSE",
-            OPERATION_COLUMNS.as_str(),
-            FIND_BLOCKING.as_str(),
-        ));
-        self
     }
 }
 

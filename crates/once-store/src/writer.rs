@@ -213,8 +213,7 @@ async fn write_in_savepoints<B: Backend>(backend: &B, batch: Vec<Box<dyn Job<B::
     };
     // Alone, a failed write is undone by not committing; shared, by its savepoint.
     let shared = batch.len() > 1;
-    let mut ran: Vec<Box<dyn Job<B::Tx>>> = Vec::with_capacity(batch.len());
-    let mut failures = 0;
+    let mut ran: Vec<(Box<dyn Job<B::Tx>>, bool)> = Vec::with_capacity(batch.len());
     let mut broken: Option<StoreError> = None;
     for mut job in batch {
         if let Some(error) = &broken {
@@ -239,16 +238,15 @@ async fn write_in_savepoints<B: Backend>(backend: &B, batch: Vec<Box<dyn Job<B::
                 broken = Some(error);
             }
         }
-        failures += usize::from(failed);
-        ran.push(job);
+        ran.push((job, failed));
     }
     let committed = match broken {
         // Dropping the transaction rolls it back: nothing of the batch is applied.
         Some(error) => Err(error),
-        None if !shared && failures == ran.len() => Ok(()),
+        None if !shared && ran.iter().all(|(_, failed)| *failed) => Ok(()),
         None => backend.commit(tx).await,
     };
-    for job in ran {
+    for (job, _) in ran {
         job.answer(committed.as_ref().map(|_| ()));
     }
 }
