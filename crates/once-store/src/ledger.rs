@@ -110,19 +110,16 @@ impl<B: Backend> Ledger<B> {
 
     /// Runs `work` in a write transaction and commits what it wrote (the backend's writer
     /// batches it with other callers' writes; otherwise it has a transaction of its own, rolled
-    /// back when it wrote nothing). The answer comes only after the commit. `work` may run
-    /// again in a new transaction after its first was rolled back (see [`Writer`]).
+    /// back when it wrote nothing). The answer comes only after the commit.
     async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: for<'t> Fn(&'t mut B::Tx) -> TxFuture<'t, (T, Option<Wrote>)> + Send + 'static,
+        F: for<'t> FnOnce(&'t mut B::Tx) -> TxFuture<'t, (T, Option<Wrote>)> + Send + 'static,
     {
         let asked = tokio::time::Instant::now();
         let observer = self.observer.clone();
-        let started = std::sync::atomic::AtomicBool::new(false);
         let timed = over_tx(move |tx: &mut B::Tx| {
-            let first = !started.swap(true, std::sync::atomic::Ordering::Relaxed);
-            if let (Some(observer), true) = (&observer, first) {
+            if let Some(observer) = &observer {
                 observer.transaction_started(asked.elapsed());
             }
             work(tx)
@@ -251,12 +248,11 @@ impl<B: Backend> Ledger<B> {
         // Back to the pool before the write transaction takes a connection: a call holding two
         // at once could wait for the pool forever.
         drop(conn);
-        let cmd = Arc::new(cmd.clone());
         for _ in 0..CLAIM_RACE_RETRIES {
-            let (backend, cmd) = (self.backend.clone(), cmd.clone());
+            let backend = self.backend.clone();
+            let cmd = cmd.clone();
             let decided = self
                 .write(move |tx| {
-                    let (backend, cmd) = (backend.clone(), cmd.clone());
                     Box::pin(async move {
                         let key = (cmd.tenant.as_str(), &cmd.operation_id);
                         let (current, now) = backend.lock(tx, key.0, key.1).await?;
@@ -328,13 +324,11 @@ impl<B: Backend> Ledger<B> {
             }
         }
         let backend = self.backend.clone();
-        let key = Arc::new((tenant.to_owned(), id.clone(), cmd.clone()));
+        let (tenant_owned, id_owned, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());
         let (answer, life) = self
             .write(move |tx| {
-                let (backend, key) = (backend.clone(), key.clone());
                 Box::pin(async move {
-                    let (tenant_owned, id_owned, cmd) = &*key;
-                    let key = (tenant_owned.as_str(), id_owned);
+                    let key = (tenant_owned.as_str(), &id_owned);
                     let (current, now) = backend.lock(tx, key.0, key.1).await?;
                     let op = current.ok_or(StoreError::NotFound)?;
                     // A superseded attempt of this life is known by its record in the attempt
@@ -344,7 +338,7 @@ impl<B: Backend> Ledger<B> {
                     } else {
                         None
                     };
-                    let (answer, plan) = machine::report(&op, cmd, earlier.as_ref(), now);
+                    let (answer, plan) = machine::report(&op, &cmd, earlier.as_ref(), now);
                     let life = op.life;
                     let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
                     Ok(((answer, life), wrote))
@@ -395,12 +389,10 @@ impl<B: Backend> Ledger<B> {
         cmd: &ResolveCommand,
     ) -> Result<State, StoreError> {
         let backend = self.backend.clone();
-        let key = Arc::new((tenant.to_owned(), id.clone(), cmd.clone()));
+        let (tenant, id, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());
         self.write(move |tx| {
-            let (backend, key) = (backend.clone(), key.clone());
             Box::pin(async move {
-                let (tenant, id, cmd) = &*key;
-                let key = (tenant.as_str(), id);
+                let key = (tenant.as_str(), &id);
                 let (current, now) = backend.lock(tx, key.0, key.1).await?;
                 let prior = backend
                     .find_resolution(tx, key.0, key.1, &cmd.resolution_id)
@@ -408,11 +400,11 @@ impl<B: Backend> Ledger<B> {
                 let op = match (current, prior) {
                     (Some(op), _) => op,
                     (None, Some(prior)) => {
-                        return Ok((machine::retried_resolution(cmd, prior)?, None))
+                        return Ok((machine::retried_resolution(&cmd, prior)?, None))
                     }
                     (None, None) => return Err(StoreError::NotFound),
                 };
-                let (state, plan) = machine::resolve(&op, cmd, prior, now)?;
+                let (state, plan) = machine::resolve(&op, &cmd, prior, now)?;
                 let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
                 Ok((state, wrote))
             })
@@ -446,16 +438,13 @@ impl<B: Backend> Ledger<B> {
         operation: &'static str,
         tenant: &str,
         id: &OperationId,
-        decide: impl Fn(&Operation, Millis) -> (Result<T, StoreError>, Plan) + Send + Sync + 'static,
+        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan) + Send + 'static,
     ) -> Result<T, StoreError> {
         let backend = self.backend.clone();
-        let key = Arc::new((tenant.to_owned(), id.clone()));
-        let decide = Arc::new(decide);
+        let (tenant, id) = (tenant.to_owned(), id.clone());
         self.write(move |tx| {
-            let (backend, key, decide) = (backend.clone(), key.clone(), decide.clone());
             Box::pin(async move {
-                let (tenant, id) = &*key;
-                let key = (tenant.as_str(), id);
+                let key = (tenant.as_str(), &id);
                 let (current, now) = backend.lock(tx, key.0, key.1).await?;
                 let Some(op) = current else {
                     return Err(StoreError::NotFound);

@@ -2,12 +2,10 @@
 //! one after another in one transaction, and commits them together, so they share one commit
 //! and one flush to disk. Each caller is answered only after that commit.
 //!
-//! A write that fails is undone alone. A batch first runs every write straight after the one
-//! before (no savepoint, so no statement more than the writes' own); when one fails, that
-//! transaction is rolled back and the batch runs again from the start with each write inside a
-//! savepoint of its own, rolled back when it fails, so the others still commit. A batch whose
-//! transaction cannot start, breaks, or fails to commit fails every write in it, and none of it
-//! is applied. A write whose caller stopped waiting before it ran is not run.
+//! A write that fails is undone alone: in a shared transaction each write runs inside its own
+//! savepoint, rolled back when it fails, so the others still commit. A batch whose transaction
+//! cannot start, breaks, or fails to commit fails every write in it, and none of it is applied.
+//! A write whose caller stopped waiting before it ran is not run.
 //!
 //! Used where one writer at a time is all the database allows anyway (SQLite's write lock):
 //! queued writers then cost no lock waits, and the commit is shared.
@@ -30,26 +28,36 @@ pub(crate) type TxFuture<'t, T> = Pin<Box<dyn Future<Output = Result<T, StoreErr
 /// `work` as a write over any borrow of a transaction (what closure inference needs told).
 pub(crate) fn over_tx<Tx, T, F>(work: F) -> F
 where
-    F: for<'t> Fn(&'t mut Tx) -> TxFuture<'t, T>,
+    F: for<'t> FnOnce(&'t mut Tx) -> TxFuture<'t, T>,
 {
     work
 }
 
-/// One caller's write, type-erased for the queue. It may run more than once (its batch rolled
-/// back and run again); only its last run is answered.
+/// One caller's write, type-erased for the queue.
 trait Job<Tx>: Send {
     /// Whether its caller still waits for the answer.
     fn wanted(&self) -> bool;
-    /// Runs the write in `tx` and keeps what it returned; whether it failed.
-    fn run<'t>(&'t mut self, tx: &'t mut Tx) -> Pin<Box<dyn Future<Output = bool> + Send + 't>>;
-    /// Answers its caller: the error of its last run, or its value once `committed`.
-    fn answer(self: Box<Self>, committed: Result<(), &StoreError>);
+    fn run<'t>(
+        self: Box<Self>,
+        tx: &'t mut Tx,
+    ) -> Pin<Box<dyn Future<Output = Box<dyn Ran>> + Send + 't>>;
     fn fail(self: Box<Self>, error: StoreError);
+}
+
+/// A write that ran, waiting for the batch's commit.
+trait Ran: Send {
+    fn failed(&self) -> bool;
+    /// Answers its caller: its own error, or its value once `committed`.
+    fn answer(self: Box<Self>, committed: Result<(), &StoreError>);
 }
 
 struct Work<T, F> {
     work: F,
-    ran: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+struct Outcome<T> {
+    result: Result<T, StoreError>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
@@ -57,35 +65,40 @@ impl<Tx, T, F> Job<Tx> for Work<T, F>
 where
     Tx: Send,
     T: Send + 'static,
-    F: for<'t> Fn(&'t mut Tx) -> TxFuture<'t, T> + Send + 'static,
+    F: for<'t> FnOnce(&'t mut Tx) -> TxFuture<'t, T> + Send + 'static,
 {
     fn wanted(&self) -> bool {
         !self.reply.is_closed()
     }
 
-    fn run<'t>(&'t mut self, tx: &'t mut Tx) -> Pin<Box<dyn Future<Output = bool> + Send + 't>> {
+    fn run<'t>(
+        self: Box<Self>,
+        tx: &'t mut Tx,
+    ) -> Pin<Box<dyn Future<Output = Box<dyn Ran>> + Send + 't>> {
+        let Work { work, reply } = *self;
         Box::pin(async move {
-            let result = (self.work)(tx).await;
-            let failed = result.is_err();
-            self.ran = Some(result);
-            failed
+            let result = work(tx).await;
+            Box::new(Outcome { result, reply }) as Box<dyn Ran>
         })
-    }
-
-    fn answer(self: Box<Self>, committed: Result<(), &StoreError>) {
-        let answer = match (self.ran, committed) {
-            (Some(Err(error)), _) => Err(error),
-            (Some(Ok(value)), Ok(())) => Ok(value),
-            (Some(Ok(_)), Err(error)) => Err(error.again()),
-            (None, _) => Err(StoreError::Internal(sqlx::Error::Protocol(
-                "a write was answered before it ran".into(),
-            ))),
-        };
-        let _ = self.reply.send(answer);
     }
 
     fn fail(self: Box<Self>, error: StoreError) {
         let _ = self.reply.send(Err(error));
+    }
+}
+
+impl<T: Send> Ran for Outcome<T> {
+    fn failed(&self) -> bool {
+        self.result.is_err()
+    }
+
+    fn answer(self: Box<Self>, committed: Result<(), &StoreError>) {
+        let answer = match (self.result, committed) {
+            (Err(error), _) => Err(error),
+            (Ok(value), Ok(())) => Ok(value),
+            (Ok(_), Err(error)) => Err(error.again()),
+        };
+        let _ = self.reply.send(answer);
     }
 }
 
@@ -118,22 +131,15 @@ impl<B: Backend> Writer<B> {
         Self { queue }
     }
 
-    /// Runs `work` in the next batch's transaction and answers once that has committed. `work`
-    /// may run more than once, each time in a transaction rolled back before the next: it must
-    /// do nothing but its statements in the transaction it is given.
+    /// Runs `work` in the next batch's transaction and answers once that has committed.
     pub(crate) async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: for<'t> Fn(&'t mut B::Tx) -> TxFuture<'t, T> + Send + 'static,
+        F: for<'t> FnOnce(&'t mut B::Tx) -> TxFuture<'t, T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let job = Work {
-            work,
-            ran: None,
-            reply,
-        };
         self.queue
-            .send(Box::new(job))
+            .send(Box::new(Work { work, reply }))
             .await
             .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolClosed))?;
         // Its batch ended without an answer (a bug panicked in it): nothing of it committed.
@@ -162,60 +168,22 @@ async fn write_batches<B: Backend>(backend: B, mut jobs: mpsc::Receiver<Box<dyn 
     }
 }
 
-/// One batch in one transaction: straight through, or, once a write of it failed, again with
-/// each write in a savepoint.
-async fn write_batch<B: Backend>(backend: B, mut batch: Vec<Box<dyn Job<B::Tx>>>) {
-    if batch.len() > 1 {
-        match write_straight(&backend, &mut batch).await {
-            Ok(()) => return,
-            Err(Failed) => batch.retain(|job| job.wanted()),
-        }
-    }
-    write_in_savepoints(&backend, batch).await
-}
-
-/// A write of the batch failed, so its transaction was rolled back.
-struct Failed;
-
-/// Runs every write of `batch` in one transaction, one after another, and commits them; each
-/// is answered. If one fails, the transaction is rolled back at once and the writes stay
-/// unanswered in `batch`, to run again.
-async fn write_straight<B: Backend>(
-    backend: &B,
-    batch: &mut Vec<Box<dyn Job<B::Tx>>>,
-) -> Result<(), Failed> {
+/// One batch in one transaction.
+async fn write_batch<B: Backend>(backend: B, batch: Vec<Box<dyn Job<B::Tx>>>) {
     let mut tx = match backend.begin_write().await {
         Ok(tx) => tx,
         Err(error) => {
-            fail_all(std::mem::take(batch), &error);
-            return Ok(());
+            for job in batch {
+                job.fail(error.again());
+            }
+            return;
         }
-    };
-    for job in batch.iter_mut() {
-        if job.run(&mut tx).await {
-            // Dropping the transaction rolls it back.
-            return Err(Failed);
-        }
-    }
-    let committed = backend.commit(tx).await;
-    for job in batch.drain(..) {
-        job.answer(committed.as_ref().map(|_| ()));
-    }
-    Ok(())
-}
-
-/// Runs `batch` in one transaction, each write in a savepoint when it shares the transaction,
-/// and commits what did not fail; each is answered.
-async fn write_in_savepoints<B: Backend>(backend: &B, batch: Vec<Box<dyn Job<B::Tx>>>) {
-    let mut tx = match backend.begin_write().await {
-        Ok(tx) => tx,
-        Err(error) => return fail_all(batch, &error),
     };
     // Alone, a failed write is undone by not committing; shared, by its savepoint.
     let shared = batch.len() > 1;
-    let mut ran: Vec<(Box<dyn Job<B::Tx>>, bool)> = Vec::with_capacity(batch.len());
+    let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(batch.len());
     let mut broken: Option<StoreError> = None;
-    for mut job in batch {
+    for job in batch {
         if let Some(error) = &broken {
             job.fail(error.again());
             continue;
@@ -227,9 +195,9 @@ async fn write_in_savepoints<B: Backend>(backend: &B, batch: Vec<Box<dyn Job<B::
                 continue;
             }
         }
-        let failed = job.run(&mut tx).await;
+        let outcome = job.run(&mut tx).await;
         if shared {
-            let closed = if failed {
+            let closed = if outcome.failed() {
                 backend.rollback_to_savepoint(&mut tx).await
             } else {
                 backend.release_savepoint(&mut tx).await
@@ -238,22 +206,16 @@ async fn write_in_savepoints<B: Backend>(backend: &B, batch: Vec<Box<dyn Job<B::
                 broken = Some(error);
             }
         }
-        ran.push((job, failed));
+        ran.push(outcome);
     }
     let committed = match broken {
         // Dropping the transaction rolls it back: nothing of the batch is applied.
         Some(error) => Err(error),
-        None if !shared && ran.iter().all(|(_, failed)| *failed) => Ok(()),
+        None if !shared && ran.iter().all(|r| r.failed()) => Ok(()),
         None => backend.commit(tx).await,
     };
-    for (job, _) in ran {
-        job.answer(committed.as_ref().map(|_| ()));
-    }
-}
-
-fn fail_all<Tx>(batch: Vec<Box<dyn Job<Tx>>>, error: &StoreError) {
-    for job in batch {
-        job.fail(error.again());
+    for outcome in ran {
+        outcome.answer(committed.as_ref().map(|_| ()));
     }
 }
 
@@ -291,7 +253,7 @@ mod tests {
     fn insert(
         id: i64,
         fail: bool,
-    ) -> impl for<'t> Fn(&'t mut <SqliteBackend as Backend>::Tx) -> TxFuture<'t, i64> {
+    ) -> impl for<'t> FnOnce(&'t mut <SqliteBackend as Backend>::Tx) -> TxFuture<'t, i64> {
         over_tx(move |tx: &mut <SqliteBackend as Backend>::Tx| {
             Box::pin(async move {
                 sqlx::query("INSERT INTO parent (id) VALUES ($1)")
@@ -319,14 +281,10 @@ mod tests {
     ) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
         let (release, released) = oneshot::channel::<()>();
         let (running, ran) = oneshot::channel::<()>();
-        // A write alone in its batch runs once.
-        let once = std::sync::Mutex::new(Some((running, released)));
         let held = writer.clone();
         let task = tokio::spawn(async move {
             held.write(over_tx(move |_tx: &mut <SqliteBackend as Backend>::Tx| {
-                let signals = once.lock().unwrap().take();
                 Box::pin(async move {
-                    let (running, released) = signals.expect("the holding write to run once");
                     let _ = running.send(());
                     let _ = released.await;
                     Ok(())
