@@ -68,12 +68,18 @@ pub trait Backend: Clone + Send + Sync + 'static {
         id: &OperationId,
     ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
 
-    /// Reads the operation and the store's clock without taking any lock.
+    /// Reads the operation and the store's clock without taking any lock, on a connection of
+    /// its own ([`Backend::read_held`]).
     fn read(
         &self,
         tenant: &str,
         id: &OperationId,
-    ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send {
+        async move {
+            let (mut conn, _) = self.connection().await?;
+            self.read_held(&mut conn, tenant, id).await
+        }
+    }
 
     /// Takes a connection for one call, and how long that waited.
     fn connection(&self)

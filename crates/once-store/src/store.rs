@@ -272,17 +272,8 @@ where
         tenant: &str,
         id: &OperationId,
     ) -> Result<Clocked, StoreError> {
-        let row = sqlx::query(&D::statements().lock)
-            .bind(tenant)
-            .bind(id.as_str())
-            .fetch_one(&mut **tx)
-            .await?;
+        let row = by_operation::<D>(&mut **tx, &D::statements().lock, tenant, id).await?;
         clocked(&row)
-    }
-
-    async fn read(&self, tenant: &str, id: &OperationId) -> Result<Clocked, StoreError> {
-        let (mut conn, _) = self.connection().await?;
-        self.read_held(&mut conn, tenant, id).await
     }
 
     async fn connection(&self) -> Result<(Self::Conn, Duration), StoreError> {
@@ -297,11 +288,7 @@ where
         tenant: &str,
         id: &OperationId,
     ) -> Result<Clocked, StoreError> {
-        let row = sqlx::query(&D::statements().read)
-            .bind(tenant)
-            .bind(id.as_str())
-            .fetch_one(&mut **conn)
-            .await?;
+        let row = by_operation::<D>(&mut **conn, &D::statements().read, tenant, id).await?;
         clocked(&row)
     }
 
@@ -311,11 +298,8 @@ where
         tenant: &str,
         id: &OperationId,
     ) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
-        let row = sqlx::query(&D::statements().read_claimable)
-            .bind(tenant)
-            .bind(id.as_str())
-            .fetch_one(&mut **conn)
-            .await?;
+        let statement = &D::statements().read_claimable;
+        let row = by_operation::<D>(&mut **conn, statement, tenant, id).await?;
         let (op, now) = clocked(&row)?;
         let token: Option<i64> = row.try_get("fresh_token")?;
         Ok((op, now, token.map(rows::token).transpose()?))
@@ -1101,6 +1085,26 @@ impl Statements {
             lock: clocked(gate, row_lock, ""),
         }
     }
+}
+
+/// The one row `sql` returns for an operation, bound with its key (`$1` the tenant, `$2` the id).
+async fn by_operation<D>(
+    conn: &mut D::Connection,
+    sql: &str,
+    tenant: &str,
+    id: &OperationId,
+) -> Result<D::Row, StoreError>
+where
+    D: Database,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+{
+    Ok(sqlx::query(sql)
+        .bind(tenant)
+        .bind(id.as_str())
+        .fetch_one(conn)
+        .await?)
 }
 
 /// Reads a row of [`Statements::read`]: the operation's columns are all NULL when there is none.
