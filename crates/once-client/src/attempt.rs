@@ -209,11 +209,15 @@ async fn heartbeat(
     stop: Arc<Notify>,
 ) {
     let period = (ttl / 3).max(Duration::from_millis(20));
-    let mut lease_ends = tokio::time::Instant::now() + ttl;
+    let started = tokio::time::Instant::now();
+    let mut lease_ends = started + ttl;
+    // Each heartbeat is due a period after the last one was sent, not after it was answered:
+    // a slow answer does not push the next one later and eat into the lease.
+    let mut due = started + period;
     loop {
         tokio::select! {
             _ = stop.notified() => return,
-            _ = tokio::time::sleep(period) => {}
+            _ = tokio::time::sleep_until(due) => {}
         }
         let request = pb::HeartbeatRequest {
             operation_id: operation_id.clone(),
@@ -231,7 +235,10 @@ async fn heartbeat(
             _ = stop.notified() => return,
             extended = extended => match extended {
                 // The ledger extended the lease from some moment after `sent`.
-                Ok(_) => lease_ends = sent + ttl,
+                Ok(_) => {
+                    lease_ends = sent + ttl;
+                    due = sent + period;
+                }
                 Err(error) => {
                     tracing::warn!(%operation_id, %error, "lease heartbeat failed; the attempt lost its lease");
                     return;

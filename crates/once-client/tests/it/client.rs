@@ -214,19 +214,19 @@ on_both_backends!(
 async fn heartbeats_keep_a_long_effect_alive_past_its_lease(store: Store) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
-    // Three leases and more; a heartbeat every 200 ms, so a stall of the loaded test machine
-    // shorter than 400 ms costs nothing.
-    let spec = refund("o-7").lease_ttl(Duration::from_millis(600));
-    outlive_the_lease(&ledger, &db, spec, 2_000).await;
+    // Three leases and more; a heartbeat due every 500 ms, so a stall of the loaded test machine
+    // (a busy SQLite file, a CI run's other tests) shorter than a second costs nothing.
+    let spec = refund("o-7").lease_ttl(Duration::from_millis(1_500));
+    outlive_the_lease(&ledger, &db, spec, 5_000).await;
     ledger.stop().await;
 }
 
-/// The spec names no lease, so the ledger grants its own default (here 600 ms, not the 30 s a
+/// The spec names no lease, so the ledger grants its own default (here 1.5 s, not the 30 s a
 /// client might assume): the heartbeat follows the lease the grant carries.
 async fn heartbeats_follow_the_lease_the_ledger_granted(store: Store) {
     let db = TestDb::new(store).await;
-    let ledger = TestLedger::spawn_with(&db, &["--default-lease", "600ms"]).await;
-    outlive_the_lease(&ledger, &db, refund("o-default-lease"), 1_800).await;
+    let ledger = TestLedger::spawn_with(&db, &["--default-lease", "1500ms"]).await;
+    outlive_the_lease(&ledger, &db, refund("o-default-lease"), 4_500).await;
     ledger.stop().await;
 }
 
