@@ -4,6 +4,11 @@
 //! seconds, interleaved; then 1,000 callers for onced's resident set. Prints a table and each
 //! goal's ratio; asserts nothing.
 //!
+//! It also prints what this host allows any ledger behind this API: the callers' gRPC calls
+//! with no ledger work behind them (two health checks a cycle), and pgbench writing the rows
+//! cycles leave in onced's tables as perfect group commit would, 64 to a commit
+//! (`batched_cycles.sql`). A cycle costs at least both, on the same cores.
+//!
 //! ```text
 //! cargo bench -p onced --bench ledger -- [--seconds 10] [--rounds 1] [--callers 1,16,64] \
 //!     [--postgres postgres://postgres@127.0.0.1:5432/postgres] [--smoke]
@@ -19,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use sqlx::Connection as _;
-use support::{cycles, health_checks, onced, percentile, replays, rss_kib, Cycles};
+use support::{cycles, empty_cycles, health_checks, onced, percentile, replays, rss_kib, Cycles};
 use tonic::transport::Channel;
 
 mod support;
@@ -66,6 +71,11 @@ enum System {
     OncedPostgres,
     Pgbench,
     OncedSqlite,
+    /// Two health checks a cycle against onced on PostgreSQL: the gRPC alone, no ledger work.
+    GrpcAlone,
+    /// pgbench writing what a cycle leaves in onced's tables, 64 cycles to a commit
+    /// (`batched_cycles.sql`): the database work alone, as perfect group commit would do it.
+    BatchedRows,
 }
 
 impl System {
@@ -74,6 +84,8 @@ impl System {
             System::OncedPostgres => "onced, PostgreSQL",
             System::Pgbench => "pgbench, hand-rolled SQL",
             System::OncedSqlite => "onced, SQLite",
+            System::GrpcAlone => "gRPC alone, no ledger work",
+            System::BatchedRows => "pgbench, onced's rows, 64/commit",
         }
     }
 }
@@ -118,9 +130,26 @@ impl Ledger {
 
     /// `callers` callers making cycles for `length`; with the peak resident set over it.
     async fn drive(&self, callers: usize, length: Duration) -> anyhow::Result<(Cycles, u64)> {
+        self.drive_with(System::OncedPostgres, callers, length)
+            .await
+    }
+
+    /// As [`Ledger::drive`], with the cycles `system` makes: ledger cycles, or empty ones.
+    async fn drive_with(
+        &self,
+        system: System,
+        callers: usize,
+        length: Duration,
+    ) -> anyhow::Result<(Cycles, u64)> {
         let end = Instant::now() + length;
         let running: Vec<_> = (0..callers)
-            .map(|n| tokio::spawn(cycles(self.channels[n % self.channels.len()].clone(), end)))
+            .map(|n| {
+                let channel = self.channels[n % self.channels.len()].clone();
+                match system {
+                    System::GrpcAlone => tokio::spawn(empty_cycles(channel, end)),
+                    _ => tokio::spawn(cycles(channel, end)),
+                }
+            })
             .collect();
         let mut peak = rss_kib(self.pid())?;
         while Instant::now() < end {
@@ -140,7 +169,7 @@ impl Ledger {
         callers: usize,
         length: Duration,
     ) -> anyhow::Result<Figures> {
-        let (mut seen, _) = self.drive(callers, length).await?;
+        let (mut seen, _) = self.drive_with(system, callers, length).await?;
         seen.begins.sort();
         seen.cycles.sort();
         Ok(Figures {
@@ -154,6 +183,9 @@ impl Ledger {
         })
     }
 }
+
+/// The cycles one run of `batched_cycles.sql` writes.
+const BATCHED_CYCLES: f64 = 64.0;
 
 /// pgbench on the benchmark's database.
 struct Pgbench {
@@ -305,7 +337,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn show(figures: &Figures) {
     let cell = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.3}", ms(d)));
     println!(
-        "{:>7}  {:<26} {:>10.0} {:>10} {:>10} {:>11} {:>7}",
+        "{:>7}  {:<32} {:>10.0} {:>10} {:>10} {:>11} {:>7}",
         figures.callers,
         figures.system.label(),
         figures.per_second,
@@ -404,7 +436,7 @@ async fn run(
         args.seconds, args.rounds
     );
     println!(
-        "{:>7}  {:<26} {:>10} {:>10} {:>10} {:>11} {:>7}",
+        "{:>7}  {:<32} {:>10} {:>10} {:>10} {:>11} {:>7}",
         "callers", "system", "cycles/s", "p50 ms", "p99 ms", "cycle p99", "failed"
     );
     let mut all = Vec::new();
@@ -442,6 +474,26 @@ async fn run(
                 show(&figures);
                 all.push(figures);
             }
+        }
+        // The bounds: the same callers making the calls' gRPC round trips and nothing else, and
+        // the database writing a cycle's rows with nothing else (four batches in flight).
+        let most = args.callers.iter().copied().max().unwrap_or(1);
+        let alone = postgres.measure(System::GrpcAlone, most, length).await?;
+        let (batches, _) = pgbench
+            .run("batched_cycles.sql", 4, args.seconds, false)
+            .await?;
+        let rows = Figures {
+            system: System::BatchedRows,
+            callers: most,
+            per_second: batches * BATCHED_CYCLES,
+            first_p50: None,
+            first_p99: None,
+            cycle_p99: None,
+            failed: 0,
+        };
+        for figures in [alone, rows] {
+            show(&figures);
+            all.push(figures);
         }
     }
 
@@ -514,6 +566,24 @@ async fn run(
             target,
         );
     }
+    // A Begin is at least a gRPC round trip around the claim's statement.
+    let floor = replayed.first().map(|(_, _, health)| ms(*health));
+    goal(
+        "bound: Begin p50 - claim p50 >= a health check's p50 (ms)".to_string(),
+        floor.map(|f| format!("{f:+.3}")),
+        "(host)",
+    );
+    // Both bounds are CPU-bound on this host and would share it: a cycle costs at least the CPU
+    // of its gRPC calls plus that of its rows, whatever the ledger does between them.
+    let ceiling = pick(System::GrpcAlone, most, &rate)
+        .zip(pick(System::BatchedRows, most, &rate))
+        .zip(pick(System::Pgbench, most, &rate))
+        .map(|((alone, rows), pgbench)| 1.0 / (1.0 / alone + 1.0 / rows) / pgbench);
+    goal(
+        format!("bound: gRPC alone + onced's rows batched, at {most} callers / pgbench"),
+        ceiling.map(|r| format!("{r:.2}x")),
+        "(host)",
+    );
     let at_16 = if args.callers.contains(&16) { 16 } else { most };
     goal(
         format!("SQLite cycles/s at {at_16} callers"),

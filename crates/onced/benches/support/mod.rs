@@ -117,6 +117,27 @@ pub async fn cycles(channel: tonic::transport::Channel, end: Instant) -> Cycles 
     seen
 }
 
+/// One caller: two health checks a cycle until `end`, the gRPC work of a Begin + Confirm with no
+/// ledger work at all: what any ledger behind this API could reach on this host at most.
+pub async fn empty_cycles(channel: tonic::transport::Channel, end: Instant) -> Cycles {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let mut health = HealthClient::new(channel);
+    let mut seen = Cycles::default();
+    while Instant::now() < end {
+        let started = Instant::now();
+        let first = health.check(HealthCheckRequest::default()).await;
+        seen.begins.push(started.elapsed());
+        match (first, health.check(HealthCheckRequest::default()).await) {
+            (Ok(_), Ok(_)) => {
+                seen.done += 1;
+                seen.cycles.push(started.elapsed());
+            }
+            _ => seen.failed += 1,
+        }
+    }
+    seen
+}
+
 /// Begins of one confirmed operation, each answered REPLAY, until `end`: their latencies,
 /// sorted (a Begin that needs no write: the service and one read).
 pub async fn replays(
