@@ -202,22 +202,27 @@ pub fn not_performed(failure: &ClientError) -> CallToolResult {
 }
 
 fn replayed(replay: &Replay) -> CallToolResult {
+    CallToolResult::success(vec![
+        ContentBlock::text(text(&replay.result)),
+        ContentBlock::text(replay_marker(replay).to_string()),
+    ])
+}
+
+/// The marker a replayed result carries after its original content, as a text block: that it
+/// is a replay, of which operation, and when the original ran.
+pub fn replay_marker(replay: &Replay) -> serde_json::Value {
     let original_time = replay
         .confirmed_at
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or_default();
-    let marker = json!({
+    json!({
         "replayed": true,
         "operation_id": replay.operation_id,
         "original_time_ms": original_time,
         "original_time": rfc3339(replay.confirmed_at),
         "note": "This action had already been performed; this is its original result. It was not performed again.",
-    });
-    CallToolResult::success(vec![
-        ContentBlock::text(text(&replay.result)),
-        ContentBlock::text(marker.to_string()),
-    ])
+    })
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -1,0 +1,99 @@
+//! `once-proxy`: puts once-ledger in front of any MCP server, with no change to its code.
+//!
+//! ```text
+//! once-proxy --policy policy.toml -- <command> [args…]
+//! ```
+//!
+//! The MCP client launches the proxy as if it were the server; the proxy runs the server as its
+//! child. Each `tools/call` of a tool the policy guards is claimed at the ledger first and
+//! reaches the server at most once per logical operation; everything else passes untouched.
+
+mod guard;
+mod policy;
+mod stdio;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use once_client::{ClientConfig, LedgerClient};
+
+/// Guards an MCP server's state-changing tools with once-ledger. `Debug` never shows the key.
+#[derive(Parser)]
+#[command(name = "once-proxy", version)]
+struct Args {
+    /// The policy: which tools are guarded and how their calls are named (TOML).
+    #[arg(long, env = "ONCE_PROXY_POLICY")]
+    policy: PathBuf,
+    /// The once-ledger endpoint.
+    #[arg(long, env = "ONCE_LEDGER", default_value = "http://127.0.0.1:50051")]
+    ledger: String,
+    /// The API key the proxy presents to the ledger; it names the tenant.
+    #[arg(long, env = "ONCE_LEDGER_KEY", hide_env_values = true)]
+    ledger_key: Option<String>,
+    /// A PEM file of certificate authorities to trust for an `https://` ledger.
+    #[arg(long, env = "ONCE_LEDGER_CA")]
+    ledger_ca: Option<PathBuf>,
+    /// The client name recorded in the ledger's attempt log.
+    #[arg(long, env = "ONCE_PROXY_NAME", default_value = "once-proxy")]
+    name: String,
+    /// Deadline of one ledger RPC.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    ledger_timeout: Duration,
+    /// The MCP server to run, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+impl std::fmt::Debug for Args {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Args")
+            .field("policy", &self.policy)
+            .field("ledger", &self.ledger)
+            .field(
+                "ledger_key",
+                &self.ledger_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("command", &self.command)
+            .finish_non_exhaustive()
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("once-proxy: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(proxy(args)) {
+        Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(error) => {
+            eprintln!("once-proxy: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn proxy(args: Args) -> anyhow::Result<i32> {
+    // stdout carries the MCP protocol: logs go to stderr.
+    let telemetry = once_telemetry::Telemetry::init("once-proxy", false)?;
+    let policy = policy::Policy::load(&args.policy)?;
+    let mut config = ClientConfig::new(args.ledger.clone());
+    config.client_name = args.name.clone();
+    config.token = args.ledger_key.clone();
+    config.rpc_timeout = args.ledger_timeout;
+    if let Some(path) = &args.ledger_ca {
+        config.tls_ca_pem = Some(
+            std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("--ledger-ca {}: {e}", path.display()))?,
+        );
+    }
+    let ledger = LedgerClient::connect(config)?;
+    tracing::info!(policy = %args.policy.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %args.ledger, "once-proxy starting");
+    let code = stdio::run(guard::Guard { policy, ledger }, &args.command).await;
+    telemetry.shutdown();
+    code
+}

@@ -1,0 +1,438 @@
+//! The policy: which tools are guarded, and how each one's calls are named for the ledger.
+//!
+//! ```toml
+//! # The read-only tool the model is told to call to follow an uncertain operation.
+//! status_tool = "get_refund_status"
+//! # Add a sentence to each guarded tool's description in tools/list results.
+//! annotate = true
+//!
+//! [tools.issue_refund]
+//! # The business intent, which names the operation whatever key a call carries: parts joined
+//! # by once-id-v1. `{/pointer}` reads an argument; a part that is one pointer to an integer
+//! # stays an integer. Without `intent`, an explicit key names the operation, and without one
+//! # all of its arguments do.
+//! intent = ["refund", "{/order_id}"]
+//! # Top-level arguments left out of the fingerprint (nonces, client timestamps).
+//! volatile = ["note"]
+//! # Where an explicit idempotency key may come from (tools without an intent), in this order:
+//! # an argument, the request's `_meta` `once/idempotency_key`, its `idempotencyKey` field.
+//! key = ["argument:idempotency_key", "meta", "request"]
+//! # The reconciler that can look the operation up, and its hints (templates as for intent).
+//! provider = "orders"
+//! lookup_hints = { order_id = "{/order_id}" }
+//! lease = "30s"
+//! # How long the upstream may take to answer; after that the outcome is unknown.
+//! timeout = "60s"
+//! # What an upstream tool error means: "unknown" (the default) or "absent", for tools whose
+//! # errors are known to come before any side effect.
+//! on_error = "unknown"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use once_client::{OperationSpec, META_IDEMPOTENCY_KEY};
+use once_core::once_id::IntentPart;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// The whole policy file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// The tool the model is told to call to follow an operation in progress or being verified.
+    pub status_tool: Option<String>,
+    /// Whether guarded tools' descriptions in tools/list say that retries are safe.
+    #[serde(default)]
+    pub annotate: bool,
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolPolicy>,
+}
+
+/// How one guarded tool's calls are named and judged.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolPolicy {
+    pub intent: Option<Vec<String>>,
+    #[serde(default)]
+    pub volatile: Vec<String>,
+    #[serde(default = "default_key_sources")]
+    pub key: Vec<KeySource>,
+    pub provider: Option<String>,
+    #[serde(default)]
+    pub lookup_hints: BTreeMap<String, String>,
+    #[serde(default, with = "humantime_serde_opt")]
+    pub lease: Option<Duration>,
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(default)]
+    pub on_error: OnError,
+}
+
+/// What an upstream tool error (or JSON-RPC error) to a guarded call means.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// The effect may have happened: the operation is UNKNOWN until reconciled.
+    #[default]
+    Unknown,
+    /// The tool's errors come before any side effect: the operation is ABSENT and may be
+    /// tried again.
+    Absent,
+}
+
+/// Where an explicit idempotency key may come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A top-level string argument of this name.
+    Argument(String),
+    /// The request's `_meta` `once/idempotency_key`.
+    Meta,
+    /// The request's `idempotencyKey` field (the MCP idempotency proposal).
+    Request,
+}
+
+impl<'de> Deserialize<'de> for KeySource {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "meta" => Ok(KeySource::Meta),
+            "request" => Ok(KeySource::Request),
+            other => match other.strip_prefix("argument:") {
+                Some(name) if !name.is_empty() => Ok(KeySource::Argument(name.to_owned())),
+                _ => Err(serde::de::Error::custom(format!(
+                    "key source {other:?}: expected \"argument:NAME\", \"meta\" or \"request\""
+                ))),
+            },
+        }
+    }
+}
+
+fn default_key_sources() -> Vec<KeySource> {
+    vec![
+        KeySource::Argument(once_core::identity::IDEMPOTENCY_KEY_FIELD.to_owned()),
+        KeySource::Meta,
+        KeySource::Request,
+    ]
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+mod humantime_serde {
+    use std::time::Duration;
+
+    use serde::Deserialize;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+mod humantime_serde_opt {
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::humantime_serde::deserialize(d).map(Some)
+    }
+}
+
+/// Why a guarded call cannot be named: it is not performed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unnamed(String);
+
+impl Policy {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("policy {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("policy {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let policy: Policy = toml::from_str(text)?;
+        for (tool, guarded) in &policy.tools {
+            for part in guarded.intent.iter().flatten() {
+                Template::parse(part).map_err(|e| anyhow::anyhow!("tools.{tool}.intent: {e}"))?;
+            }
+            for (name, hint) in &guarded.lookup_hints {
+                Template::parse(hint)
+                    .map_err(|e| anyhow::anyhow!("tools.{tool}.lookup_hints.{name}: {e}"))?;
+            }
+            if guarded.intent.as_ref().is_some_and(Vec::is_empty) {
+                anyhow::bail!("tools.{tool}.intent: name at least one part, or leave it out");
+            }
+        }
+        Ok(policy)
+    }
+
+    pub fn guarded(&self, tool: &str) -> Option<&ToolPolicy> {
+        self.tools.get(tool)
+    }
+}
+
+impl ToolPolicy {
+    /// The operation a `tools/call` request's params describe, or why it cannot be named.
+    pub fn spec(&self, tool: &str, params: &Map<String, Value>) -> Result<OperationSpec, Unnamed> {
+        let arguments = match params.get("arguments") {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(object @ Value::Object(_)) => object.clone(),
+            Some(_) => return Err(Unnamed("the tool's arguments are not an object".into())),
+        };
+        let mut spec = OperationSpec::new(tool, arguments.clone()).volatile(self.volatile.clone());
+        // The business intent names the operation whatever key the caller sends: a model that
+        // re-issues a call with a fresh key is still asking for the same action. Without an
+        // intent, an explicit key is the caller's word for "this one action"; without either,
+        // the arguments name it.
+        match &self.intent {
+            Some(parts) => {
+                let parts = parts
+                    .iter()
+                    .map(|part| Template::parse(part).and_then(|t| t.intent_part(&arguments)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(Unnamed)?;
+                spec = spec.intent_parts(parts);
+            }
+            None => {
+                if let Some(key) = self.explicit_key(&arguments, params) {
+                    spec = spec.explicit(format!("{tool}:x:{key}"));
+                }
+            }
+        }
+        if let Some(provider) = &self.provider {
+            let mut hints = Map::new();
+            for (name, hint) in &self.lookup_hints {
+                let value = Template::parse(hint)
+                    .and_then(|t| t.render(&arguments))
+                    .map_err(Unnamed)?;
+                hints.insert(name.clone(), value);
+            }
+            spec = spec.provider(provider.clone(), Value::Object(hints));
+        }
+        if let Some(lease) = self.lease {
+            spec = spec.lease_ttl(lease);
+        }
+        Ok(spec)
+    }
+
+    /// The first explicit key the policy's sources find, in their order.
+    fn explicit_key(&self, arguments: &Value, params: &Map<String, Value>) -> Option<String> {
+        self.key.iter().find_map(|source| {
+            let found = match source {
+                KeySource::Argument(name) => arguments.get(name),
+                KeySource::Meta => params
+                    .get("_meta")
+                    .and_then(|m| m.get(META_IDEMPOTENCY_KEY)),
+                KeySource::Request => params.get("idempotencyKey"),
+            };
+            found
+                .and_then(Value::as_str)
+                .filter(|k| !k.is_empty())
+                .map(str::to_owned)
+        })
+    }
+}
+
+/// A template: literal text with `{/json/pointer}` holes filled from the arguments.
+#[derive(Debug, PartialEq)]
+enum Piece<'t> {
+    Text(&'t str),
+    Pointer(&'t str),
+}
+
+#[derive(Debug)]
+struct Template<'t>(Vec<Piece<'t>>);
+
+impl<'t> Template<'t> {
+    fn parse(text: &'t str) -> Result<Self, String> {
+        let mut pieces = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                pieces.push(Piece::Text(&rest[..open]));
+            }
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| format!("{text:?} has an unclosed '{{'"))?
+                + open;
+            let pointer = &rest[open + 1..close];
+            if !pointer.starts_with('/') {
+                return Err(format!(
+                    "{text:?}: {{{pointer}}} is not a JSON pointer (they start with '/')"
+                ));
+            }
+            pieces.push(Piece::Pointer(pointer));
+            rest = &rest[close + 1..];
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Text(rest));
+        }
+        Ok(Self(pieces))
+    }
+
+    /// The value a template of one pointer names, kept as it is; otherwise the text.
+    fn render(&self, arguments: &Value) -> Result<Value, String> {
+        if let [Piece::Pointer(pointer)] = self.0.as_slice() {
+            return lookup(arguments, pointer).cloned();
+        }
+        let mut out = String::new();
+        for piece in &self.0 {
+            match piece {
+                Piece::Text(text) => out.push_str(text),
+                Piece::Pointer(pointer) => match lookup(arguments, pointer)? {
+                    Value::String(s) => out.push_str(s),
+                    Value::Number(n) => out.push_str(&n.to_string()),
+                    Value::Bool(b) => out.push_str(&b.to_string()),
+                    other => {
+                        return Err(format!(
+                            "argument {pointer} is {other}, not text or a number: it cannot be part of a name"
+                        ))
+                    }
+                },
+            }
+        }
+        Ok(Value::String(out))
+    }
+
+    fn intent_part(&self, arguments: &Value) -> Result<IntentPart, String> {
+        match self.render(arguments)? {
+            Value::String(s) => Ok(IntentPart::Text(s)),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => Ok(IntentPart::Integer(i)),
+                None => Ok(IntentPart::Number(n.as_f64().unwrap_or(f64::NAN))),
+            },
+            other => Err(format!(
+                "an intent part is {other}, not text or a number: it cannot be part of a name"
+            )),
+        }
+    }
+}
+
+fn lookup<'v>(arguments: &'v Value, pointer: &str) -> Result<&'v Value, String> {
+    arguments
+        .pointer(pointer)
+        .filter(|v| !v.is_null())
+        .ok_or_else(|| format!("the call has no argument {pointer}, which names the operation"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn params(value: Value) -> Map<String, Value> {
+        value.as_object().unwrap().clone()
+    }
+
+    const POLICY: &str = r#"
+        status_tool = "get_refund_status"
+        [tools.issue_refund]
+        intent = ["refund", "{/order_id}"]
+        volatile = ["note"]
+        provider = "orders"
+        lookup_hints = { order_id = "{/order_id}", label = "order-{/order_id}" }
+        lease = "5s"
+    "#;
+
+    #[test]
+    fn intent_parts_read_the_arguments() {
+        let policy = Policy::parse(POLICY).unwrap();
+        let tool = policy.guarded("issue_refund").unwrap();
+        let spec = tool
+            .spec(
+                "issue_refund",
+                &params(
+                    json!({"name": "issue_refund", "arguments": {"order_id": 42, "amount": 5}}),
+                ),
+            )
+            .unwrap();
+        let same = OperationSpec::new("issue_refund", json!({})).intent_parts(vec![
+            IntentPart::Text("refund".into()),
+            IntentPart::Integer(42),
+        ]);
+        assert_eq!(spec.operation_id().unwrap(), same.operation_id().unwrap());
+        assert_eq!(
+            spec.lookup_hints,
+            Some(json!({"order_id": 42, "label": "order-42"}))
+        );
+        assert_eq!(spec.lease_ttl, Some(Duration::from_secs(5)));
+        assert_eq!(spec.volatile_fields, vec!["note".to_string()]);
+    }
+
+    #[test]
+    fn the_intent_names_the_operation_whatever_key_comes_with_it() {
+        let policy = Policy::parse(POLICY).unwrap();
+        let tool = policy.guarded("issue_refund").unwrap();
+        let by = |p: Value| {
+            tool.spec("issue_refund", &params(p))
+                .unwrap()
+                .operation_id()
+                .unwrap()
+        };
+        let first = by(json!({"arguments": {"order_id": 1, "idempotency_key": "k1"}}));
+        let reissued = by(
+            json!({"arguments": {"order_id": 1, "idempotency_key": "k2"}, "idempotencyKey": "k3"}),
+        );
+        assert_eq!(first, reissued);
+    }
+
+    #[test]
+    fn an_explicit_key_names_the_operation_from_any_configured_source() {
+        let policy = Policy::parse("[tools.issue_refund]\n").unwrap();
+        let tool = policy.guarded("issue_refund").unwrap();
+        let by = |p: Value| {
+            tool.spec("issue_refund", &params(p))
+                .unwrap()
+                .operation_id()
+                .unwrap()
+        };
+        let argument = by(json!({"arguments": {"order_id": 1, "idempotency_key": "k1"}}));
+        let meta =
+            by(json!({"arguments": {"order_id": 1}, "_meta": {"once/idempotency_key": "k1"}}));
+        let request = by(json!({"arguments": {"order_id": 1}, "idempotencyKey": "k1"}));
+        assert_eq!(argument, "issue_refund:x:k1");
+        assert_eq!(meta, argument);
+        assert_eq!(request, argument);
+        let only_meta = Policy::parse("[tools.t]\nkey = [\"meta\"]\n").unwrap();
+        let t = only_meta.guarded("t").unwrap();
+        let derived = t
+            .spec(
+                "t",
+                &params(json!({"arguments": {"a": 1}, "idempotencyKey": "k1"})),
+            )
+            .unwrap()
+            .operation_id()
+            .unwrap();
+        assert!(derived.starts_with("t:h:"), "{derived}");
+    }
+
+    #[test]
+    fn a_missing_intent_argument_is_refused_not_guessed() {
+        let policy = Policy::parse(POLICY).unwrap();
+        let tool = policy.guarded("issue_refund").unwrap();
+        let refused = tool
+            .spec("issue_refund", &params(json!({"arguments": {"amount": 5}})))
+            .unwrap_err();
+        assert!(refused.to_string().contains("/order_id"), "{refused}");
+    }
+
+    #[test]
+    fn bad_policies_are_refused_at_load() {
+        for (text, says) in [
+            ("[tools.t]\nintent = [\"{order_id}\"]\n", "JSON pointer"),
+            ("[tools.t]\nintent = [\"{/order_id\"]\n", "unclosed"),
+            ("[tools.t]\nkey = [\"header\"]\n", "key source"),
+            ("[tools.t]\non_error = \"maybe\"\n", "on_error"),
+            ("[tools.t]\nleese = \"5s\"\n", "leese"),
+            ("[tools.t]\nintent = []\n", "at least one part"),
+        ] {
+            let refused = Policy::parse(text).unwrap_err().to_string();
+            assert!(refused.contains(says), "{text}: {refused}");
+        }
+    }
+}

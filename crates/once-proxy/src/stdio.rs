@@ -1,0 +1,304 @@
+//! The stdio shape: the MCP client launches the proxy as if it were the server; the proxy
+//! launches the real server as its child and relays newline-delimited JSON-RPC both ways.
+//! Every line it does not guard passes byte for byte.
+
+use std::collections::{HashMap, HashSet};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use crate::guard::{annotate, Answer, Guard, Upstream};
+
+/// How long the upstream has to exit once the client has gone, before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// The requests in flight that the proxy watches for.
+#[derive(Debug, Default)]
+struct Watched {
+    /// Guarded calls sent upstream, by JSON-RPC id (as JSON text): who waits for the answer.
+    guarded: HashMap<String, oneshot::Sender<Upstream>>,
+    /// `tools/list` requests whose answers are annotated.
+    listings: HashSet<String>,
+    /// Guarded calls given up on (timed out, cancelled): a late answer is the ledger's to learn
+    /// from a reconciler, not a second answer for the client.
+    abandoned: HashSet<String>,
+}
+
+/// Runs `command` as the upstream server and relays between it and this process's stdio until
+/// either side ends. Returns the upstream's exit code.
+pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("name the MCP server to run after --"))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
+    let upstream_in = child.stdin.take().expect("piped");
+    let upstream_out = child.stdout.take().expect("piped");
+    tracing::info!(command = %command.join(" "), "once-proxy relaying stdio");
+
+    let code = relay(
+        Arc::new(guard),
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        upstream_in,
+        upstream_out,
+    )
+    .await;
+    let status = match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+        Ok(status) => status?,
+        Err(_) => {
+            tracing::warn!("the upstream did not exit after its input closed; killing it");
+            child.kill().await?;
+            child.wait().await?
+        }
+    };
+    code?;
+    Ok(status.code().unwrap_or(1))
+}
+
+/// Relays until the client's input ends or the upstream's output does, then waits for the
+/// guarded calls in flight to be reported and answered.
+async fn relay(
+    guard: Arc<Guard>,
+    client_in: impl AsyncRead + Unpin,
+    client_out: impl AsyncWrite + Unpin + Send + 'static,
+    upstream_in: impl AsyncWrite + Unpin + Send + 'static,
+    upstream_out: impl AsyncRead + Unpin + Send + 'static,
+) -> anyhow::Result<()> {
+    let (to_client, client_written) = writer(client_out);
+    let (to_upstream, _) = writer(upstream_in);
+    let watched: Arc<Mutex<Watched>> = Arc::default();
+
+    let mut from_upstream = tokio::spawn(read_upstream(
+        BufReader::new(upstream_out),
+        guard.clone(),
+        watched.clone(),
+        to_client.clone(),
+    ));
+    let mut calls = JoinSet::new();
+    let mut client = BufReader::new(client_in);
+    let mut upstream_ended = false;
+    loop {
+        let mut line = Vec::new();
+        tokio::select! {
+            read = client.read_until(b'\n', &mut line) => {
+                if read? == 0 {
+                    break;
+                }
+            }
+            _ = &mut from_upstream => {
+                upstream_ended = true;
+                break;
+            }
+        }
+        let line = strip_newline(line);
+        let Ok(message) = serde_json::from_slice::<Value>(&line) else {
+            let _ = to_upstream.send(line);
+            continue;
+        };
+        if let Value::Array(batch) = &message {
+            // A batch (MCP 2025-03-26) may not carry a guarded call past the ledger: those are
+            // refused, the rest go on as a batch.
+            let (refused, rest): (Vec<&Value>, Vec<&Value>) =
+                batch.iter().partition(|m| guard.guards(m).is_some());
+            if !refused.is_empty() {
+                for call in refused {
+                    let _ = to_client.send(crate::guard::refuse_in_batch(&call["id"]));
+                }
+                if !rest.is_empty() {
+                    let _ = to_upstream.send(
+                        Value::Array(rest.into_iter().cloned().collect())
+                            .to_string()
+                            .into_bytes(),
+                    );
+                }
+                continue;
+            }
+        }
+        if let Some((tool, policy)) = guard.guards(&message) {
+            let (tool, policy) = (tool.to_owned(), policy.clone());
+            let guard = guard.clone();
+            let watched = watched.clone();
+            let to_upstream = to_upstream.clone();
+            let to_client = to_client.clone();
+            calls.spawn(async move {
+                let key = message["id"].to_string();
+                let forward = || async {
+                    let (answer, answered) = oneshot::channel();
+                    watched
+                        .lock()
+                        .expect("not poisoned")
+                        .guarded
+                        .insert(key.clone(), answer);
+                    if to_upstream.send(line).is_err() {
+                        watched.lock().expect("not poisoned").guarded.remove(&key);
+                        return Upstream::Gone {
+                            reason: "the upstream server's input is closed".into(),
+                            reply: true,
+                        };
+                    }
+                    answered.await.unwrap_or(Upstream::Gone {
+                        reason: "the upstream server ended".into(),
+                        reply: true,
+                    })
+                };
+                let answer = guard.call(&tool, &policy, &message, forward).await;
+                {
+                    // A call that timed out is no longer waited for upstream.
+                    let mut watched = watched.lock().expect("not poisoned");
+                    if watched.guarded.remove(&key).is_some() {
+                        watched.abandoned.insert(key);
+                    }
+                }
+                if let Answer::Reply(reply) = answer {
+                    let _ = to_client.send(reply);
+                }
+            });
+            continue;
+        }
+        match message.get("method").and_then(Value::as_str) {
+            Some("notifications/cancelled") => {
+                let cancelled = message.pointer("/params/requestId").map(Value::to_string);
+                let waiting = cancelled
+                    .and_then(|key| watched.lock().expect("not poisoned").guarded.remove(&key));
+                if let Some(waiting) = waiting {
+                    if let Some(key) = message.pointer("/params/requestId") {
+                        watched
+                            .lock()
+                            .expect("not poisoned")
+                            .abandoned
+                            .insert(key.to_string());
+                    }
+                    let _ = waiting.send(Upstream::Gone {
+                        reason: "the client cancelled the call after it was sent".into(),
+                        reply: false,
+                    });
+                }
+            }
+            Some("tools/list") if guard.policy.annotate => {
+                if let Some(id) = message.get("id") {
+                    watched
+                        .lock()
+                        .expect("not poisoned")
+                        .listings
+                        .insert(id.to_string());
+                }
+            }
+            _ => {}
+        }
+        let _ = to_upstream.send(line);
+    }
+    // Closing the upstream's input asks it to exit (the stdio transport's shutdown).
+    drop(to_upstream);
+    if !upstream_ended {
+        // The upstream answers what is in flight, or ends and so answers it with Gone.
+        let _ = from_upstream.await;
+    }
+    while calls.join_next().await.is_some() {}
+    drop(to_client);
+    // Every answer reaches the client before the proxy exits.
+    let _ = client_written.await;
+    Ok(())
+}
+
+/// Reads the upstream's lines: answers to guarded calls go to their waiters; everything else
+/// goes to the client (`tools/list` answers annotated when the policy asks). When the
+/// upstream's output ends, every guarded call still waiting learns it is gone.
+async fn read_upstream(
+    mut upstream: impl tokio::io::AsyncBufRead + Unpin,
+    guard: Arc<Guard>,
+    watched: Arc<Mutex<Watched>>,
+    to_client: mpsc::UnboundedSender<Vec<u8>>,
+) {
+    loop {
+        let mut line = Vec::new();
+        match upstream.read_until(b'\n', &mut line).await {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "reading the upstream server's output failed");
+                break;
+            }
+        }
+        let line = strip_newline(line);
+        let response = serde_json::from_slice::<Value>(&line)
+            .ok()
+            .filter(|m| m.get("method").is_none() && m.get("id").is_some());
+        if let Some(mut response) = response {
+            let key = response["id"].to_string();
+            let waiting = {
+                let mut watched = watched.lock().expect("not poisoned");
+                if watched.abandoned.remove(&key) {
+                    tracing::warn!(id = %key, "the upstream answered a guarded call after it was given up on; the answer is dropped and the operation stays UNKNOWN until reconciled");
+                    continue;
+                }
+                let listing = watched.listings.remove(&key);
+                watched
+                    .guarded
+                    .remove(&key)
+                    .map(Ok)
+                    .or(listing.then_some(Err(())))
+            };
+            match waiting {
+                Some(Ok(waiter)) => {
+                    let _ = waiter.send(Upstream::Answered(line));
+                    continue;
+                }
+                Some(Err(())) if annotate(&guard.policy, &mut response) => {
+                    let _ = to_client.send(response.to_string().into_bytes());
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        let _ = to_client.send(line);
+    }
+    let waiting: Vec<_> = watched
+        .lock()
+        .expect("not poisoned")
+        .guarded
+        .drain()
+        .collect();
+    for (_, waiter) in waiting {
+        let _ = waiter.send(Upstream::Gone {
+            reason: "the upstream server ended before it answered".into(),
+            reply: true,
+        });
+    }
+}
+
+/// A task writing each line it is sent, newline-terminated, in order, until every sender is
+/// gone.
+fn writer(
+    mut sink: impl AsyncWrite + Unpin + Send + 'static,
+) -> (mpsc::UnboundedSender<Vec<u8>>, tokio::task::JoinHandle<()>) {
+    let (lines, mut queued) = mpsc::unbounded_channel::<Vec<u8>>();
+    let written = tokio::spawn(async move {
+        while let Some(mut line) = queued.recv().await {
+            line.push(b'\n');
+            if sink.write_all(&line).await.is_err() || sink.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.shutdown().await;
+    });
+    (lines, written)
+}
+
+fn strip_newline(mut line: Vec<u8>) -> Vec<u8> {
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    }
+    line
+}

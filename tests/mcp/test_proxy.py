@@ -1,0 +1,247 @@
+"""once-proxy in front of an MCP server that knows nothing of the ledger (the Python SDK's
+MCPServer, `upstreams/orders_server.py`), driven by the official Python MCP SDK over stdio, on
+SQLite and PostgreSQL. The upstream counts its side effects in a file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from conftest import BIN, make_stack
+
+pytestmark = pytest.mark.anyio
+
+UPSTREAM = Path(__file__).resolve().parent / "upstreams" / "orders_server.py"
+
+POLICY = """
+status_tool = "get_order"
+annotate = true
+
+[tools.place_order]
+intent = ["order", "{/order_id}"]
+volatile = ["note"]
+lease = "2s"
+timeout = "30s"
+"""
+
+
+class Orders:
+    """One ledger and the proxy's files: its policy, the upstream's effects."""
+
+    def __init__(self, stack, tmp: Path):
+        self.stack = stack
+        self.tmp = tmp
+        self.effects = tmp / "effects.jsonl"
+        self.hold = tmp / "hold"
+        self.policy = tmp / "policy.toml"
+        self.policy.write_text(POLICY)
+
+    def placed(self, order_id: str | None = None) -> list[dict]:
+        if not self.effects.exists():
+            return []
+        orders = [json.loads(line) for line in self.effects.read_text().splitlines() if line.strip()]
+        return [o for o in orders if order_id is None or o["order_id"] == order_id]
+
+    def params(self) -> StdioServerParameters:
+        return StdioServerParameters(
+            command=str(BIN / "once-proxy"),
+            args=[
+                "--policy", str(self.policy),
+                "--ledger", f"http://127.0.0.1:{self.stack.ledger_port}",
+                "--", sys.executable, str(UPSTREAM),
+            ],
+            env={"ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)},
+        )
+
+    @contextlib.asynccontextmanager
+    async def session(self):
+        with open(self.tmp / "once-proxy.log", "a") as errlog:
+            async with stdio_client(self.params(), errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+
+
+@pytest.fixture
+def orders(tmp_path, backend):
+    assert (BIN / "once-proxy").exists(), f"{BIN / 'once-proxy'} is missing: run cargo build --workspace first"
+    stack = make_stack(tmp_path, backend, "none", reconcile=False)
+    try:
+        yield Orders(stack, tmp_path)
+    finally:
+        stack.close()
+
+
+def texts(result) -> list[str]:
+    return [block.text for block in result.content]
+
+
+async def test_a_double_call_reaches_the_upstream_once_and_replays_verbatim(orders):
+    async with orders.session() as session:
+        first = await session.call_tool("place_order", {"order_id": "o-1", "amount_cents": 500})
+        again = await session.call_tool("place_order", {"order_id": "o-1", "amount_cents": 500, "note": "retry"})
+    assert not first.is_error, texts(first)
+    assert texts(first) == ["order o-1 placed for 500 cents (#1)"]
+    assert len(orders.placed("o-1")) == 1
+    assert not again.is_error, texts(again)
+    # The original content first, as the upstream sent it; then the marker.
+    assert texts(again)[0] == texts(first)[0]
+    marker = json.loads(texts(again)[-1])
+    assert marker["replayed"] is True and marker["operation_id"]
+
+
+async def test_a_model_reissue_with_a_new_key_or_a_new_session_is_the_same_operation(orders):
+    async with orders.session() as session:
+        first = await session.call_tool("place_order", {"order_id": "o-2", "amount_cents": 700},
+                                        meta={"once/idempotency_key": "key-a"})
+    # A new session, a fresh key: the intent (the order) names the operation.
+    async with orders.session() as session:
+        again = await session.call_tool("place_order", {"order_id": "o-2", "amount_cents": 700},
+                                        meta={"once/idempotency_key": "key-b"})
+    assert not first.is_error and not again.is_error
+    assert texts(again)[0] == texts(first)[0]
+    assert len(orders.placed("o-2")) == 1
+
+
+async def test_unguarded_tools_and_lists_pass_through(orders):
+    async with orders.session() as session:
+        listed = await session.list_tools()
+        await session.call_tool("place_order", {"order_id": "o-3", "amount_cents": 100})
+        found = await session.call_tool("get_order", {"order_id": "o-3"})
+        found_again = await session.call_tool("get_order", {"order_id": "o-3"})
+    tools = {tool.name: tool for tool in listed.tools}
+    assert "Guarded by once-ledger" in tools["place_order"].description
+    assert tools["place_order"].description.startswith("Place an order")
+    assert "once-ledger" not in (tools["get_order"].description or "")
+    # A read-only tool is not guarded: each call reaches the upstream, and none is a replay.
+    assert json.loads(texts(found)[0])["order_id"] == "o-3"
+    assert len(texts(found_again)) == 1
+
+
+async def test_concurrent_duplicate_calls_through_two_proxies_run_once(orders):
+    async def call():
+        async with orders.session() as session:
+            return await session.call_tool("place_order", {"order_id": "o-4", "amount_cents": 900})
+
+    results = await asyncio.gather(*(call() for _ in range(4)))
+    assert len(orders.placed("o-4")) == 1
+    performed = [r for r in results if not r.is_error]
+    # Every call either has the one result (performed or replayed) or says it is in progress.
+    for result in results:
+        body = " ".join(texts(result))
+        assert ("order o-4 placed" in body) or ("already in progress" in body), body
+    assert performed
+
+
+async def test_an_upstream_error_is_unknown_and_is_not_retried(orders):
+    async with orders.session() as session:
+        failed = await session.call_tool("place_order", {"order_id": "o-5", "amount_cents": -1})
+        again = await session.call_tool("place_order", {"order_id": "o-5", "amount_cents": -1})
+    assert failed.is_error
+    body = " ".join(texts(failed))
+    assert "being verified" in body and "Do not retry" in body, body
+    # The upstream's own words follow the ledger's.
+    assert "must be positive" in body, body
+    assert again.is_error and "being verified" in " ".join(texts(again))
+
+
+async def test_the_upstream_killed_mid_call_is_unknown_never_a_second_effect(orders):
+    orders.hold.touch()
+    async with orders.session() as session:
+        call = asyncio.ensure_future(session.call_tool("place_order", {"order_id": "o-6", "amount_cents": 300}))
+        with anyio.fail_after(20):
+            while not orders.placed("o-6"):
+                await anyio.sleep(0.02)
+        pids = {o["pid"] for o in orders.placed("o-6")}
+        for pid in pids:
+            subprocess.run(["kill", "-9", str(pid)], check=True)
+        with anyio.fail_after(30):
+            result = await call
+    assert result.is_error
+    assert "being verified" in " ".join(texts(result)), texts(result)
+    orders.hold.unlink()
+    async with orders.session() as session:
+        again = await session.call_tool("place_order", {"order_id": "o-6", "amount_cents": 300})
+    assert again.is_error and "being verified" in " ".join(texts(again)), texts(again)
+    assert len(orders.placed("o-6")) == 1
+
+
+async def test_without_a_ledger_nothing_is_performed(orders):
+    orders.stack.ledger.kill()
+    async with orders.session() as session:
+        result = await session.call_tool("place_order", {"order_id": "o-7", "amount_cents": 100})
+        listed = await session.call_tool("get_order", {"order_id": "o-7"})
+    assert result.is_error and "NOT performed" in " ".join(texts(result)), texts(result)
+    assert orders.placed("o-7") == []
+    assert texts(listed) == ["no such order"]
+
+
+def converse(command: list[str], env: dict, messages: list[dict], answers: int) -> list[bytes]:
+    """Writes `messages` as raw lines to an MCP server over stdio and returns the first
+    `answers` lines it writes back, byte for byte."""
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               env={**os.environ, **env})
+    try:
+        for message in messages:
+            process.stdin.write(json.dumps(message).encode() + b"\n")
+        process.stdin.flush()
+        lines = []
+        ready = selectors.DefaultSelector()
+        ready.register(process.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 30
+        while len(lines) < answers:
+            assert time.monotonic() < deadline, f"only {len(lines)} answers: {lines}"
+            if ready.select(timeout=1):
+                line = process.stdout.readline()
+                assert line, f"the server closed its output after {lines}"
+                lines.append(line)
+        return lines
+    finally:
+        process.kill()
+        process.wait()
+
+
+SESSION = [
+    {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "recorded", "version": "1"}}},
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    {"jsonrpc": "2.0", "id": "three", "method": "tools/call", "params": {"name": "get_order", "arguments": {"order_id": "none"}}},
+    {"jsonrpc": "2.0", "id": 4, "method": "ping"},
+    {"jsonrpc": "2.0", "id": 5, "method": "no/such/method"},
+]
+
+
+def test_unguarded_messages_pass_byte_for_byte(orders):
+    """A recorded session replayed straight to the upstream and through the proxy (a policy
+    that does not annotate) gets the same answers, byte for byte (the upstream answers
+    concurrent requests in any order)."""
+    orders.policy.write_text(POLICY.replace("annotate = true", "annotate = false"))
+    env = {"ORDERS_EFFECTS": str(orders.effects)}
+    direct = converse([sys.executable, str(UPSTREAM)], env, SESSION, 5)
+    params = orders.params()
+    proxied = converse([params.command, *params.args], env, SESSION, 5)
+    assert sorted(proxied) == sorted(direct)
+
+
+def test_a_guarded_call_inside_a_batch_is_refused_not_performed(orders):
+    env = {"ORDERS_EFFECTS": str(orders.effects)}
+    params = orders.params()
+    batch = [
+        {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "place_order", "arguments": {"order_id": "o-8", "amount_cents": 1}}},
+    ]
+    answers = converse([params.command, *params.args], env, [*SESSION[:2], batch], 2)
+    refused = next(a for a in map(json.loads, answers) if a.get("id") == 7)
+    assert refused["id"] == 7 and refused["error"]["code"] == -32600, refused
+    assert orders.placed("o-8") == []

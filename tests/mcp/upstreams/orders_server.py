@@ -1,0 +1,55 @@
+"""An MCP server that knows nothing of once-ledger, built on the official Python SDK's
+MCPServer (the SDK's FastMCP): the upstream once-proxy guards in the tests.
+
+Every order it places is one line appended to the file `ORDERS_EFFECTS` names: the side effects
+the tests count. `ORDERS_HOLD`, when that file exists, makes `place_order` record its effect and
+then hang, as a server dies mid-call after its effect. Run it over stdio (the default) or over
+Streamable HTTP with `--http PORT`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+EFFECTS = Path(os.environ["ORDERS_EFFECTS"])
+HOLD = Path(os.environ.get("ORDERS_HOLD", "/nonexistent"))
+
+server = MCPServer("orders")
+
+
+def placed() -> list[dict]:
+    if not EFFECTS.exists():
+        return []
+    return [json.loads(line) for line in EFFECTS.read_text().splitlines() if line.strip()]
+
+
+@server.tool(description="Place an order: charges the customer.")
+async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str = "") -> str:
+    if amount_cents <= 0:
+        raise ToolError(f"amount_cents must be positive, not {amount_cents}")
+    await ctx.report_progress(0.5, 1.0, "charging")
+    with EFFECTS.open("a") as effects:
+        effects.write(json.dumps({"order_id": order_id, "amount_cents": amount_cents, "pid": os.getpid()}) + "\n")
+    if HOLD.exists():
+        await asyncio.sleep(3600)
+    return f"order {order_id} placed for {amount_cents} cents (#{len(placed())})"
+
+
+@server.tool(description="Look an order up.", annotations=ToolAnnotations(readOnlyHint=True))
+def get_order(order_id: str) -> str:
+    found = [o for o in placed() if o["order_id"] == order_id]
+    return json.dumps(found[-1]) if found else "no such order"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()
