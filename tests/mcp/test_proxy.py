@@ -245,3 +245,26 @@ def test_a_guarded_call_inside_a_batch_is_refused_not_performed(orders):
     refused = next(a for a in map(json.loads, answers) if a.get("id") == 7)
     assert refused["id"] == 7 and refused["error"]["code"] == -32600, refused
     assert orders.placed("o-8") == []
+
+
+def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp_path):
+    effects = {"ORDERS_EFFECTS": str(tmp_path / "effects.jsonl")}
+    upstream = ["--against", "--", sys.executable, str(UPSTREAM)]
+    covered = tmp_path / "covered.toml"
+    covered.write_text(POLICY)
+    done = subprocess.run([str(BIN / "once-proxy"), "check", str(covered), *upstream],
+                          capture_output=True, text=True, env={**os.environ, **effects}, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    assert "guarded, intent order" in lines["place_order"]
+    assert "passes through (readOnlyHint)" in lines["get_order"]
+
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[tools.refund_order]\n")
+    done = subprocess.run([str(BIN / "once-proxy"), "check", str(empty), *upstream],
+                          capture_output=True, text=True, env={**os.environ, **effects}, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    assert "WARNING: may change state" in lines["place_order"]
+    assert "lists no such tool" in lines["refund_order"]
+    assert "WARNING" not in lines["get_order"]

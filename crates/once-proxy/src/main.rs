@@ -2,12 +2,14 @@
 //!
 //! ```text
 //! once-proxy --policy policy.toml -- <command> [args…]
+//! once-proxy check policy.toml --against -- <command> [args…]
 //! ```
 //!
 //! The MCP client launches the proxy as if it were the server; the proxy runs the server as its
 //! child. Each `tools/call` of a tool the policy guards is claimed at the ledger first and
 //! reaches the server at most once per logical operation; everything else passes untouched.
 
+mod check;
 mod guard;
 mod policy;
 mod stdio;
@@ -18,13 +20,16 @@ use std::time::Duration;
 use clap::Parser;
 use once_client::{ClientConfig, LedgerClient};
 
-/// Guards an MCP server's state-changing tools with once-ledger. `Debug` never shows the key.
+/// Guards an MCP server's state-changing tools with once-ledger.
+// `Debug` never shows the ledger key.
 #[derive(Parser)]
-#[command(name = "once-proxy", version)]
+#[command(name = "once-proxy", version, args_conflicts_with_subcommands = true)]
 struct Args {
+    #[command(subcommand)]
+    lint: Option<Lint>,
     /// The policy: which tools are guarded and how their calls are named (TOML).
-    #[arg(long, env = "ONCE_PROXY_POLICY")]
-    policy: PathBuf,
+    #[arg(long, env = "ONCE_PROXY_POLICY", required = true)]
+    policy: Option<PathBuf>,
     /// The once-ledger endpoint.
     #[arg(long, env = "ONCE_LEDGER", default_value = "http://127.0.0.1:50051")]
     ledger: String,
@@ -43,6 +48,23 @@ struct Args {
     /// The MCP server to run, after `--`.
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Lint {
+    /// Lists the upstream's tools beside the policy: which are guarded, which pass through,
+    /// and a warning for each tool that may change state but is not guarded. Exits 1 when it
+    /// warns.
+    Check {
+        /// The policy to check.
+        policy: PathBuf,
+        /// Check against the MCP server run by the command after `--`.
+        #[arg(long, required = true)]
+        against: bool,
+        /// The MCP server to list the tools of.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 impl std::fmt::Debug for Args {
@@ -68,7 +90,13 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(proxy(args)) {
+    let ran = match args.lint {
+        Some(Lint::Check {
+            policy, command, ..
+        }) => runtime.block_on(lint(&policy, &command)),
+        None => runtime.block_on(proxy(args)),
+    };
+    match ran {
         Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(error) => {
             eprintln!("once-proxy: {error:#}");
@@ -77,10 +105,18 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+async fn lint(policy: &std::path::Path, command: &[String]) -> anyhow::Result<i32> {
+    let policy = policy::Policy::load(policy)?;
+    let (report, warned) = check::check(&policy, command).await?;
+    print!("{report}");
+    Ok(i32::from(warned))
+}
+
 async fn proxy(args: Args) -> anyhow::Result<i32> {
     // stdout carries the MCP protocol: logs go to stderr.
     let telemetry = once_telemetry::Telemetry::init("once-proxy", false)?;
-    let policy = policy::Policy::load(&args.policy)?;
+    let path = args.policy.clone().expect("required without a subcommand");
+    let policy = policy::Policy::load(&path)?;
     let mut config = ClientConfig::new(args.ledger.clone());
     config.client_name = args.name.clone();
     config.token = args.ledger_key.clone();
@@ -92,7 +128,7 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
         );
     }
     let ledger = LedgerClient::connect(config)?;
-    tracing::info!(policy = %args.policy.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %args.ledger, "once-proxy starting");
+    tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %args.ledger, "once-proxy starting");
     let code = stdio::run(guard::Guard { policy, ledger }, &args.command).await;
     telemetry.shutdown();
     code

@@ -1,0 +1,239 @@
+//! `once-proxy check`: lists an upstream's tools beside the policy, and warns about what the
+//! policy leaves open.
+
+use std::fmt::Write as _;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::policy::Policy;
+
+/// How long the upstream has to answer each request of the check.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One tool as the upstream lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub name: String,
+    pub read_only: bool,
+    pub idempotent: bool,
+}
+
+/// Runs `command`, lists its tools over stdio and reports on `policy`. The report, and whether
+/// it warns.
+pub async fn check(policy: &Policy, command: &[String]) -> anyhow::Result<(String, bool)> {
+    let tools = list_tools(command).await?;
+    Ok(report(policy, &tools))
+}
+
+/// What the policy does with each listed tool, and its warnings.
+pub fn report(policy: &Policy, tools: &[Listed]) -> (String, bool) {
+    let mut out = String::new();
+    let mut warned = false;
+    let width = tools
+        .iter()
+        .map(|t| t.name.len())
+        .chain(policy.tools.keys().map(String::len))
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(out, "{:<width$}  {:<8}  verdict", "tool", "guarded");
+    for tool in tools {
+        let hints: Vec<&str> = [
+            (tool.read_only, "readOnlyHint"),
+            (tool.idempotent, "idempotentHint"),
+        ]
+        .iter()
+        .filter_map(|(set, name)| set.then_some(*name))
+        .collect();
+        let (guarded, verdict) = match (policy.guarded(&tool.name), hints.is_empty()) {
+            (Some(guarded), _) => {
+                let named = match &guarded.intent {
+                    Some(parts) => format!("intent {}", parts.join(" · ")),
+                    None => "named by its arguments or an explicit key".to_owned(),
+                };
+                ("yes", format!("guarded, {named}"))
+            }
+            (None, false) => ("no", format!("passes through ({})", hints.join(", "))),
+            (None, true) => {
+                warned = true;
+                (
+                    "no",
+                    "WARNING: may change state (no readOnlyHint or idempotentHint) and is not \
+                     guarded: a repeated call runs again"
+                        .to_owned(),
+                )
+            }
+        };
+        let _ = writeln!(out, "{:<width$}  {guarded:<8}  {verdict}", tool.name);
+    }
+    for name in policy.tools.keys() {
+        if !tools.iter().any(|t| &t.name == name) {
+            warned = true;
+            let _ = writeln!(
+                out,
+                "{name:<width$}  {:<8}  WARNING: the policy guards it, but the upstream lists no such tool",
+                "-"
+            );
+        }
+    }
+    (out, warned)
+}
+
+/// Starts `command`, initializes an MCP session over stdio and lists every page of its tools.
+async fn list_tools(command: &[String]) -> anyhow::Result<Vec<Listed>> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("name the MCP server to check after --"))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
+    let mut input = child.stdin.take().expect("piped");
+    let mut output = BufReader::new(child.stdout.take().expect("piped"));
+    let mut next_id = 0;
+    let mut ask = |method: &str, params: Value| {
+        next_id += 1;
+        (
+            next_id,
+            json!({"jsonrpc": "2.0", "id": next_id, "method": method, "params": params}),
+        )
+    };
+
+    let (id, initialize) = ask(
+        "initialize",
+        json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "once-proxy check", "version": env!("CARGO_PKG_VERSION")},
+        }),
+    );
+    send(&mut input, &initialize).await?;
+    answer(&mut output, id).await?;
+    send(
+        &mut input,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await?;
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let params = match &cursor {
+            Some(cursor) => json!({"cursor": cursor}),
+            None => json!({}),
+        };
+        let (id, list) = ask("tools/list", params);
+        send(&mut input, &list).await?;
+        let page = answer(&mut output, id).await?;
+        for tool in page["tools"].as_array().into_iter().flatten() {
+            let hint =
+                |name: &str| tool.pointer(&format!("/annotations/{name}")) == Some(&json!(true));
+            tools.push(Listed {
+                name: tool["name"].as_str().unwrap_or_default().to_owned(),
+                read_only: hint("readOnlyHint"),
+                idempotent: hint("idempotentHint"),
+            });
+        }
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
+            _ => break,
+        }
+    }
+    drop(input);
+    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+    Ok(tools)
+}
+
+async fn send(input: &mut tokio::process::ChildStdin, message: &Value) -> anyhow::Result<()> {
+    let mut line = message.to_string().into_bytes();
+    line.push(b'\n');
+    input.write_all(&line).await?;
+    input.flush().await?;
+    Ok(())
+}
+
+/// The result of the response to request `id`, skipping the upstream's other messages.
+async fn answer(
+    output: &mut BufReader<tokio::process::ChildStdout>,
+    id: u64,
+) -> anyhow::Result<Value> {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let mut line = String::new();
+            if output.read_line(&mut line).await? == 0 {
+                anyhow::bail!("the upstream closed its output before answering");
+            }
+            let Ok(message) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if message.get("id") != Some(&json!(id)) || message.get("method").is_some() {
+                continue;
+            }
+            if let Some(error) = message.get("error") {
+                anyhow::bail!("the upstream answered request {id} with {error}");
+            }
+            return Ok(message["result"].clone());
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("the upstream did not answer within {PATIENCE:?}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(name: &str, read_only: bool, idempotent: bool) -> Listed {
+        Listed {
+            name: name.into(),
+            read_only,
+            idempotent,
+        }
+    }
+
+    #[test]
+    fn unguarded_state_changing_tools_and_missing_tools_are_warned_about() {
+        let policy = Policy::parse(
+            "[tools.place_order]\nintent = [\"order\", \"{/order_id}\"]\n[tools.gone]\n",
+        )
+        .unwrap();
+        let (text, warned) = report(
+            &policy,
+            &[
+                listed("place_order", false, false),
+                listed("get_order", true, false),
+                listed("cancel_order", false, false),
+            ],
+        );
+        assert!(warned);
+        let line = |tool: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{tool} ")))
+                .unwrap_or_else(|| panic!("no line for {tool}: {text}"))
+        };
+        assert!(line("place_order").contains("guarded, intent order · {/order_id}"));
+        assert!(line("get_order").contains("passes through (readOnlyHint)"));
+        assert!(line("cancel_order").contains("WARNING: may change state"));
+        assert!(line("gone").contains("the upstream lists no such tool"));
+    }
+
+    #[test]
+    fn a_policy_that_covers_every_state_changing_tool_does_not_warn() {
+        let policy = Policy::parse("[tools.place_order]\n").unwrap();
+        let (_, warned) = report(
+            &policy,
+            &[
+                listed("place_order", false, false),
+                listed("get_order", true, false),
+                listed("set_flag", false, true),
+            ],
+        );
+        assert!(!warned);
+    }
+}
