@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinSet;
 
 use crate::guard::{annotate, Answer, Guard, Upstream};
@@ -47,14 +47,35 @@ pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
     let upstream_out = child.stdout.take().expect("piped");
     tracing::info!(command = %command.join(" "), "once-proxy relaying stdio");
 
-    let code = relay(
+    let client_gone = Arc::new(Notify::new());
+    let relayed = relay(
         Arc::new(guard),
         tokio::io::stdin(),
         tokio::io::stdout(),
         upstream_in,
         upstream_out,
-    )
-    .await;
+        client_gone.clone(),
+    );
+    tokio::pin!(relayed);
+    // The relay ends when the upstream's output does. An upstream that outlives its input by
+    // the grace, or a proxy told to stop, ends with the upstream killed: its output then ends,
+    // and the calls in flight are answered and reported UNKNOWN.
+    let code = tokio::select! {
+        code = &mut relayed => code,
+        _ = async {
+            client_gone.notified().await;
+            tokio::time::sleep(EXIT_GRACE).await;
+        } => {
+            tracing::warn!("the upstream did not exit after its input closed; killing it");
+            child.start_kill()?;
+            relayed.await
+        }
+        _ = terminated() => {
+            tracing::info!("once-proxy stopping; killing the upstream");
+            child.start_kill()?;
+            relayed.await
+        }
+    };
     let status = match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
         Ok(status) => status?,
         Err(_) => {
@@ -67,6 +88,23 @@ pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
     Ok(status.code().unwrap_or(1))
 }
 
+/// SIGTERM or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
 /// Relays until the client's input ends or the upstream's output does, then waits for the
 /// guarded calls in flight to be reported and answered.
 async fn relay(
@@ -75,6 +113,7 @@ async fn relay(
     client_out: impl AsyncWrite + Unpin + Send + 'static,
     upstream_in: impl AsyncWrite + Unpin + Send + 'static,
     upstream_out: impl AsyncRead + Unpin + Send + 'static,
+    client_gone: Arc<Notify>,
 ) -> anyhow::Result<()> {
     let (to_client, client_written) = writer(client_out);
     let (to_upstream, _) = writer(upstream_in);
@@ -201,6 +240,7 @@ async fn relay(
     }
     // Closing the upstream's input asks it to exit (the stdio transport's shutdown).
     drop(to_upstream);
+    client_gone.notify_one();
     if !upstream_ended {
         // The upstream answers what is in flight, or ends and so answers it with Gone.
         let _ = from_upstream.await;
