@@ -119,11 +119,13 @@ class Stack:
     database."""
 
     def __init__(self, tmp: Path, backend: str, transport: str, reconcile: bool = False, tenants: tuple[str, ...] = (),
-                 env: dict | None = None):
+                 env: dict | None = None, config: str | None = None):
         self.tmp = tmp
         # The environment of the ledger and refund-mcp processes (the OTEL_* variables).
         self.env = env
         self.reconcile = reconcile
+        # The ledger's own configuration file, when a test brings one.
+        self.config = config
         self.backend = backend
         self.transport = transport
         self.marker = uuid.uuid4().hex
@@ -163,6 +165,12 @@ class Stack:
         self.processes.append(process)
         return process
 
+    def spawn_logged(self, args: list[str], log: Path, env: dict | None = None) -> Process:
+        """A process of the test's own, stopped with the stack and its log kept."""
+        process = Process(args, log, env=env or self.env)
+        self.processes.append(process)
+        return process
+
     def start_ledger(self) -> None:
         args = [
             "--database-url", self.database_url,
@@ -176,6 +184,10 @@ class Stack:
                 "[[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\n"
                 f"endpoint = \"{self.provider_url}\"\nsettle_time = \"500ms\"\n"
             )
+            args += ["--config", str(config)]
+        elif self.config is not None:
+            config = self.tmp / "onced.toml"
+            config.write_text(self.config)
             args += ["--config", str(config)]
         log = self.tmp / "onced.log"
         served = announcements(log, "onced serving")
@@ -290,10 +302,10 @@ def transport(request):
     return request.param
 
 
-def make_stack(tmp_path, backend, transport, reconcile, tenants=(), env=None):
+def make_stack(tmp_path, backend, transport, reconcile, tenants=(), env=None, config=None):
     for binary in ("onced", "fakepay", "refund-mcp"):
         assert (BIN / binary).exists(), f"{BIN / binary} is missing: run cargo build --workspace first"
-    return Stack(tmp_path, backend, transport, reconcile, tenants, env)
+    return Stack(tmp_path, backend, transport, reconcile, tenants, env, config)
 
 
 @pytest.fixture

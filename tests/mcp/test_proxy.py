@@ -9,16 +9,19 @@ import contextlib
 import json
 import os
 import selectors
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
-from conftest import BIN, make_stack
+from conftest import BIN, free_port, make_stack, served_port, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -268,3 +271,160 @@ def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp
     assert "WARNING: may change state" in lines["place_order"]
     assert "lists no such tool" in lines["refund_order"]
     assert "WARNING" not in lines["get_order"]
+
+
+# Streamable HTTP: the proxy as an MCP endpoint in front of the upstream's.
+
+HTTP_SERVING = "once-proxy serving MCP over Streamable HTTP"
+
+RECONCILED_POLICY = POLICY.replace('volatile = ["note"]', '''volatile = ["note"]
+provider = "orders"
+lookup_hints = { order_id = "{/order_id}" }
+provider_key = "argument:idempotency_key"''')
+
+
+class HttpOrders(Orders):
+    """The upstream served over Streamable HTTP on its own port, the proxy in front of it, and a
+    ledger whose `http` reconciler reads the upstream's lookup route."""
+
+    def __init__(self, tmp: Path, backend: str):
+        self.upstream_port = free_port()
+        config = (
+            "[reconciliation]\ninterval = \"100ms\"\nfirst_backoff = \"100ms\"\nmax_backoff = \"500ms\"\n\n"
+            "[[reconciler]]\nname = \"orders\"\nkind = \"http\"\n"
+            f"endpoint = \"http://127.0.0.1:{self.upstream_port}\"\n"
+            "url = \"{endpoint}/orders/{hints.order_id}?key={provider_key}\"\n"
+            "found_status = [200]\nnot_found_status = [404]\nprovider_ref_pointer = \"/id\"\n"
+            "miss_is_authoritative = true\nsettle_time = \"100ms\"\n"
+        )
+        super().__init__(make_stack(tmp, backend, "none", reconcile=False, config=config), tmp)
+        self.policy.write_text(RECONCILED_POLICY)
+        self.upstream = None
+        self.start_upstream()
+        log = tmp / "once-proxy-http.log"
+        self.proxy = self.stack.spawn_logged(
+            [str(BIN / "once-proxy"), "--policy", str(self.policy),
+             "--ledger", f"http://127.0.0.1:{self.stack.ledger_port}",
+             "--listen", "127.0.0.1:0", "--upstream", f"http://127.0.0.1:{self.upstream_port}/mcp"],
+            log,
+        )
+        self.proxy_port = wait_for("once-proxy", lambda: served_port(log, HTTP_SERVING, 0))
+
+    def start_upstream(self) -> None:
+        env = {**os.environ, "ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)}
+        self.upstream = self.stack.spawn_logged(
+            [sys.executable, str(UPSTREAM), "--http", str(self.upstream_port)], self.tmp / "orders-http.log", env=env)
+        wait_for("the upstream", lambda: socket.create_connection(("127.0.0.1", self.upstream_port), timeout=1).close() or True)
+
+    @contextlib.asynccontextmanager
+    async def session(self):
+        async with streamable_http_client(f"http://127.0.0.1:{self.proxy_port}/mcp") as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                yield session
+
+    def post(self, message: dict, session: str | None = None):
+        """POSTs one raw message to the proxy; the open response (read it, or close it to drop the
+        stream)."""
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
+                   "mcp-protocol-version": "2025-11-25"}
+        if session:
+            headers["mcp-session-id"] = session
+        request = urllib.request.Request(f"http://127.0.0.1:{self.proxy_port}/mcp", method="POST",
+                                         data=json.dumps(message).encode(), headers=headers)
+        return urllib.request.urlopen(request, timeout=30)
+
+
+@pytest.fixture
+def http_orders(tmp_path, backend):
+    orders = HttpOrders(tmp_path, backend)
+    try:
+        yield orders
+    finally:
+        orders.stack.close()
+
+
+async def test_http_a_double_call_reaches_the_upstream_once_with_progress_relayed(http_orders):
+    progress = []
+
+    async def on_progress(done, total, message):
+        progress.append((done, message))
+
+    async with http_orders.session() as session:
+        listed = await session.list_tools()
+        first = await session.call_tool("place_order", {"order_id": "h-1", "amount_cents": 500},
+                                        progress_callback=on_progress)
+    async with http_orders.session() as session:
+        again = await session.call_tool("place_order", {"order_id": "h-1", "amount_cents": 500})
+        found = await session.call_tool("get_order", {"order_id": "h-1"})
+    assert not first.is_error, texts(first)
+    assert texts(first) == ["order h-1 placed for 500 cents (#1)"]
+    assert progress == [(0.5, "charging")]
+    assert texts(again)[0] == texts(first)[0] and json.loads(texts(again)[-1])["replayed"] is True
+    assert json.loads(texts(found)[0])["order_id"] == "h-1"
+    assert "Guarded by once-ledger" in {t.name: t for t in listed.tools}["place_order"].description
+    assert len(http_orders.placed("h-1")) == 1
+
+
+def initialized(http_orders) -> str:
+    with http_orders.post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}) as answer:
+        session = answer.headers["mcp-session-id"]
+        answer.read()
+    http_orders.post({"jsonrpc": "2.0", "method": "notifications/initialized"}, session).close()
+    return session
+
+
+async def test_http_a_retry_after_a_dropped_stream_runs_once(http_orders):
+    session = initialized(http_orders)
+    http_orders.hold.touch()
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "place_order", "arguments": {"order_id": "h-2", "amount_cents": 200}, "_meta": {"progressToken": 9}}}
+    streamed = await anyio.to_thread.run_sync(http_orders.post, call, session)
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    # The progress event arrives while the call is held; then the client's stream drops.
+    while b"notifications/progress" not in await anyio.to_thread.run_sync(streamed.readline):
+        pass
+    streamed.close()
+    assert len(http_orders.placed("h-2")) == 1
+    http_orders.hold.unlink()
+
+    async with http_orders.session() as mcp_session:
+        with anyio.fail_after(30):
+            while True:
+                again = await mcp_session.call_tool("place_order", {"order_id": "h-2", "amount_cents": 200})
+                if "already in progress" not in " ".join(texts(again)):
+                    break
+                await anyio.sleep(0.05)
+    assert not again.is_error, texts(again)
+    assert texts(again)[0] == "order h-2 placed for 200 cents (#1)"
+    assert json.loads(texts(again)[-1])["replayed"] is True
+    assert len(http_orders.placed("h-2")) == 1
+
+
+async def test_http_the_upstream_killed_mid_call_is_unknown_then_reconciled(http_orders):
+    http_orders.hold.touch()
+    async with http_orders.session() as session:
+        call = asyncio.ensure_future(session.call_tool("place_order", {"order_id": "h-3", "amount_cents": 300}))
+        with anyio.fail_after(20):
+            while not http_orders.placed("h-3"):
+                await anyio.sleep(0.02)
+        http_orders.upstream.kill()
+        with anyio.fail_after(30):
+            result = await call
+    assert result.is_error and "being verified" in " ".join(texts(result)), texts(result)
+    http_orders.hold.unlink()
+    # The upstream back; the ledger's reconciler finds the order at its lookup route.
+    http_orders.start_upstream()
+    async with http_orders.session() as session:
+        with anyio.fail_after(30):
+            while True:
+                again = await session.call_tool("place_order", {"order_id": "h-3", "amount_cents": 300})
+                if "being verified" not in " ".join(texts(again)):
+                    break
+                await anyio.sleep(0.1)
+    assert not again.is_error, texts(again)
+    # Replayed from the provider's record, as the reconciler stored it.
+    assert json.loads(texts(again)[0])["id"] == "ord_h-3"
+    assert json.loads(texts(again)[-1])["replayed"] is True
+    assert len(http_orders.placed("h-3")) == 1

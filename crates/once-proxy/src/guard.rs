@@ -21,6 +21,8 @@ pub enum Upstream {
     /// No answer will come: the upstream died, the stream dropped, the client cancelled.
     /// `reply` says whether the client still waits for an answer.
     Gone { reason: String, reply: bool },
+    /// The upstream's HTTP endpoint refused the request with an error status (Streamable HTTP).
+    Refused { status: u16, text: String },
 }
 
 /// What the proxy needs to guard calls.
@@ -37,6 +39,8 @@ pub enum Answer {
     Reply(Vec<u8>),
     /// Send nothing: the client cancelled the request.
     Nothing,
+    /// Answer with the upstream's HTTP error status and text, as it refused the request.
+    Refused { status: u16, text: String },
 }
 
 #[derive(Deserialize)]
@@ -58,8 +62,9 @@ impl Guard {
         self.policy.guarded(tool).map(|policy| (tool, policy))
     }
 
-    /// Runs one guarded call. `forward` sends the request upstream and waits for what becomes
-    /// of it; it is called only when the ledger says EXECUTE.
+    /// Runs one guarded call. `forward` sends the request upstream (as it came, or the bytes it
+    /// is given instead: the request carrying the attempt's provider key) and waits for what
+    /// becomes of it; it is called only when the ledger says EXECUTE.
     pub async fn call<F, Fut>(
         &self,
         tool: &str,
@@ -68,7 +73,7 @@ impl Guard {
         forward: F,
     ) -> Answer
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(Option<Vec<u8>>) -> Fut,
         Fut: Future<Output = Upstream>,
     {
         let id = request.get("id").cloned().unwrap_or(Value::Null);
@@ -86,6 +91,7 @@ impl Guard {
         };
         let timeout = policy.timeout;
         let on_error = policy.on_error;
+        let sink = policy.provider_key.clone();
         // The upstream's own answer, kept to pass on verbatim where the outcome allows.
         let seen: Arc<Mutex<Option<Upstream>>> = Arc::default();
         let kept = seen.clone();
@@ -93,7 +99,12 @@ impl Guard {
             .ledger
             .run(&spec, |context| async move {
                 tracing::info!(operation_id = %context.operation_id, attempt = context.attempt, tool, "forwarding a guarded call upstream");
-                let upstream = match tokio::time::timeout(timeout, forward()).await {
+                let carried = sink.map(|sink| {
+                    sink.carry(request, &context.provider_key)
+                        .to_string()
+                        .into_bytes()
+                });
+                let upstream = match tokio::time::timeout(timeout, forward(carried)).await {
                     Ok(upstream) => upstream,
                     Err(_) => Upstream::Gone {
                         reason: format!("the upstream did not answer within {timeout:?}"),
@@ -112,6 +123,9 @@ impl Guard {
             (Ok(Outcome::Executed { .. }), Some(Upstream::Answered(line)))
             | (Ok(Outcome::NotPerformed { .. }), Some(Upstream::Answered(line))) => {
                 Answer::Reply(line)
+            }
+            (Ok(Outcome::NotPerformed { .. }), Some(Upstream::Refused { status, text })) => {
+                Answer::Refused { status, text }
             }
             (Ok(Outcome::Replayed(replay)), _) => reply(&id, replayed(&replay)),
             (Ok(ambiguous @ Outcome::Ambiguous { .. }), Some(Upstream::Answered(line))) => {
@@ -141,6 +155,17 @@ fn judge(upstream: &Upstream, on_error: OnError) -> Result<Effect, EffectError> 
     let line = match upstream {
         Upstream::Answered(line) => line,
         Upstream::Gone { reason, .. } => return Err(EffectError::Ambiguous(reason.clone())),
+        // A client error status comes from the transport before any tool runs (no such
+        // session, a malformed request, too many requests), except a request timeout; a server
+        // error may come after.
+        Upstream::Refused { status, text } => {
+            let why = format!("the upstream refused the request with HTTP {status}: {text}");
+            return Err(if (400..500).contains(status) && *status != 408 {
+                EffectError::NotPerformed(why)
+            } else {
+                EffectError::Ambiguous(why)
+            });
+        }
     };
     let Ok(parsed) = serde_json::from_slice::<Reply>(line) else {
         return Err(EffectError::Ambiguous(
@@ -167,7 +192,8 @@ fn judge(upstream: &Upstream, on_error: OnError) -> Result<Effect, EffectError> 
 }
 
 /// A replay: the stored result as it was, its marker after its content. A result stored by a
-/// reconciler (a provider's record, not a tool result) becomes the text of one block.
+/// reconciler (a provider's record, not a tool result) becomes the text of one block, and the
+/// structured content too when it is a JSON object.
 fn replayed(replay: &Replay) -> Value {
     let marker = json!({"type": "text", "text": replay_marker(replay).to_string()});
     match serde_json::from_slice::<Value>(&replay.result) {
@@ -177,13 +203,19 @@ fn replayed(replay: &Replay) -> Value {
             }
             Value::Object(result)
         }
-        _ => json!({
-            "content": [
-                {"type": "text", "text": String::from_utf8_lossy(&replay.result)},
-                marker,
-            ],
-            "isError": false,
-        }),
+        record => {
+            let mut result = json!({
+                "content": [
+                    {"type": "text", "text": String::from_utf8_lossy(&replay.result)},
+                    marker,
+                ],
+                "isError": false,
+            });
+            if let Ok(object @ Value::Object(_)) = record {
+                result["structuredContent"] = object;
+            }
+            result
+        }
     }
 }
 

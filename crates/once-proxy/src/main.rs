@@ -2,15 +2,18 @@
 //!
 //! ```text
 //! once-proxy --policy policy.toml -- <command> [args…]
+//! once-proxy --policy policy.toml --listen 127.0.0.1:8808 --upstream http://127.0.0.1:8000/mcp
 //! once-proxy check policy.toml --against -- <command> [args…]
 //! ```
 //!
-//! The MCP client launches the proxy as if it were the server; the proxy runs the server as its
-//! child. Each `tools/call` of a tool the policy guards is claimed at the ledger first and
+//! Over stdio the MCP client launches the proxy as if it were the server, and the proxy runs
+//! the server as its child; over Streamable HTTP the proxy is an MCP endpoint (`/mcp`) in front
+//! of the upstream's. Each `tools/call` of a tool the policy guards is claimed at the ledger first and
 //! reaches the server at most once per logical operation; everything else passes untouched.
 
 mod check;
 mod guard;
+mod http;
 mod policy;
 mod stdio;
 
@@ -45,8 +48,23 @@ struct Args {
     /// Deadline of one ledger RPC.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     ledger_timeout: Duration,
-    /// The MCP server to run, after `--`.
-    #[arg(last = true, required = true)]
+    /// Serve MCP over Streamable HTTP at `/mcp` on this address (with --upstream) instead of
+    /// relaying stdio to a command.
+    #[arg(long, env = "ONCE_PROXY_LISTEN", requires = "upstream")]
+    listen: Option<std::net::SocketAddr>,
+    /// The upstream's Streamable HTTP MCP endpoint (with --listen).
+    #[arg(long, env = "ONCE_PROXY_UPSTREAM", requires = "listen")]
+    upstream: Option<String>,
+    /// A header sent with every upstream request, `Name: value` (the upstream's credentials);
+    /// the client's own headers, its authorization among them, are passed through.
+    #[arg(long = "upstream-header", value_parser = http::header)]
+    upstream_headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
+    /// The MCP server to run over stdio, after `--`.
+    #[arg(
+        last = true,
+        required_unless_present = "upstream",
+        conflicts_with = "upstream"
+    )]
     command: Vec<String>,
 }
 
@@ -105,6 +123,23 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// SIGTERM or SIGINT.
+async fn stopped() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
 async fn lint(policy: &std::path::Path, command: &[String]) -> anyhow::Result<i32> {
     let policy = policy::Policy::load(policy)?;
     let (report, warned) = check::check(&policy, command).await?;
@@ -129,7 +164,18 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
     }
     let ledger = LedgerClient::connect(config)?;
     tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %args.ledger, "once-proxy starting");
-    let code = stdio::run(guard::Guard { policy, ledger }, &args.command).await;
+    let guard = guard::Guard { policy, ledger };
+    let code = match (args.listen, args.upstream) {
+        (Some(address), Some(upstream)) => {
+            let listener = tokio::net::TcpListener::bind(address).await?;
+            tracing::info!(address = %listener.local_addr()?, %upstream, "once-proxy serving MCP over Streamable HTTP at /mcp");
+            let headers = args.upstream_headers.into_iter().collect();
+            http::serve(guard, listener, upstream, headers, stopped())
+                .await
+                .map(|()| 0)
+        }
+        _ => stdio::run(guard, &args.command).await,
+    };
     telemetry.shutdown();
     code
 }

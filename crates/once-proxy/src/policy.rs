@@ -26,6 +26,10 @@
 //! # What an upstream tool error means: "unknown" (the default) or "absent", for tools whose
 //! # errors are known to come before any side effect.
 //! on_error = "unknown"
+//! # Where the forwarded call carries the attempt's provider key: an argument the upstream
+//! # passes to its provider as an idempotency key ("argument:NAME"), or `_meta`
+//! # `once/provider_key` ("meta"). An `http` reconciler finds the effect by it.
+//! provider_key = "argument:idempotency_key"
 //! ```
 
 use std::collections::BTreeMap;
@@ -68,6 +72,65 @@ pub struct ToolPolicy {
     pub timeout: Duration,
     #[serde(default)]
     pub on_error: OnError,
+    /// Where the forwarded call carries the ledger's provider key for the attempt, so the
+    /// provider can dedupe on it and a reconciler can find the effect by it.
+    pub provider_key: Option<KeySink>,
+}
+
+/// Where the proxy puts the attempt's provider key in the call it forwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySink {
+    /// The top-level argument of this name (set, or replaced).
+    Argument(String),
+    /// The request's `_meta` `once/provider_key`.
+    Meta,
+}
+
+/// The `_meta` key a forwarded call carries the attempt's provider key under.
+pub const META_PROVIDER_KEY: &str = "once/provider_key";
+
+impl<'de> Deserialize<'de> for KeySink {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "meta" => Ok(KeySink::Meta),
+            other => match other.strip_prefix("argument:") {
+                Some(name) if !name.is_empty() => Ok(KeySink::Argument(name.to_owned())),
+                _ => Err(serde::de::Error::custom(format!(
+                    "provider_key {other:?}: expected \"argument:NAME\" or \"meta\""
+                ))),
+            },
+        }
+    }
+}
+
+impl KeySink {
+    /// `request` (a `tools/call`) carrying `provider_key` where this sink says.
+    pub fn carry(&self, request: &Value, provider_key: &str) -> Value {
+        let mut request = request.clone();
+        let key = Value::String(provider_key.to_owned());
+        if let Some(Value::Object(params)) = request.get_mut("params") {
+            match self {
+                KeySink::Argument(name) => {
+                    let arguments = params
+                        .entry("arguments")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(arguments) = arguments {
+                        arguments.insert(name.clone(), key);
+                    }
+                }
+                KeySink::Meta => {
+                    let meta = params
+                        .entry("_meta")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(meta) = meta {
+                        meta.insert(META_PROVIDER_KEY.to_owned(), key);
+                    }
+                }
+            }
+        }
+        request
+    }
 }
 
 /// What an upstream tool error (or JSON-RPC error) to a guarded call means.
@@ -422,6 +485,20 @@ mod tests {
     }
 
     #[test]
+    fn the_provider_key_is_carried_where_the_policy_says() {
+        let request = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "t", "arguments": {"a": 1, "idempotency_key": "client"}}});
+        let argument = KeySink::Argument("idempotency_key".into()).carry(&request, "pk-1");
+        assert_eq!(
+            argument["params"]["arguments"],
+            json!({"a": 1, "idempotency_key": "pk-1"})
+        );
+        let meta = KeySink::Meta.carry(&request, "pk-1");
+        assert_eq!(meta["params"]["_meta"]["once/provider_key"], "pk-1");
+        assert_eq!(meta["params"]["arguments"], request["params"]["arguments"]);
+    }
+
+    #[test]
     fn bad_policies_are_refused_at_load() {
         for (text, says) in [
             ("[tools.t]\nintent = [\"{order_id}\"]\n", "JSON pointer"),
@@ -430,6 +507,7 @@ mod tests {
             ("[tools.t]\non_error = \"maybe\"\n", "on_error"),
             ("[tools.t]\nleese = \"5s\"\n", "leese"),
             ("[tools.t]\nintent = []\n", "at least one part"),
+            ("[tools.t]\nprovider_key = \"header\"\n", "provider_key"),
         ] {
             let refused = Policy::parse(text).unwrap_err().to_string();
             assert!(refused.contains(says), "{text}: {refused}");

@@ -70,7 +70,7 @@ pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
             child.start_kill()?;
             relayed.await
         }
-        _ = terminated() => {
+        _ = crate::stopped() => {
             tracing::info!("once-proxy stopping; killing the upstream");
             child.start_kill()?;
             relayed.await
@@ -86,23 +86,6 @@ pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
     };
     code?;
     Ok(status.code().unwrap_or(1))
-}
-
-/// SIGTERM or SIGINT.
-async fn terminated() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => std::future::pending().await,
-    }
 }
 
 /// Relays until the client's input ends or the upstream's output does, then waits for the
@@ -173,14 +156,14 @@ async fn relay(
             let to_client = to_client.clone();
             calls.spawn(async move {
                 let key = message["id"].to_string();
-                let forward = || async {
+                let forward = |carried: Option<Vec<u8>>| async {
                     let (answer, answered) = oneshot::channel();
                     watched
                         .lock()
                         .expect("not poisoned")
                         .guarded
                         .insert(key.clone(), answer);
-                    if to_upstream.send(line).is_err() {
+                    if to_upstream.send(carried.unwrap_or(line)).is_err() {
                         watched.lock().expect("not poisoned").guarded.remove(&key);
                         return Upstream::Gone {
                             reason: "the upstream server's input is closed".into(),

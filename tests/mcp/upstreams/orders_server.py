@@ -2,9 +2,11 @@
 MCPServer (the SDK's FastMCP): the upstream once-proxy guards in the tests.
 
 Every order it places is one line appended to the file `ORDERS_EFFECTS` names: the side effects
-the tests count. `ORDERS_HOLD`, when that file exists, makes `place_order` record its effect and
-then hang, as a server dies mid-call after its effect. Run it over stdio (the default) or over
-Streamable HTTP with `--http PORT`."""
+the tests count. While the file `ORDERS_HOLD` names exists, `place_order` waits after recording
+its effect, as a server that is slow or dies mid-call after its effect. Run it over stdio (the
+default) or over Streamable HTTP with `--http PORT`, where `GET /orders/{order_id}?key=KEY` is
+the lookup route a reconciler reads (200 with the order placed under that idempotency key, 404
+when there is none)."""
 
 from __future__ import annotations
 
@@ -30,15 +32,17 @@ def placed() -> list[dict]:
     return [json.loads(line) for line in EFFECTS.read_text().splitlines() if line.strip()]
 
 
-@server.tool(description="Place an order: charges the customer.")
-async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str = "") -> str:
+# No output schema: a result a reconciler stored from the lookup route is replayed as it is.
+@server.tool(description="Place an order: charges the customer.", structured_output=False)
+async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str = "", idempotency_key: str = "") -> str:
     if amount_cents <= 0:
         raise ToolError(f"amount_cents must be positive, not {amount_cents}")
     await ctx.report_progress(0.5, 1.0, "charging")
     with EFFECTS.open("a") as effects:
-        effects.write(json.dumps({"order_id": order_id, "amount_cents": amount_cents, "pid": os.getpid()}) + "\n")
-    if HOLD.exists():
-        await asyncio.sleep(3600)
+        effects.write(json.dumps({"order_id": order_id, "amount_cents": amount_cents, "key": idempotency_key,
+                                  "pid": os.getpid()}) + "\n")
+    while HOLD.exists():
+        await asyncio.sleep(0.02)
     return f"order {order_id} placed for {amount_cents} cents (#{len(placed())})"
 
 
@@ -46,6 +50,18 @@ async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str 
 def get_order(order_id: str) -> str:
     found = [o for o in placed() if o["order_id"] == order_id]
     return json.dumps(found[-1]) if found else "no such order"
+
+
+@server.custom_route("/orders/{order_id}", methods=["GET"])
+async def lookup(request):
+    from starlette.responses import JSONResponse
+
+    key = request.query_params.get("key")
+    found = [o for o in placed()
+             if o["order_id"] == request.path_params["order_id"] and (key is None or o["key"] == key)]
+    if not found:
+        return JSONResponse({"error": "no such order"}, status_code=404)
+    return JSONResponse({"id": f"ord_{found[-1]['order_id']}", **found[-1]})
 
 
 if __name__ == "__main__":

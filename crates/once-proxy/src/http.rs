@@ -1,0 +1,443 @@
+//! The Streamable HTTP shape: an MCP endpoint in front of an upstream one. Every request is
+//! forwarded with its headers (sessions, protocol version, the client's own authorization) and
+//! every answer streamed back, except a POST of a guarded `tools/call`, which goes upstream only
+//! on EXECUTE, and `tools/list` answers, annotated when the policy asks.
+//!
+//! A guarded call runs in a task of its own: a client whose stream drops does not cancel it, so
+//! its report reaches the ledger and the client's retry is answered from there.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::guard::{annotate, Answer, Guard, Upstream};
+
+/// Headers that belong to one hop, never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+];
+
+#[derive(Debug)]
+struct Proxy {
+    guard: Guard,
+    upstream: String,
+    /// Headers added to every upstream request (the upstream's own credentials).
+    headers: HeaderMap,
+    http: reqwest::Client,
+}
+
+/// Serves MCP at `/mcp` on `listener`, in front of `upstream`, until `stop` resolves.
+pub async fn serve(
+    guard: Guard,
+    listener: tokio::net::TcpListener,
+    upstream: String,
+    headers: HeaderMap,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let proxy = Arc::new(Proxy {
+        guard,
+        upstream,
+        headers,
+        http: reqwest::Client::builder().build()?,
+    });
+    let router = axum::Router::new()
+        .route("/mcp", axum::routing::any(handle))
+        .with_state(proxy);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(stop)
+        .await?;
+    Ok(())
+}
+
+async fn handle(
+    State(proxy): State<Arc<Proxy>>,
+    method: Method,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    if method == Method::POST {
+        if let Ok(message) = serde_json::from_slice::<Value>(&body) {
+            if let Value::Array(batch) = &message {
+                if batch.iter().any(|m| proxy.guard.guards(m).is_some()) {
+                    return refuse_batch(batch, &proxy.guard);
+                }
+            }
+            if proxy.guard.guards(&message).is_some() {
+                return guarded(proxy, headers, body, message).await;
+            }
+            if proxy.guard.policy.annotate
+                && message.get("method").and_then(Value::as_str) == Some("tools/list")
+            {
+                return listing(&proxy, headers, body).await;
+            }
+        }
+    }
+    match proxy.send(method, &headers, body).await {
+        Ok(upstream) => relay(upstream),
+        Err(error) => unreachable_upstream(&error),
+    }
+}
+
+impl Proxy {
+    async fn send(
+        &self,
+        method: Method,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        let mut forwarded = reqwest::header::HeaderMap::new();
+        for (name, value) in headers {
+            if !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length" {
+                forwarded.append(name.clone(), value.clone());
+            }
+        }
+        for (name, value) in &self.headers {
+            forwarded.insert(name.clone(), value.clone());
+        }
+        self.http
+            .request(method, &self.upstream)
+            .headers(forwarded)
+            .body(body)
+            .send()
+            .await
+    }
+}
+
+/// The upstream's answer, status, headers and body, streamed as it comes.
+fn relay(upstream: reqwest::Response) -> Response<Body> {
+    let mut response = Response::builder().status(upstream.status());
+    for (name, value) in upstream.headers() {
+        if !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length" {
+            response = response.header(name, value);
+        }
+    }
+    response
+        .body(Body::from_stream(upstream.bytes_stream()))
+        .unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY, "once-proxy: a bad upstream answer"))
+}
+
+fn status(code: StatusCode, text: &str) -> Response<Body> {
+    let mut response = Response::new(Body::from(text.to_owned()));
+    *response.status_mut() = code;
+    response
+}
+
+fn unreachable_upstream(error: &reqwest::Error) -> Response<Body> {
+    tracing::warn!(%error, "the upstream MCP server cannot be reached");
+    status(
+        StatusCode::BAD_GATEWAY,
+        "once-proxy: the upstream MCP server cannot be reached",
+    )
+}
+
+fn json(code: StatusCode, message: Vec<u8>) -> Response<Body> {
+    let mut response = Response::new(Body::from(message));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn refuse_batch(batch: &[Value], guard: &Guard) -> Response<Body> {
+    let refused: Vec<Value> = batch
+        .iter()
+        .filter(|m| guard.guards(m).is_some())
+        .filter_map(|m| serde_json::from_slice(&crate::guard::refuse_in_batch(&m["id"])).ok())
+        .collect();
+    json(
+        StatusCode::OK,
+        Value::Array(refused).to_string().into_bytes(),
+    )
+}
+
+/// One event of an SSE stream: its raw text (to relay as it was) and its data.
+#[derive(Debug, PartialEq)]
+struct Event {
+    raw: Vec<u8>,
+    data: String,
+}
+
+/// Splits an SSE byte stream into events as their ends arrive.
+#[derive(Debug, Default)]
+struct Events {
+    pending: Vec<u8>,
+}
+
+impl Events {
+    fn push(&mut self, chunk: &[u8]) -> Vec<Event> {
+        self.pending.extend_from_slice(chunk);
+        let mut events = Vec::new();
+        loop {
+            let text = &self.pending;
+            let end = [&b"\r\n\r\n"[..], b"\n\n", b"\r\r"]
+                .iter()
+                .filter_map(|sep| {
+                    text.windows(sep.len())
+                        .position(|w| w == *sep)
+                        .map(|at| (at, sep.len()))
+                })
+                .min();
+            let Some((at, len)) = end else { break };
+            let raw: Vec<u8> = self.pending.drain(..at + len).collect();
+            let body = String::from_utf8_lossy(&raw[..at]).into_owned();
+            let data: Vec<&str> = body
+                .lines()
+                .filter_map(|line| line.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            events.push(Event {
+                raw,
+                data: data.join("\n"),
+            });
+        }
+        events
+    }
+}
+
+/// Whether `data` is the JSON-RPC response to request `id`.
+fn answers(data: &str, id: &Value) -> bool {
+    serde_json::from_str::<Value>(data)
+        .is_ok_and(|m| m.get("method").is_none() && m.get("id") == Some(id))
+}
+
+/// A guarded call: claimed at the ledger; on EXECUTE sent upstream, whose events other than
+/// the answer (progress, requests to the client) reach the client as they come.
+async fn guarded(
+    proxy: Arc<Proxy>,
+    headers: HeaderMap,
+    body: Bytes,
+    message: Value,
+) -> Response<Body> {
+    let (events, mut passing) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (answered, answer) = oneshot::channel::<Answer>();
+    let call = proxy.clone();
+    tokio::spawn(async move {
+        let (tool, policy) = match call.guard.guards(&message) {
+            Some((tool, policy)) => (tool.to_owned(), policy.clone()),
+            None => return,
+        };
+        let forward = |carried: Option<Vec<u8>>| {
+            let body = carried.map(Bytes::from).unwrap_or(body);
+            forward(&call, headers, body, &message["id"], events)
+        };
+        let outcome = call.guard.call(&tool, &policy, &message, forward).await;
+        let _ = answered.send(outcome);
+    });
+    // Answered before anything else came: one JSON answer. Otherwise an event stream: what
+    // came, as it comes, then the answer.
+    let mut answer = answer;
+    let first = tokio::select! {
+        biased;
+        done = &mut answer => return answered_alone(done),
+        first = passing.recv() => first,
+    };
+    let Some(first) = first else {
+        return answered_alone(answer.await);
+    };
+    let tail = Tail {
+        first: Some(first),
+        passing,
+        answer: Some(answer),
+    };
+    let stream = futures::stream::unfold(tail, |mut tail| async move {
+        if let Some(first) = tail.first.take() {
+            return Some((Ok::<_, Infallible>(Bytes::from(first)), tail));
+        }
+        tail.answer.as_ref()?;
+        match tail.passing.recv().await {
+            Some(raw) => Some((Ok(Bytes::from(raw)), tail)),
+            None => match tail.answer.take()?.await {
+                Ok(Answer::Reply(reply)) => Some((Ok(sse_message(&reply)), tail)),
+                _ => None,
+            },
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(axum::http::header::CONTENT_TYPE, "text/event-stream")
+        .header(axum::http::header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| status(StatusCode::INTERNAL_SERVER_ERROR, "once-proxy"))
+}
+
+/// What is left to send of a guarded call's event stream.
+struct Tail {
+    first: Option<Vec<u8>>,
+    passing: mpsc::UnboundedReceiver<Vec<u8>>,
+    answer: Option<oneshot::Receiver<Answer>>,
+}
+
+/// The answer to a guarded call that streamed nothing before it.
+fn answered_alone(done: Result<Answer, oneshot::error::RecvError>) -> Response<Body> {
+    match done {
+        Ok(Answer::Reply(reply)) => json(StatusCode::OK, reply),
+        Ok(Answer::Refused { status: code, text }) => status(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),
+            &text,
+        ),
+        Ok(Answer::Nothing) | Err(_) => status(StatusCode::ACCEPTED, ""),
+    }
+}
+
+fn sse_message(message: &[u8]) -> Bytes {
+    let mut event = b"event: message\ndata: ".to_vec();
+    event.extend_from_slice(message);
+    event.extend_from_slice(b"\n\n");
+    Bytes::from(event)
+}
+
+/// Sends a guarded call upstream and waits for its answer; the upstream's other events go to
+/// `events` as they come.
+async fn forward(
+    proxy: &Proxy,
+    headers: HeaderMap,
+    body: Bytes,
+    id: &Value,
+    events: mpsc::UnboundedSender<Vec<u8>>,
+) -> Upstream {
+    let gone = |reason: String| Upstream::Gone {
+        reason,
+        reply: true,
+    };
+    let upstream = match proxy.send(Method::POST, &headers, body).await {
+        Ok(upstream) => upstream,
+        // Whether the request reached the server before the connection failed is unknown.
+        Err(error) => return gone(format!("the upstream request failed: {error}")),
+    };
+    let code = upstream.status();
+    let event_stream = upstream
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !code.is_success() {
+        let text = upstream.text().await.unwrap_or_default();
+        return Upstream::Refused {
+            status: code.as_u16(),
+            text,
+        };
+    }
+    if !event_stream {
+        return match upstream.bytes().await {
+            Ok(bytes) => Upstream::Answered(bytes.to_vec()),
+            Err(error) => gone(format!("the upstream's answer was cut off: {error}")),
+        };
+    }
+    let mut stream = upstream.bytes_stream();
+    let mut parser = Events::default();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(error) => return gone(format!("the upstream's stream dropped: {error}")),
+        };
+        for event in parser.push(&chunk) {
+            if answers(&event.data, id) {
+                return Upstream::Answered(event.data.into_bytes());
+            }
+            let _ = events.send(event.raw);
+        }
+    }
+    gone("the upstream's stream ended before it answered".into())
+}
+
+/// A `tools/list` answer with the policy's note in each guarded tool's description.
+async fn listing(proxy: &Proxy, headers: HeaderMap, body: Bytes) -> Response<Body> {
+    let upstream = match proxy.send(Method::POST, &headers, body).await {
+        Ok(upstream) => upstream,
+        Err(error) => return unreachable_upstream(&error),
+    };
+    let code = upstream.status();
+    let mut response = Response::builder().status(code);
+    for (name, value) in upstream.headers() {
+        if !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length" {
+            response = response.header(name, value);
+        }
+    }
+    let event_stream = upstream
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let Ok(bytes) = upstream.bytes().await else {
+        return status(
+            StatusCode::BAD_GATEWAY,
+            "once-proxy: the upstream's answer was cut off",
+        );
+    };
+    let rewrite = |data: &str| -> Option<String> {
+        let mut message = serde_json::from_str::<Value>(data).ok()?;
+        annotate(&proxy.guard.policy, &mut message).then(|| message.to_string())
+    };
+    let body = if event_stream {
+        let mut out = Vec::new();
+        for event in Events::default().push(&bytes) {
+            match rewrite(&event.data) {
+                Some(data) => out.extend_from_slice(&sse_message(data.as_bytes())),
+                None => out.extend_from_slice(&event.raw),
+            }
+        }
+        out
+    } else {
+        match std::str::from_utf8(&bytes).ok().and_then(rewrite) {
+            Some(data) => data.into_bytes(),
+            None => bytes.to_vec(),
+        }
+    };
+    response
+        .body(Body::from(body))
+        .unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY, "once-proxy: a bad upstream answer"))
+}
+
+/// Parses `Name: value` headers given on the command line.
+pub fn header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected \"Name: value\""))?;
+    let name = HeaderName::try_from(name.trim()).map_err(|e| format!("{name:?}: {e}"))?;
+    let value = HeaderValue::try_from(value.trim()).map_err(|e| format!("header {name}: {e}"))?;
+    Ok((name, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_split_where_they_end_whatever_the_chunks() {
+        let stream = b"event: message\ndata: {\"a\":1}\n\nid: 2\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\r\n\r\n";
+        for cut in 1..stream.len() {
+            let mut parser = Events::default();
+            let mut events = parser.push(&stream[..cut]);
+            events.extend(parser.push(&stream[cut..]));
+            assert_eq!(events.len(), 2, "cut at {cut}");
+            assert_eq!(events[0].data, "{\"a\":1}");
+            assert!(answers(&events[1].data, &serde_json::json!(7)));
+            assert!(!answers(&events[0].data, &serde_json::json!(7)));
+            let raw: Vec<u8> = events.iter().flat_map(|e| e.raw.clone()).collect();
+            assert_eq!(raw, stream.to_vec());
+        }
+    }
+
+    #[test]
+    fn headers_are_name_colon_value() {
+        let (name, value) = header("Authorization: Bearer abc").unwrap();
+        assert_eq!(name, "authorization");
+        assert_eq!(value, "Bearer abc");
+        assert!(header("no colon").is_err());
+    }
+}
