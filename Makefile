@@ -2,6 +2,8 @@
 .PHONY: run test build bench fmt lint demo model-long
 
 VENV := .venv
+# The TypeScript MCP server once-proxy is tested in front of, and its packages (npm, Node 20).
+TS_UPSTREAM := tests/mcp/upstreams/ts
 # Prometheus and promtool, for the telemetry tests: Debian's package (through sudo unless root).
 PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -11,10 +13,11 @@ run:
 	cargo run --release -p onced
 
 # Unit tests, the Rust integration suite (SQLite and the PostgreSQL on 127.0.0.1:5432), then
-# the MCP tests with the official Python MCP SDK against the built binaries.
+# the MCP tests with the official Python MCP SDK against the built binaries (and, for
+# once-proxy, Python and TypeScript upstream servers).
 # Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials),
 # and the benchmark runs once in its smoke mode (one-second phases) so it cannot rot.
-test: $(VENV)/installed $(PROMTOOL)
+test: $(VENV)/installed $(PROMTOOL) $(TS_UPSTREAM)/node_modules/.installed
 	cargo build --workspace
 	rm -rf target/test-logs
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs cargo test --workspace
@@ -47,6 +50,10 @@ lint:
 # A project-local virtual environment with the Python MCP SDK (nothing installed globally).
 $(VENV)/installed: tests/mcp/requirements.txt
 	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q -r tests/mcp/requirements.txt && touch $@
+
+# The TypeScript SDK and tsx for the TypeScript upstream, exactly as its lock file pins them.
+$(TS_UPSTREAM)/node_modules/.installed: $(TS_UPSTREAM)/package.json $(TS_UPSTREAM)/package-lock.json
+	cd $(TS_UPSTREAM) && npm ci --no-audit --no-fund && touch node_modules/.installed
 
 # The real Prometheus the telemetry tests scrape with, and promtool for the shipped alerts.
 $(PROMTOOL):

@@ -25,7 +25,14 @@ from conftest import BIN, free_port, make_stack, served_port, wait_for
 
 pytestmark = pytest.mark.anyio
 
-UPSTREAM = Path(__file__).resolve().parent / "upstreams" / "orders_server.py"
+UPSTREAMS = Path(__file__).resolve().parent / "upstreams"
+UPSTREAM = UPSTREAMS / "orders_server.py"
+# The same server in TypeScript on the official TypeScript SDK, run by Node through tsx.
+TS_UPSTREAM = [str(UPSTREAMS / "ts" / "node_modules" / ".bin" / "tsx"), str(UPSTREAMS / "ts" / "orders_server.ts")]
+
+
+def upstream_command(language: str) -> list[str]:
+    return [sys.executable, str(UPSTREAM)] if language == "python" else TS_UPSTREAM
 
 POLICY = """
 status_tool = "get_order"
@@ -42,8 +49,9 @@ timeout = "30s"
 class Orders:
     """One ledger and the proxy's files: its policy, the upstream's effects."""
 
-    def __init__(self, stack, tmp: Path):
+    def __init__(self, stack, tmp: Path, language: str = "python"):
         self.stack = stack
+        self.command = upstream_command(language)
         self.tmp = tmp
         self.effects = tmp / "effects.jsonl"
         self.hold = tmp / "hold"
@@ -62,7 +70,7 @@ class Orders:
             args=[
                 "--policy", str(self.policy),
                 "--ledger", f"http://127.0.0.1:{self.stack.ledger_port}",
-                "--", sys.executable, str(UPSTREAM),
+                "--", *self.command,
             ],
             env={"ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)},
         )
@@ -76,12 +84,14 @@ class Orders:
                     yield session
 
 
-@pytest.fixture
-def orders(tmp_path, backend):
+@pytest.fixture(params=["python", "typescript"])
+def orders(tmp_path, backend, request):
+    """A ledger, and once-proxy over stdio in front of the Python or the TypeScript upstream."""
     assert (BIN / "once-proxy").exists(), f"{BIN / 'once-proxy'} is missing: run cargo build --workspace first"
+    assert Path(TS_UPSTREAM[0]).exists(), "the TypeScript upstream's packages are missing: run make test"
     stack = make_stack(tmp_path, backend, "none", reconcile=False)
     try:
-        yield Orders(stack, tmp_path)
+        yield Orders(stack, tmp_path, request.param)
     finally:
         stack.close()
 
@@ -232,7 +242,7 @@ def test_unguarded_messages_pass_byte_for_byte(orders):
     concurrent requests in any order)."""
     orders.policy.write_text(POLICY.replace("annotate = true", "annotate = false"))
     env = {"ORDERS_EFFECTS": str(orders.effects)}
-    direct = converse([sys.executable, str(UPSTREAM)], env, SESSION, 5)
+    direct = converse(orders.command, env, SESSION, 5)
     params = orders.params()
     proxied = converse([params.command, *params.args], env, SESSION, 5)
     assert sorted(proxied) == sorted(direct)

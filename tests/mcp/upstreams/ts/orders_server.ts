@@ -1,0 +1,69 @@
+// An MCP server that knows nothing of once-ledger, built on the TypeScript SDK
+// (@modelcontextprotocol/sdk): the Node upstream once-proxy is tested in front of, over stdio.
+// Every order it places is one line appended to the file ORDERS_EFFECTS names; while the file
+// ORDERS_HOLD names exists, place_order waits after recording its effect.
+
+import { appendFileSync, existsSync, readFileSync } from "node:fs";
+import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
+import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
+import { z } from "zod";
+
+const effects: string = process.env.ORDERS_EFFECTS ?? "";
+const hold: string = process.env.ORDERS_HOLD ?? "/nonexistent";
+
+interface Placed {
+  order_id: string;
+  amount_cents: number;
+  key: string;
+  pid: number;
+}
+
+function placed(): Placed[] {
+  if (!existsSync(effects)) return [];
+  return readFileSync(effects, "utf8")
+    .split("\n")
+    .filter((line) => line.trim() !== "")
+    .map((line) => JSON.parse(line) as Placed);
+}
+
+const server = new McpServer({ name: "orders-ts", version: "1.0.0" });
+
+server.registerTool(
+  "place_order",
+  {
+    description: "Place an order: charges the customer.",
+    inputSchema: {
+      order_id: z.string(),
+      amount_cents: z.number().int(),
+      note: z.string().optional(),
+      idempotency_key: z.string().optional(),
+    },
+  },
+  async ({ order_id, amount_cents, idempotency_key }) => {
+    if (amount_cents <= 0) {
+      return { content: [{ type: "text", text: `amount_cents must be positive, not ${amount_cents}` }], isError: true };
+    }
+    const order: Placed = { order_id, amount_cents, key: idempotency_key ?? "", pid: process.pid };
+    appendFileSync(effects, JSON.stringify(order) + "\n");
+    while (existsSync(hold)) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    return { content: [{ type: "text", text: `order ${order_id} placed for ${amount_cents} cents (#${placed().length})` }] };
+  },
+);
+
+server.registerTool(
+  "get_order",
+  {
+    description: "Look an order up.",
+    inputSchema: { order_id: z.string() },
+    annotations: { readOnlyHint: true },
+  },
+  async ({ order_id }) => {
+    const found = placed().filter((o) => o.order_id === order_id);
+    const text = found.length > 0 ? JSON.stringify(found[found.length - 1]) : "no such order";
+    return { content: [{ type: "text", text }] };
+  },
+);
+
+await server.connect(new StdioServerTransport());
