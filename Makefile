@@ -1,5 +1,5 @@
 # Each target is one command a person could type.
-.PHONY: run test build bench fmt lint demo model-long
+.PHONY: run test build bench bench-proxy fmt lint demo model-long
 
 VENV := .venv
 # The TypeScript MCP server once-proxy is tested in front of, and its packages (npm, Node 20).
@@ -16,7 +16,8 @@ run:
 # the MCP tests with the official Python MCP SDK against the built binaries (and, for
 # once-proxy, Python and TypeScript upstream servers).
 # Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials),
-# and the benchmark runs once in its smoke mode (one-second phases) so it cannot rot.
+# and the benchmarks run once in their smoke modes (one-second phases, a few proxied calls) so
+# they cannot rot.
 test: $(VENV)/installed $(PROMTOOL) $(TS_UPSTREAM)/node_modules/.installed
 	cargo build --workspace
 	rm -rf target/test-logs
@@ -24,6 +25,7 @@ test: $(VENV)/installed $(PROMTOOL) $(TS_UPSTREAM)/node_modules/.installed
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(VENV)/bin/python -m pytest -q tests/mcp
 	tests/scan-logs target/test-logs
 	cargo bench -p onced --bench ledger --profile dev -- --smoke
+	$(VENV)/bin/python bench/proxy_latency.py --calls 5 --bin-dir target/debug
 
 build:
 	cargo build --workspace --release
@@ -32,6 +34,11 @@ build:
 # the ratios to the performance goals, and memory. See README, Performance.
 bench:
 	cargo bench -p onced --bench ledger
+
+# Tool-call latency through once-proxy against direct calls, over stdio (see README, once-proxy).
+bench-proxy: $(VENV)/installed
+	cargo build --release -p onced -p once-proxy
+	$(VENV)/bin/python bench/proxy_latency.py
 
 # The model-based test of the core for a long run: a million random call sequences.
 model-long:

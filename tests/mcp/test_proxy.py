@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from conftest import BIN, free_port, make_stack, served_port, wait_for
@@ -201,24 +201,31 @@ async def test_without_a_ledger_nothing_is_performed(orders):
 
 
 def converse(command: list[str], env: dict, messages: list[dict], answers: int) -> list[bytes]:
-    """Writes `messages` as raw lines to an MCP server over stdio and returns the first
-    `answers` lines it writes back, byte for byte."""
+    """Writes `messages` as raw lines to an MCP server over stdio, the first (initialize) alone
+    and the rest once it is answered, as a client does, and returns the first `answers` lines
+    it writes back, byte for byte."""
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                env={**os.environ, **env})
     try:
-        for message in messages:
-            process.stdin.write(json.dumps(message).encode() + b"\n")
-        process.stdin.flush()
-        lines = []
         ready = selectors.DefaultSelector()
         ready.register(process.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + 30
-        while len(lines) < answers:
-            assert time.monotonic() < deadline, f"only {len(lines)} answers: {lines}"
-            if ready.select(timeout=1):
-                line = process.stdout.readline()
-                assert line, f"the server closed its output after {lines}"
-                lines.append(line)
+        lines = []
+
+        def read(count: int) -> None:
+            while len(lines) < count:
+                assert time.monotonic() < deadline, f"only {len(lines)} answers: {lines}"
+                if ready.select(timeout=1):
+                    line = process.stdout.readline()
+                    assert line, f"the server closed its output after {lines}"
+                    lines.append(line)
+
+        for n, message in enumerate(messages):
+            process.stdin.write(json.dumps(message).encode() + b"\n")
+            process.stdin.flush()
+            if n == 0:
+                read(1)
+        read(answers)
         return lines
     finally:
         process.kill()
@@ -438,3 +445,22 @@ async def test_http_the_upstream_killed_mid_call_is_unknown_then_reconciled(http
     assert json.loads(texts(again)[0])["id"] == "ord_h-3"
     assert json.loads(texts(again)[-1])["replayed"] is True
     assert len(http_orders.placed("h-3")) == 1
+
+
+async def test_http_the_stateless_2026_07_28_revision_is_guarded_too(http_orders):
+    """The 2026-07-28 revision: no initialize, no session; each request a POST of its own."""
+    url = f"http://127.0.0.1:{http_orders.proxy_port}/mcp"
+    async with Client(url, mode="2026-07-28") as client:
+        listed = await client.list_tools()
+        first = await client.call_tool("place_order", {"order_id": "h-4", "amount_cents": 400})
+    async with Client(url, mode="2026-07-28") as client:
+        again = await client.call_tool("place_order", {"order_id": "h-4", "amount_cents": 400})
+    # The handshake era sees the same operation.
+    async with http_orders.session() as session:
+        legacy = await session.call_tool("place_order", {"order_id": "h-4", "amount_cents": 400})
+    assert not first.is_error, texts(first)
+    assert "Guarded by once-ledger" in {t.name: t for t in listed.tools}["place_order"].description
+    for replayed in (again, legacy):
+        assert texts(replayed)[0] == texts(first)[0]
+        assert json.loads(texts(replayed)[-1])["replayed"] is True
+    assert len(http_orders.placed("h-4")) == 1
