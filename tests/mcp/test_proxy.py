@@ -255,16 +255,60 @@ def test_unguarded_messages_pass_byte_for_byte(orders):
     assert sorted(proxied) == sorted(direct)
 
 
-def test_a_guarded_call_inside_a_batch_is_refused_not_performed(orders):
-    env = {"ORDERS_EFFECTS": str(orders.effects)}
+def test_messages_that_could_reach_a_guarded_tool_past_the_ledger_are_refused(orders):
+    """A batch carrying a guarded call (refused whole), keys respelled for a lenient decoder,
+    bytes that cannot be parsed but mention tools/call, and a guarded call under an id already
+    in flight: each is answered with an error and none reaches the upstream."""
+    env = {"ORDERS_EFFECTS": str(orders.effects), "ORDERS_HOLD": str(orders.hold)}
     params = orders.params()
-    batch = [
-        {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "place_order", "arguments": {"order_id": "o-8", "amount_cents": 1}}},
+    place = lambda id, order: {"jsonrpc": "2.0", "id": id, "method": "tools/call",  # noqa: E731
+                               "params": {"name": "place_order", "arguments": {"order_id": order, "amount_cents": 1}}}
+    orders.hold.touch()
+    messages = [
+        *SESSION[:2],
+        [place(7, "o-8"), {"jsonrpc": "2.0", "id": 8, "method": "ping"}],
+        {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+         "params": {"name": "get_order", "Name": "place_order", "arguments": {"order_id": "o-9", "amount_cents": 1}}},
+        place(10, "o-10"),
     ]
-    answers = converse([params.command, *params.args], env, [*SESSION[:2], batch], 2)
-    refused = next(a for a in map(json.loads, answers) if a.get("id") == 7)
-    assert refused["id"] == 7 and refused["error"]["code"] == -32600, refused
-    assert orders.placed("o-8") == []
+    process = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    try:
+        def send(raw: bytes) -> None:
+            process.stdin.write(raw + b"\n")
+            process.stdin.flush()
+
+        def answer() -> dict:
+            ready = selectors.DefaultSelector()
+            ready.register(process.stdout, selectors.EVENT_READ)
+            assert ready.select(timeout=30), "no answer"
+            return json.loads(process.stdout.readline())
+
+        send(json.dumps(messages[0]).encode())
+        assert answer()["id"] == 1
+        for message in messages[1:]:
+            send(json.dumps(message).encode())
+        # The held call o-10 is in flight; the same id again, and a line that cannot be parsed.
+        while not orders.placed("o-10"):
+            time.sleep(0.02)
+        send(json.dumps(place(10, "o-11")).encode())
+        send(b'{"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "place_order"')
+        answers = [answer() for _ in range(4)]
+        orders.hold.unlink()
+        answers.append(answer())
+    finally:
+        process.kill()
+        process.wait()
+    batch = next(a for a in answers if isinstance(a, list))
+    assert [e["id"] for e in batch] == [7, 8] and all(e["error"]["code"] == -32600 for e in batch), batch
+    single = {a["id"]: a for a in answers if isinstance(a, dict)}
+    assert single[9]["error"]["code"] == -32600, single
+    assert single[None]["error"]["code"] == -32700, single
+    refused_reuse = [a for a in answers if isinstance(a, dict) and a.get("id") == 10 and "error" in a]
+    performed = [a for a in answers if isinstance(a, dict) and a.get("id") == 10 and "result" in a]
+    assert len(refused_reuse) == 1 and len(performed) == 1, answers
+    assert "already in use" in refused_reuse[0]["error"]["message"]
+    assert [o["order_id"] for o in orders.placed()] == ["o-10"]
 
 
 def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp_path):

@@ -51,15 +51,104 @@ struct Reply<'a> {
     error: Option<&'a RawValue>,
 }
 
+/// What the proxy does with one message from the client.
+#[derive(Debug)]
+pub enum Seen<'m, 'p> {
+    /// A `tools/call` request of a guarded tool.
+    Guarded(&'m str, &'p ToolPolicy),
+    /// A message that might reach a guarded tool past the ledger: answered with an error (a
+    /// request) or dropped (a notification), never forwarded.
+    Refused(&'static str),
+    /// Everything else: forwarded untouched.
+    Passed,
+}
+
+/// The keys whose spelling decides where a message goes, at the top and in `params`.
+const TOP_KEYS: [&str; 4] = ["jsonrpc", "id", "method", "params"];
+const PARAM_KEYS: [&str; 3] = ["name", "arguments", "_meta"];
+
+/// Whether `object` has a key that is one of `keys` in another case: a lenient decoder (Go's,
+/// which matches names case-insensitively) may read it where this proxy does not.
+fn respelled(object: &Map<String, Value>, keys: &[&str]) -> bool {
+    object.keys().any(|key| {
+        keys.iter()
+            .any(|canonical| key.eq_ignore_ascii_case(canonical) && key != canonical)
+    })
+}
+
+/// Whether bytes the proxy cannot parse might still be a tool call to some other parser.
+pub fn may_call_a_tool(raw: &[u8]) -> bool {
+    raw.windows(b"tools/call".len())
+        .any(|w| w.eq_ignore_ascii_case(b"tools/call"))
+}
+
 impl Guard {
     /// The tool a `tools/call` request names, when the policy guards it.
     pub fn guards<'m>(&self, message: &'m Value) -> Option<(&'m str, &ToolPolicy)> {
-        if message.get("method").and_then(Value::as_str) != Some("tools/call") {
-            return None;
+        match self.inspect(message) {
+            Seen::Guarded(tool, policy) => Some((tool, policy)),
+            _ => None,
         }
-        message.get("id")?;
-        let tool = message.pointer("/params/name").and_then(Value::as_str)?;
-        self.policy.guarded(tool).map(|policy| (tool, policy))
+    }
+
+    /// What to do with `message`. Fails closed: a message that a more lenient reader could take
+    /// for a guarded call is refused rather than forwarded.
+    pub fn inspect<'m>(&self, message: &'m Value) -> Seen<'m, '_> {
+        let top = match message {
+            Value::Array(batch) => {
+                return if batch
+                    .iter()
+                    .any(|m| !matches!(self.inspect(m), Seen::Passed))
+                {
+                    Seen::Refused(
+                        "a batch may not carry a guarded tool call; nothing in it was performed. \
+                         Send the call on its own",
+                    )
+                } else {
+                    Seen::Passed
+                };
+            }
+            Value::Object(top) => top,
+            _ => return Seen::Passed,
+        };
+        let calls = |value: &Value| {
+            value
+                .as_str()
+                .is_some_and(|m| m.eq_ignore_ascii_case("tools/call"))
+        };
+        let method = top.get("method");
+        if respelled(top, &TOP_KEYS) {
+            let any_call = top
+                .iter()
+                .any(|(key, value)| key.eq_ignore_ascii_case("method") && calls(value));
+            return if any_call {
+                Seen::Refused("a tool call's keys must be spelled as MCP spells them")
+            } else {
+                Seen::Passed
+            };
+        }
+        if !method.is_some_and(calls) {
+            return Seen::Passed;
+        }
+        let Some(Value::Object(params)) = top.get("params") else {
+            return Seen::Passed;
+        };
+        if respelled(params, &PARAM_KEYS) {
+            return Seen::Refused("a tool call's keys must be spelled as MCP spells them");
+        }
+        let Some(tool) = params.get("name").and_then(Value::as_str) else {
+            return Seen::Passed;
+        };
+        let Some(policy) = self.policy.guarded(tool) else {
+            return Seen::Passed;
+        };
+        if method != Some(&Value::String("tools/call".into())) {
+            return Seen::Refused("a guarded tool is called with the method spelled tools/call");
+        }
+        match top.get("id") {
+            Some(Value::String(_) | Value::Number(_)) => Seen::Guarded(tool, policy),
+            _ => Seen::Refused("a guarded tool call must be a request with a string or number id"),
+        }
     }
 
     /// Runs one guarded call. `forward` sends the request upstream (as it came, or the bytes it
@@ -184,7 +273,19 @@ fn judge(upstream: &Upstream, on_error: OnError) -> Result<Effect, EffectError> 
                 Ok(Effect::new(result.get().as_bytes().to_vec()))
             }
         }
-        (None, Some(error)) => Err(failed(format!("the upstream answered {}", error.get()))),
+        // Only errors raised before a tool runs (a malformed request, no such method or tool,
+        // invalid arguments) may mean ABSENT; any other (an internal error, a cancelled call)
+        // may come after the effect.
+        (None, Some(error)) => {
+            let why = format!("the upstream answered {}", error.get());
+            let code = serde_json::from_str::<Value>(error.get())
+                .ok()
+                .and_then(|e| e.get("code").and_then(Value::as_i64));
+            match code {
+                Some(-32602..=-32600) => Err(failed(why)),
+                _ => Err(EffectError::Ambiguous(why)),
+            }
+        }
         _ => Err(EffectError::Ambiguous(
             "the upstream's answer has neither a result nor an error".into(),
         )),
@@ -252,15 +353,40 @@ fn reply(id: &Value, result: Value) -> Answer {
     Answer::Reply(message.to_string().into_bytes())
 }
 
-/// The answer to a guarded call sent inside a JSON-RPC batch: refused, not performed.
-pub fn refuse_in_batch(id: &Value) -> Vec<u8> {
+/// The answer to a refused message: an error for each request in it (one, or a batch's), or
+/// nothing when it holds only notifications.
+pub fn refusal(message: &Value, why: &str) -> Option<Vec<u8>> {
+    let error = |id: &Value| {
+        json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {"code": -32600, "message": format!("once-proxy: {why}; it was not performed.")},
+        })
+    };
+    let requested = |m: &Value| m.get("id").filter(|id| !id.is_null()).cloned();
+    let answer = match message {
+        Value::Array(batch) => {
+            let errors: Vec<Value> = batch
+                .iter()
+                .filter_map(requested)
+                .map(|id| error(&id))
+                .collect();
+            (!errors.is_empty()).then_some(Value::Array(errors))
+        }
+        single => requested(single).map(|id| error(&id)),
+    };
+    if answer.is_none() {
+        tracing::warn!(why, "a refused notification is dropped");
+    }
+    answer.map(|a| a.to_string().into_bytes())
+}
+
+/// The answer to bytes that might be a tool call but cannot be parsed.
+pub fn unparseable() -> Vec<u8> {
     json!({
         "jsonrpc": "2.0",
-        "id": id,
-        "error": {
-            "code": -32600,
-            "message": "once-proxy: a guarded tool cannot be called inside a batch; it was not performed. Send the call on its own.",
-        },
+        "id": null,
+        "error": {"code": -32700, "message": "once-proxy: a message that may call a tool cannot be parsed; it was not forwarded."},
     })
     .to_string()
     .into_bytes()
@@ -323,7 +449,7 @@ mod tests {
                 json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [], "isError": true}}),
             ),
             answered(
-                json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "boom"}}),
+                json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad arguments"}}),
             ),
         ] {
             assert!(matches!(
@@ -344,6 +470,115 @@ mod tests {
             judge(&gone, OnError::Absent),
             Err(EffectError::Ambiguous(_))
         ));
+    }
+
+    fn guard() -> Guard {
+        let policy = Policy::parse("[tools.refund]\n").unwrap();
+        let ledger =
+            LedgerClient::connect(once_client::ClientConfig::new("http://127.0.0.1:1")).unwrap();
+        Guard { policy, ledger }
+    }
+
+    #[tokio::test]
+    async fn messages_a_lenient_reader_could_take_for_a_guarded_call_are_refused() {
+        let guard = guard();
+        let seen = |m: Value| match guard.inspect(&m) {
+            Seen::Guarded(..) => "guarded",
+            Seen::Refused(_) => "refused",
+            Seen::Passed => "passed",
+        };
+        let call = |extra: Value| {
+            let mut m = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "refund", "arguments": {}}});
+            for (k, v) in extra.as_object().unwrap() {
+                m[k] = v.clone();
+            }
+            m
+        };
+        assert_eq!(seen(call(json!({}))), "guarded");
+        assert_eq!(seen(call(json!({"id": "a"}))), "guarded");
+        assert_eq!(
+            seen(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "lookup"}})
+            ),
+            "passed"
+        );
+        // Case variants of the keys that route a message.
+        assert_eq!(seen(call(json!({"Method": "tools/call"}))), "refused");
+        assert_eq!(
+            seen(
+                json!({"jsonrpc": "2.0", "ID": 1, "method": "tools/call", "params": {"name": "refund"}})
+            ),
+            "refused"
+        );
+        assert_eq!(
+            seen(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "lookup", "Name": "refund"}})
+            ),
+            "refused"
+        );
+        assert_eq!(
+            seen(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "Tools/Call", "params": {"name": "refund"}})
+            ),
+            "refused"
+        );
+        // No id, or a null or object id: not a request the proxy can answer and report.
+        assert_eq!(
+            seen(json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "refund"}})),
+            "refused"
+        );
+        assert_eq!(seen(call(json!({"id": null}))), "refused");
+        // A batch with a guarded call in it is refused whole; one without passes.
+        assert_eq!(
+            seen(json!([call(json!({})), {"jsonrpc": "2.0", "id": 2, "method": "ping"}])),
+            "refused"
+        );
+        assert_eq!(
+            seen(json!([{"jsonrpc": "2.0", "id": 2, "method": "ping"}])),
+            "passed"
+        );
+        assert!(may_call_a_tool(b"{\"method\": \"TOOLS/CALL\", oops"));
+        assert!(!may_call_a_tool(b"{\"method\": \"ping\""));
+    }
+
+    #[test]
+    fn a_refused_batch_answers_each_request_in_it() {
+        let batch = json!([
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "refund"}},
+            {"jsonrpc": "2.0", "method": "notifications/progress"},
+            {"jsonrpc": "2.0", "id": "b", "method": "tools/list"},
+        ]);
+        let answer: Value = serde_json::from_slice(&refusal(&batch, "no").unwrap()).unwrap();
+        let ids: Vec<&Value> = answer
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| &a["id"])
+            .collect();
+        assert_eq!(ids, [&json!(1), &json!("b")]);
+        assert!(refusal(&json!({"jsonrpc": "2.0", "method": "tools/call"}), "no").is_none());
+    }
+
+    #[test]
+    fn only_errors_raised_before_a_tool_runs_may_be_absent() {
+        for (code, absent) in [
+            (-32600, true),
+            (-32601, true),
+            (-32602, true),
+            (-32603, false),
+            (0, false),
+            (-32001, false),
+        ] {
+            let upstream = answered(
+                json!({"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": "x"}}),
+            );
+            let judged = judge(&upstream, OnError::Absent);
+            assert_eq!(
+                matches!(judged, Err(EffectError::NotPerformed(_))),
+                absent,
+                "code {code}: {judged:?}"
+            );
+        }
     }
 
     #[test]

@@ -16,10 +16,23 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::guard::{annotate, Answer, Guard, Upstream};
+use crate::guard::{
+    annotate, may_call_a_tool, refusal, unparseable, Answer, Guard, Seen, Upstream,
+};
 
-/// Headers that belong to one hop, never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
+/// The largest request body the proxy reads.
+const BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+/// How long open streams (a client's GET stream) may keep the proxy from stopping.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long the guarded calls in flight may take to be reported once the proxy stops.
+const REPORT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Headers never forwarded upstream: one hop's, and `accept-encoding` (the proxy reads the
+/// upstream's answers to guarded calls, so they come uncompressed).
+const HOP_BY_HOP: [&str; 9] = [
+    "accept-encoding",
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -37,6 +50,8 @@ struct Proxy {
     /// Headers added to every upstream request (the upstream's own credentials).
     headers: HeaderMap,
     http: reqwest::Client,
+    /// The guarded calls in flight, which outlive their client's request.
+    calls: tokio_util::task::TaskTracker,
 }
 
 /// Serves MCP at `/mcp` on `listener`, in front of `upstream`, until `stop` resolves.
@@ -51,41 +66,88 @@ pub async fn serve(
         guard,
         upstream,
         headers,
-        http: reqwest::Client::builder().build()?,
+        // A redirect after a POST was handled would turn it into a GET: never followed.
+        http: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?,
+        calls: tokio_util::task::TaskTracker::new(),
     });
     let router = axum::Router::new()
         .route("/mcp", axum::routing::any(handle))
-        .with_state(proxy);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(stop)
-        .await?;
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(proxy.clone());
+    let (stopping, stopped) = oneshot::channel::<()>();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        stop.await;
+        let _ = stopping.send(());
+    });
+    tokio::select! {
+        served = server => served?,
+        _ = async {
+            let _ = stopped.await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => tracing::info!("streams still open after the grace; closing them"),
+    }
+    proxy.calls.close();
+    if tokio::time::timeout(REPORT_GRACE, proxy.calls.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("guarded calls still in flight at exit; their leases expire into UNKNOWN");
+    }
     Ok(())
 }
 
 async fn handle(
     State(proxy): State<Arc<Proxy>>,
     method: Method,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response<Body> {
-    if method == Method::POST {
-        if let Ok(message) = serde_json::from_slice::<Value>(&body) {
-            if let Value::Array(batch) = &message {
-                if batch.iter().any(|m| proxy.guard.guards(m).is_some()) {
-                    return refuse_batch(batch, &proxy.guard);
+    let query = uri.query().map(str::to_owned);
+    if !body.is_empty() {
+        let encoded = headers
+            .get(axum::http::header::CONTENT_ENCODING)
+            .is_some_and(|e| e != "identity");
+        if encoded {
+            return status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "once-proxy: a compressed request cannot be checked for guarded tool calls",
+            );
+        }
+        match serde_json::from_slice::<Value>(&body) {
+            // Another parser might read a tool call in what this one cannot: fail closed.
+            Err(_) if may_call_a_tool(&body) => {
+                return json(StatusCode::BAD_REQUEST, unparseable())
+            }
+            Err(_) => {}
+            Ok(message) => match proxy.guard.inspect(&message) {
+                Seen::Refused(why) => {
+                    return match refusal(&message, why) {
+                        Some(answer) => json(StatusCode::OK, answer),
+                        None => status(StatusCode::ACCEPTED, ""),
+                    }
                 }
-            }
-            if proxy.guard.guards(&message).is_some() {
-                return guarded(proxy, headers, body, message).await;
-            }
-            if proxy.guard.policy.annotate
-                && message.get("method").and_then(Value::as_str) == Some("tools/list")
-            {
-                return listing(&proxy, headers, body).await;
-            }
+                Seen::Guarded(..) if method == Method::POST => {
+                    return guarded(proxy, headers, query, body, message).await
+                }
+                Seen::Guarded(..) => {
+                    return status(
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "once-proxy: a guarded tool is called with POST",
+                    )
+                }
+                Seen::Passed => {
+                    let lists = message.get("method").and_then(Value::as_str) == Some("tools/list");
+                    if proxy.guard.policy.annotate && lists && method == Method::POST {
+                        return listing(&proxy, headers, query, body).await;
+                    }
+                }
+            },
         }
     }
-    match proxy.send(method, &headers, body).await {
+    match proxy.send(method, &headers, query.as_deref(), body).await {
         Ok(upstream) => relay(upstream),
         Err(error) => unreachable_upstream(&error),
     }
@@ -96,6 +158,7 @@ impl Proxy {
         &self,
         method: Method,
         headers: &HeaderMap,
+        query: Option<&str>,
         body: Bytes,
     ) -> Result<reqwest::Response, reqwest::Error> {
         let mut forwarded = reqwest::header::HeaderMap::new();
@@ -107,8 +170,13 @@ impl Proxy {
         for (name, value) in &self.headers {
             forwarded.insert(name.clone(), value.clone());
         }
+        let url = match query {
+            Some(query) if self.upstream.contains('?') => format!("{}&{query}", self.upstream),
+            Some(query) => format!("{}?{query}", self.upstream),
+            None => self.upstream.clone(),
+        };
         self.http
-            .request(method, &self.upstream)
+            .request(method, url)
             .headers(forwarded)
             .body(body)
             .send()
@@ -151,18 +219,6 @@ fn json(code: StatusCode, message: Vec<u8>) -> Response<Body> {
         HeaderValue::from_static("application/json"),
     );
     response
-}
-
-fn refuse_batch(batch: &[Value], guard: &Guard) -> Response<Body> {
-    let refused: Vec<Value> = batch
-        .iter()
-        .filter(|m| guard.guards(m).is_some())
-        .filter_map(|m| serde_json::from_slice(&crate::guard::refuse_in_batch(&m["id"])).ok())
-        .collect();
-    json(
-        StatusCode::OK,
-        Value::Array(refused).to_string().into_bytes(),
-    )
 }
 
 /// One event of an SSE stream: its raw text (to relay as it was) and its data.
@@ -220,20 +276,21 @@ fn answers(data: &str, id: &Value) -> bool {
 async fn guarded(
     proxy: Arc<Proxy>,
     headers: HeaderMap,
+    query: Option<String>,
     body: Bytes,
     message: Value,
 ) -> Response<Body> {
     let (events, mut passing) = mpsc::unbounded_channel::<Vec<u8>>();
     let (answered, answer) = oneshot::channel::<Answer>();
     let call = proxy.clone();
-    tokio::spawn(async move {
+    proxy.calls.spawn(async move {
         let (tool, policy) = match call.guard.guards(&message) {
             Some((tool, policy)) => (tool.to_owned(), policy.clone()),
             None => return,
         };
         let forward = |carried: Option<Vec<u8>>| {
             let body = carried.map(Bytes::from).unwrap_or(body);
-            forward(&call, headers, body, &message["id"], events)
+            forward(&call, headers, query, body, &message["id"], events)
         };
         let outcome = call.guard.call(&tool, &policy, &message, forward).await;
         let _ = answered.send(outcome);
@@ -306,6 +363,7 @@ fn sse_message(message: &[u8]) -> Bytes {
 async fn forward(
     proxy: &Proxy,
     headers: HeaderMap,
+    query: Option<String>,
     body: Bytes,
     id: &Value,
     events: mpsc::UnboundedSender<Vec<u8>>,
@@ -314,7 +372,10 @@ async fn forward(
         reason,
         reply: true,
     };
-    let upstream = match proxy.send(Method::POST, &headers, body).await {
+    let upstream = match proxy
+        .send(Method::POST, &headers, query.as_deref(), body)
+        .await
+    {
         Ok(upstream) => upstream,
         // Whether the request reached the server before the connection failed is unknown.
         Err(error) => return gone(format!("the upstream request failed: {error}")),
@@ -349,15 +410,25 @@ async fn forward(
             if answers(&event.data, id) {
                 return Upstream::Answered(event.data.into_bytes());
             }
-            let _ = events.send(event.raw);
+            // Without the upstream's event ids: a client resuming this stream would reach the
+            // upstream's raw answer past the ledger.
+            let _ = events.send(without_event_ids(&event.raw));
         }
     }
     gone("the upstream's stream ended before it answered".into())
 }
 
 /// A `tools/list` answer with the policy's note in each guarded tool's description.
-async fn listing(proxy: &Proxy, headers: HeaderMap, body: Bytes) -> Response<Body> {
-    let upstream = match proxy.send(Method::POST, &headers, body).await {
+async fn listing(
+    proxy: &Proxy,
+    headers: HeaderMap,
+    query: Option<String>,
+    body: Bytes,
+) -> Response<Body> {
+    let upstream = match proxy
+        .send(Method::POST, &headers, query.as_deref(), body)
+        .await
+    {
         Ok(upstream) => upstream,
         Err(error) => return unreachable_upstream(&error),
     };
@@ -403,6 +474,17 @@ async fn listing(proxy: &Proxy, headers: HeaderMap, body: Bytes) -> Response<Bod
         .unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY, "once-proxy: a bad upstream answer"))
 }
 
+/// An SSE event's text without its `id:` lines.
+fn without_event_ids(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len());
+    for line in raw.split_inclusive(|b| *b == b'\n') {
+        if !line.starts_with(b"id:") {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
+
 /// Parses `Name: value` headers given on the command line.
 pub fn header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
     let (name, value) = text
@@ -431,6 +513,14 @@ mod tests {
             let raw: Vec<u8> = events.iter().flat_map(|e| e.raw.clone()).collect();
             assert_eq!(raw, stream.to_vec());
         }
+    }
+
+    #[test]
+    fn relayed_events_lose_their_ids() {
+        assert_eq!(
+            without_event_ids(b"id: 3\nevent: message\ndata: {}\n\n"),
+            b"event: message\ndata: {}\n\n".to_vec()
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinSet;
 
-use crate::guard::{annotate, Answer, Guard, Upstream};
+use crate::guard::{
+    annotate, may_call_a_tool, refusal, unparseable, Answer, Guard, Seen, Upstream,
+};
 
 /// How long the upstream has to exit once the client has gone, before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -27,6 +29,11 @@ struct Watched {
     /// Guarded calls given up on (timed out, cancelled): a late answer is the ledger's to learn
     /// from a reconciler, not a second answer for the client.
     abandoned: HashSet<String>,
+    /// Ids of the guarded calls being handled, from the moment they are read: a second request
+    /// under an id in use is refused.
+    in_flight: HashSet<String>,
+    /// The upstream's output has ended: no answer will come to a call sent now.
+    closed: bool,
 }
 
 /// Runs `command` as the upstream server and relays between it and this process's stdio until
@@ -125,31 +132,45 @@ async fn relay(
             }
         }
         let line = strip_newline(line);
-        let Ok(message) = serde_json::from_slice::<Value>(&line) else {
-            let _ = to_upstream.send(line);
-            continue;
+        let message = match serde_json::from_slice::<Value>(&line) {
+            Ok(message) => message,
+            // Another parser might read a tool call in what this one cannot: fail closed.
+            Err(_) if may_call_a_tool(&line) => {
+                let _ = to_client.send(unparseable());
+                continue;
+            }
+            Err(_) => {
+                let _ = to_upstream.send(line);
+                continue;
+            }
         };
-        if let Value::Array(batch) = &message {
-            // A batch (MCP 2025-03-26) may not carry a guarded call past the ledger: those are
-            // refused, the rest go on as a batch.
-            let (refused, rest): (Vec<&Value>, Vec<&Value>) =
-                batch.iter().partition(|m| guard.guards(m).is_some());
-            if !refused.is_empty() {
-                for call in refused {
-                    let _ = to_client.send(crate::guard::refuse_in_batch(&call["id"]));
+        let (tool, policy) = match guard.inspect(&message) {
+            Seen::Refused(why) => {
+                if let Some(answer) = refusal(&message, why) {
+                    let _ = to_client.send(answer);
                 }
-                if !rest.is_empty() {
-                    let _ = to_upstream.send(
-                        Value::Array(rest.into_iter().cloned().collect())
-                            .to_string()
-                            .into_bytes(),
-                    );
+                continue;
+            }
+            Seen::Guarded(tool, policy) => (tool.to_owned(), policy.clone()),
+            Seen::Passed => {
+                pass(&guard, &watched, &message);
+                let _ = to_upstream.send(line);
+                continue;
+            }
+        };
+        {
+            let key = message["id"].to_string();
+            let mut watched = watched.lock().expect("not poisoned");
+            if !watched.in_flight.insert(key) {
+                drop(watched);
+                let why = "a guarded call's id is already in use by a call in flight";
+                if let Some(answer) = refusal(&message, why) {
+                    let _ = to_client.send(answer);
                 }
                 continue;
             }
         }
-        if let Some((tool, policy)) = guard.guards(&message) {
-            let (tool, policy) = (tool.to_owned(), policy.clone());
+        {
             let guard = guard.clone();
             let watched = watched.clone();
             let to_upstream = to_upstream.clone();
@@ -158,11 +179,16 @@ async fn relay(
                 let key = message["id"].to_string();
                 let forward = |carried: Option<Vec<u8>>| async {
                     let (answer, answered) = oneshot::channel();
-                    watched
-                        .lock()
-                        .expect("not poisoned")
-                        .guarded
-                        .insert(key.clone(), answer);
+                    {
+                        let mut watched = watched.lock().expect("not poisoned");
+                        if watched.closed {
+                            return Upstream::Gone {
+                                reason: "the upstream server had ended".into(),
+                                reply: true,
+                            };
+                        }
+                        watched.guarded.insert(key.clone(), answer);
+                    }
                     if to_upstream.send(carried.unwrap_or(line)).is_err() {
                         watched.lock().expect("not poisoned").guarded.remove(&key);
                         return Upstream::Gone {
@@ -180,59 +206,60 @@ async fn relay(
                     // A call that timed out is no longer waited for upstream.
                     let mut watched = watched.lock().expect("not poisoned");
                     if watched.guarded.remove(&key).is_some() {
-                        watched.abandoned.insert(key);
+                        watched.abandoned.insert(key.clone());
                     }
+                    watched.in_flight.remove(&key);
                 }
                 if let Answer::Reply(reply) = answer {
                     let _ = to_client.send(reply);
                 }
             });
-            continue;
         }
-        match message.get("method").and_then(Value::as_str) {
-            Some("notifications/cancelled") => {
-                let cancelled = message.pointer("/params/requestId").map(Value::to_string);
-                let waiting = cancelled
-                    .and_then(|key| watched.lock().expect("not poisoned").guarded.remove(&key));
-                if let Some(waiting) = waiting {
-                    if let Some(key) = message.pointer("/params/requestId") {
-                        watched
-                            .lock()
-                            .expect("not poisoned")
-                            .abandoned
-                            .insert(key.to_string());
-                    }
-                    let _ = waiting.send(Upstream::Gone {
-                        reason: "the client cancelled the call after it was sent".into(),
-                        reply: false,
-                    });
-                }
-            }
-            Some("tools/list") if guard.policy.annotate => {
-                if let Some(id) = message.get("id") {
-                    watched
-                        .lock()
-                        .expect("not poisoned")
-                        .listings
-                        .insert(id.to_string());
-                }
-            }
-            _ => {}
-        }
-        let _ = to_upstream.send(line);
     }
-    // Closing the upstream's input asks it to exit (the stdio transport's shutdown).
+    // Closing the upstream's input asks it to exit (the stdio transport's shutdown); the calls
+    // in flight keep it open until they are answered, and only then does the upstream's grace
+    // to exit begin.
     drop(to_upstream);
+    while calls.join_next().await.is_some() {}
     client_gone.notify_one();
     if !upstream_ended {
-        // The upstream answers what is in flight, or ends and so answers it with Gone.
         let _ = from_upstream.await;
     }
-    while calls.join_next().await.is_some() {}
     drop(to_client);
     // Every answer reaches the client before the proxy exits.
     let _ = client_written.await;
     Ok(())
+}
+
+/// Notes what a message passing to the upstream means for the calls the proxy watches.
+fn pass(guard: &Guard, watched: &Mutex<Watched>, message: &Value) {
+    let mut watched = watched.lock().expect("not poisoned");
+    if message.get("method").is_some() {
+        if let Some(id) = message.get("id") {
+            // An id reused for a new request: its answer is not a late one to drop.
+            watched.abandoned.remove(&id.to_string());
+        }
+    }
+    match message.get("method").and_then(Value::as_str) {
+        Some("notifications/cancelled") => {
+            let Some(key) = message.pointer("/params/requestId").map(Value::to_string) else {
+                return;
+            };
+            if let Some(waiting) = watched.guarded.remove(&key) {
+                watched.abandoned.insert(key);
+                let _ = waiting.send(Upstream::Gone {
+                    reason: "the client cancelled the call after it was sent".into(),
+                    reply: false,
+                });
+            }
+        }
+        Some("tools/list") if guard.policy.annotate => {
+            if let Some(id) = message.get("id") {
+                watched.listings.insert(id.to_string());
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Reads the upstream's lines: answers to guarded calls go to their waiters; everything else
@@ -287,12 +314,11 @@ async fn read_upstream(
         }
         let _ = to_client.send(line);
     }
-    let waiting: Vec<_> = watched
-        .lock()
-        .expect("not poisoned")
-        .guarded
-        .drain()
-        .collect();
+    let waiting: Vec<_> = {
+        let mut watched = watched.lock().expect("not poisoned");
+        watched.closed = true;
+        watched.guarded.drain().collect()
+    };
     for (_, waiter) in waiting {
         let _ = waiter.send(Upstream::Gone {
             reason: "the upstream server ended before it answered".into(),
