@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -58,11 +59,17 @@ class Orders:
         self.policy = tmp / "policy.toml"
         self.policy.write_text(POLICY)
 
-    def placed(self, order_id: str | None = None) -> list[dict]:
+    def lines(self) -> list[dict]:
         if not self.effects.exists():
             return []
-        orders = [json.loads(line) for line in self.effects.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in self.effects.read_text().splitlines() if line.strip()]
+
+    def placed(self, order_id: str | None = None) -> list[dict]:
+        orders = [o for o in self.lines() if "order_id" in o]
         return [o for o in orders if order_id is None or o["order_id"] == order_id]
+
+    def cancelled(self) -> list[str]:
+        return [line["cancelled"] for line in self.lines() if "cancelled" in line]
 
     def params(self) -> StdioServerParameters:
         return StdioServerParameters(
@@ -309,6 +316,97 @@ def test_messages_that_could_reach_a_guarded_tool_past_the_ledger_are_refused(or
     assert len(refused_reuse) == 1 and len(performed) == 1, answers
     assert "already in use" in refused_reuse[0]["error"]["message"]
     assert [o["order_id"] for o in orders.placed()] == ["o-10"]
+
+
+def test_a_cancelled_call_is_relayed_unknown_and_never_answered(orders):
+    """The client cancels a guarded call after the upstream performed it: the cancellation
+    reaches the upstream, the proxy answers nothing for it, and the ledger holds it UNKNOWN."""
+    env = {"ORDERS_EFFECTS": str(orders.effects), "ORDERS_HOLD": str(orders.hold)}
+    params = orders.params()
+    place = lambda id: {"jsonrpc": "2.0", "id": id, "method": "tools/call",  # noqa: E731
+                        "params": {"name": "place_order", "arguments": {"order_id": "o-20", "amount_cents": 1}}}
+    orders.hold.touch()
+    process = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    seen: list[dict] = []
+    try:
+        def send(message: dict) -> None:
+            process.stdin.write(json.dumps(message).encode() + b"\n")
+            process.stdin.flush()
+
+        def answer_to(id) -> dict:
+            ready = selectors.DefaultSelector()
+            ready.register(process.stdout, selectors.EVENT_READ)
+            while True:
+                assert ready.select(timeout=30), f"no answer to {id}: {seen}"
+                message = json.loads(process.stdout.readline())
+                seen.append(message)
+                if message.get("id") == id:
+                    return message
+
+        send(SESSION[0])
+        answer_to(1)
+        send(SESSION[1])
+        send(place(20))
+        while not orders.placed("o-20"):
+            time.sleep(0.02)
+        send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 20, "reason": "user"}})
+        deadline = time.monotonic() + 30
+        while not orders.cancelled():
+            assert time.monotonic() < deadline, "the cancellation did not reach the upstream"
+            time.sleep(0.02)
+        # The same order again: in progress until the cancelled attempt's report lands, then
+        # UNKNOWN, never performed a second time.
+        n = 100
+        while True:
+            n += 1
+            send(place(n))
+            text = json.dumps(answer_to(n))
+            if "being verified" in text:
+                break
+            assert "already in progress" in text, text
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)
+        orders.hold.unlink()
+        send({"jsonrpc": "2.0", "id": "last", "method": "ping"})
+        answer_to("last")
+    finally:
+        process.kill()
+        process.wait()
+    assert not [m for m in seen if m.get("id") == 20], seen
+    assert orders.cancelled() == ["o-20"]
+    assert len(orders.placed("o-20")) == 1
+
+
+async def test_a_call_longer_than_its_lease_is_kept_alive_by_heartbeats(orders):
+    """The policy's lease is 2 s. A call held past it stays IN_FLIGHT, its lease extended
+    beyond where it began by more than two leases, and then confirms."""
+    def in_flight() -> list[dict]:
+        done = subprocess.run(
+            [str(BIN / "oncectl"), "list", "--state", "IN_FLIGHT", "--json",
+             "--addr", f"http://127.0.0.1:{orders.stack.ledger_port}"],
+            capture_output=True, text=True, check=True)
+        listed = json.loads(done.stdout)
+        return listed if isinstance(listed, list) else listed.get("operations", [])
+
+    def extended() -> bool:
+        for op in in_flight():
+            began = datetime.fromisoformat(op["created_at"])
+            if datetime.fromisoformat(op["lease_deadline"]) - began > timedelta(seconds=4):
+                return True
+        return False
+
+    orders.hold.touch()
+    async with orders.session() as session:
+        call = asyncio.ensure_future(session.call_tool("place_order", {"order_id": "o-30", "amount_cents": 1}))
+        with anyio.fail_after(30):
+            while not await anyio.to_thread.run_sync(extended):
+                await anyio.sleep(0.1)
+        orders.hold.unlink()
+        with anyio.fail_after(30):
+            result = await call
+    assert not result.is_error, texts(result)
+    assert texts(result) == ["order o-30 placed for 1 cents (#1)"]
 
 
 def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp_path):

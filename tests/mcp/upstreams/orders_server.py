@@ -29,7 +29,8 @@ server = MCPServer("orders")
 def placed() -> list[dict]:
     if not EFFECTS.exists():
         return []
-    return [json.loads(line) for line in EFFECTS.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in EFFECTS.read_text().splitlines() if line.strip()]
+    return [line for line in lines if "order_id" in line]
 
 
 # No output schema: a result a reconciler stored from the lookup route is replayed as it is.
@@ -41,8 +42,14 @@ async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str 
     with EFFECTS.open("a") as effects:
         effects.write(json.dumps({"order_id": order_id, "amount_cents": amount_cents, "key": idempotency_key,
                                   "pid": os.getpid()}) + "\n")
-    while HOLD.exists():
-        await asyncio.sleep(0.02)
+    try:
+        while HOLD.exists():
+            await asyncio.sleep(0.02)
+    except asyncio.CancelledError:
+        # The client's cancellation reached this server: say so where the tests look.
+        with EFFECTS.open("a") as effects:
+            effects.write(json.dumps({"cancelled": order_id}) + "\n")
+        raise
     return f"order {order_id} placed for {amount_cents} cents (#{len(placed())})"
 
 

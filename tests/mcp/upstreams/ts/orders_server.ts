@@ -23,7 +23,8 @@ function placed(): Placed[] {
   return readFileSync(effects, "utf8")
     .split("\n")
     .filter((line) => line.trim() !== "")
-    .map((line) => JSON.parse(line) as Placed);
+    .map((line) => JSON.parse(line))
+    .filter((line) => "order_id" in line) as Placed[];
 }
 
 const server = new McpServer({ name: "orders-ts", version: "1.0.0" });
@@ -39,13 +40,18 @@ server.registerTool(
       idempotency_key: z.string().optional(),
     },
   },
-  async ({ order_id, amount_cents, idempotency_key }) => {
+  async ({ order_id, amount_cents, idempotency_key }, extra) => {
     if (amount_cents <= 0) {
       return { content: [{ type: "text", text: `amount_cents must be positive, not ${amount_cents}` }], isError: true };
     }
     const order: Placed = { order_id, amount_cents, key: idempotency_key ?? "", pid: process.pid };
     appendFileSync(effects, JSON.stringify(order) + "\n");
     while (existsSync(hold)) {
+      if (extra.signal.aborted) {
+        // The client's cancellation reached this server: say so where the tests look.
+        appendFileSync(effects, JSON.stringify({ cancelled: order_id }) + "\n");
+        throw new Error("cancelled");
+      }
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
     return { content: [{ type: "text", text: `order ${order_id} placed for ${amount_cents} cents (#${placed().length})` }] };
