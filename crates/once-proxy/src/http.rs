@@ -162,8 +162,9 @@ impl Proxy {
         body: Bytes,
     ) -> Result<reqwest::Response, reqwest::Error> {
         let mut forwarded = reqwest::header::HeaderMap::new();
+        let named = connection_named(headers);
         for (name, value) in headers {
-            if !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length" {
+            if forwardable(name) && !named.contains(&name.as_str().to_owned()) {
                 forwarded.append(name.clone(), value.clone());
             }
         }
@@ -184,11 +185,30 @@ impl Proxy {
     }
 }
 
+/// Whether a header may cross the proxy: not one hop's, and not the body's length (the body
+/// is streamed again).
+fn forwardable(name: &HeaderName) -> bool {
+    !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length"
+}
+
+/// The headers a `Connection` header names: they belong to this hop too.
+fn connection_named(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(axum::http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
 /// The upstream's answer, status, headers and body, streamed as it comes.
 fn relay(upstream: reqwest::Response) -> Response<Body> {
     let mut response = Response::builder().status(upstream.status());
+    let named = connection_named(upstream.headers());
     for (name, value) in upstream.headers() {
-        if !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length" {
+        if forwardable(name) && !named.contains(&name.as_str().to_owned()) {
             response = response.header(name, value);
         }
     }
@@ -434,8 +454,9 @@ async fn listing(
     };
     let code = upstream.status();
     let mut response = Response::builder().status(code);
+    let named = connection_named(upstream.headers());
     for (name, value) in upstream.headers() {
-        if !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length" {
+        if forwardable(name) && !named.contains(&name.as_str().to_owned()) {
             response = response.header(name, value);
         }
     }
@@ -513,6 +534,18 @@ mod tests {
             let raw: Vec<u8> = events.iter().flat_map(|e| e.raw.clone()).collect();
             assert_eq!(raw, stream.to_vec());
         }
+    }
+
+    #[test]
+    fn headers_a_connection_header_names_stay_on_their_hop() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, X-Trace-Hop"),
+        );
+        assert_eq!(connection_named(&headers), ["keep-alive", "x-trace-hop"]);
+        assert!(!forwardable(&HeaderName::from_static("accept-encoding")));
+        assert!(forwardable(&HeaderName::from_static("mcp-session-id")));
     }
 
     #[test]

@@ -126,7 +126,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// SIGTERM or SIGINT.
+/// SIGTERM or SIGINT. A second one, while the proxy stops, ends it at once.
 async fn stopped() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
@@ -138,6 +138,14 @@ async fn stopped() {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                eprintln!("once-proxy: stopped again; exiting now");
+                std::process::exit(130);
+            });
         }
         _ => std::future::pending().await,
     }
