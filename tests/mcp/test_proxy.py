@@ -446,7 +446,8 @@ class HttpOrders(Orders):
     """The upstream served over Streamable HTTP on its own port, the proxy in front of it, and a
     ledger whose `http` reconciler reads the upstream's lookup route."""
 
-    def __init__(self, tmp: Path, backend: str):
+    def __init__(self, tmp: Path, backend: str, language: str = "python"):
+        self.language = language
         self.upstream_port = free_port()
         config = (
             "[reconciliation]\ninterval = \"100ms\"\nfirst_backoff = \"100ms\"\nmax_backoff = \"500ms\"\n\n"
@@ -456,7 +457,7 @@ class HttpOrders(Orders):
             "found_status = [200]\nnot_found_status = [404]\nprovider_ref_pointer = \"/id\"\n"
             "miss_is_authoritative = true\nsettle_time = \"100ms\"\n"
         )
-        super().__init__(make_stack(tmp, backend, "none", reconcile=False, config=config), tmp)
+        super().__init__(make_stack(tmp, backend, "none", reconcile=False, config=config), tmp, language)
         self.policy.write_text(RECONCILED_POLICY)
         self.upstream = None
         self.start_upstream()
@@ -472,7 +473,7 @@ class HttpOrders(Orders):
     def start_upstream(self) -> None:
         env = {**os.environ, "ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)}
         self.upstream = self.stack.spawn_logged(
-            [sys.executable, str(UPSTREAM), "--http", str(self.upstream_port)], self.tmp / "orders-http.log", env=env)
+            [*self.command, "--http", str(self.upstream_port)], self.tmp / "orders-http.log", env=env)
         wait_for("the upstream", lambda: socket.create_connection(("127.0.0.1", self.upstream_port), timeout=1).close() or True)
 
     @contextlib.asynccontextmanager
@@ -501,6 +502,31 @@ def http_orders(tmp_path, backend):
         yield orders
     finally:
         orders.stack.close()
+
+
+@pytest.fixture
+def http_ts_orders(tmp_path, backend):
+    """The TypeScript upstream over Streamable HTTP (stateless), the proxy in front of it."""
+    orders = HttpOrders(tmp_path, backend, "typescript")
+    try:
+        yield orders
+    finally:
+        orders.stack.close()
+
+
+async def test_http_in_front_of_the_typescript_server_a_double_call_runs_once(http_ts_orders):
+    async with http_ts_orders.session() as session:
+        first = await session.call_tool("place_order", {"order_id": "t-1", "amount_cents": 500})
+    async with http_ts_orders.session() as session:
+        again = await session.call_tool("place_order", {"order_id": "t-1", "amount_cents": 500})
+        found = await session.call_tool("get_order", {"order_id": "t-1"})
+        failed = await session.call_tool("place_order", {"order_id": "t-2", "amount_cents": -1})
+    assert not first.is_error, texts(first)
+    assert texts(first) == ["order t-1 placed for 500 cents (#1)"]
+    assert texts(again)[0] == texts(first)[0] and json.loads(texts(again)[-1])["replayed"] is True
+    assert json.loads(texts(found)[0])["order_id"] == "t-1"
+    assert failed.is_error and "being verified" in " ".join(texts(failed)), texts(failed)
+    assert len(http_ts_orders.placed("t-1")) == 1
 
 
 async def test_http_a_double_call_reaches_the_upstream_once_with_progress_relayed(http_orders):

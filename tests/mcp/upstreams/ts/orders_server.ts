@@ -1,11 +1,14 @@
 // An MCP server that knows nothing of once-ledger, built on the TypeScript SDK
-// (@modelcontextprotocol/sdk): the Node upstream once-proxy is tested in front of, over stdio.
+// (@modelcontextprotocol/sdk): the Node upstream once-proxy is tested in front of, over stdio
+// (the default) or over Streamable HTTP with `--http PORT` (stateless: a server per request).
 // Every order it places is one line appended to the file ORDERS_EFFECTS names; while the file
 // ORDERS_HOLD names exists, place_order waits after recording its effect.
 
 import { appendFileSync, existsSync, readFileSync } from "node:fs";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
+import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
+import express from "express";
 import { z } from "zod";
 
 const effects: string = process.env.ORDERS_EFFECTS ?? "";
@@ -27,49 +30,71 @@ function placed(): Placed[] {
     .filter((line) => "order_id" in line) as Placed[];
 }
 
-const server = new McpServer({ name: "orders-ts", version: "1.0.0" });
+function orders(): McpServer {
+  const server = new McpServer({ name: "orders-ts", version: "1.0.0" });
 
-server.registerTool(
-  "place_order",
-  {
-    description: "Place an order: charges the customer.",
-    inputSchema: {
-      order_id: z.string(),
-      amount_cents: z.number().int(),
-      note: z.string().optional(),
-      idempotency_key: z.string().optional(),
+  server.registerTool(
+    "place_order",
+    {
+      description: "Place an order: charges the customer.",
+      inputSchema: {
+        order_id: z.string(),
+        amount_cents: z.number().int(),
+        note: z.string().optional(),
+        idempotency_key: z.string().optional(),
+      },
     },
-  },
-  async ({ order_id, amount_cents, idempotency_key }, extra) => {
-    if (amount_cents <= 0) {
-      return { content: [{ type: "text", text: `amount_cents must be positive, not ${amount_cents}` }], isError: true };
-    }
-    const order: Placed = { order_id, amount_cents, key: idempotency_key ?? "", pid: process.pid };
-    appendFileSync(effects, JSON.stringify(order) + "\n");
-    while (existsSync(hold)) {
-      if (extra.signal.aborted) {
-        // The client's cancellation reached this server: say so where the tests look.
-        appendFileSync(effects, JSON.stringify({ cancelled: order_id }) + "\n");
-        throw new Error("cancelled");
+    async ({ order_id, amount_cents, idempotency_key }, extra) => {
+      if (amount_cents <= 0) {
+        return { content: [{ type: "text", text: `amount_cents must be positive, not ${amount_cents}` }], isError: true };
       }
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
-    return { content: [{ type: "text", text: `order ${order_id} placed for ${amount_cents} cents (#${placed().length})` }] };
-  },
-);
+      const order: Placed = { order_id, amount_cents, key: idempotency_key ?? "", pid: process.pid };
+      appendFileSync(effects, JSON.stringify(order) + "\n");
+      while (existsSync(hold)) {
+        if (extra.signal.aborted) {
+          // The client's cancellation reached this server: say so where the tests look.
+          appendFileSync(effects, JSON.stringify({ cancelled: order_id }) + "\n");
+          throw new Error("cancelled");
+        }
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      return { content: [{ type: "text", text: `order ${order_id} placed for ${amount_cents} cents (#${placed().length})` }] };
+    },
+  );
 
-server.registerTool(
-  "get_order",
-  {
-    description: "Look an order up.",
-    inputSchema: { order_id: z.string() },
-    annotations: { readOnlyHint: true },
-  },
-  async ({ order_id }) => {
-    const found = placed().filter((o) => o.order_id === order_id);
-    const text = found.length > 0 ? JSON.stringify(found[found.length - 1]) : "no such order";
-    return { content: [{ type: "text", text }] };
-  },
-);
+  server.registerTool(
+    "get_order",
+    {
+      description: "Look an order up.",
+      inputSchema: { order_id: z.string() },
+      annotations: { readOnlyHint: true },
+    },
+    async ({ order_id }) => {
+      const found = placed().filter((o) => o.order_id === order_id);
+      const text = found.length > 0 ? JSON.stringify(found[found.length - 1]) : "no such order";
+      return { content: [{ type: "text", text }] };
+    },
+  );
 
-await server.connect(new StdioServerTransport());
+  return server;
+  }
+
+  const http = process.argv.indexOf("--http");
+  if (http === -1) {
+    await orders().connect(new StdioServerTransport());
+  } else {
+    const app = express();
+    app.use(express.json());
+    app.post("/mcp", async (req, res) => {
+      const server = orders();
+      const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
+      res.on("close", () => {
+        void transport.close();
+        void server.close();
+      });
+      await server.connect(transport);
+      await transport.handleRequest(req, res, req.body);
+    });
+    const port = Number(process.argv[http + 1]);
+    app.listen(port, "127.0.0.1");
+  }
