@@ -1,6 +1,7 @@
 """once-proxy in front of an MCP server that knows nothing of the ledger (the Python SDK's
-MCPServer, `upstreams/orders_server.py`), driven by the official Python MCP SDK over stdio, on
-SQLite and PostgreSQL. The upstream counts its side effects in a file."""
+MCPServer or the standalone FastMCP, `upstreams/orders_server.py`, and the TypeScript SDK's,
+`upstreams/ts`), driven by the official Python MCP SDK over stdio and Streamable HTTP, on SQLite
+and PostgreSQL. The upstream counts its side effects in a file."""
 
 from __future__ import annotations
 
@@ -33,7 +34,13 @@ TS_UPSTREAM = [str(UPSTREAMS / "ts" / "node_modules" / ".bin" / "tsx"), str(UPST
 
 
 def upstream_command(language: str) -> list[str]:
-    return [sys.executable, str(UPSTREAM)] if language == "python" else TS_UPSTREAM
+    """The orders server on the Python SDK's MCPServer ("python"), on the standalone FastMCP
+    package ("fastmcp"), or on the TypeScript SDK ("typescript")."""
+    return {
+        "python": [sys.executable, str(UPSTREAM)],
+        "fastmcp": [sys.executable, str(UPSTREAM), "--framework", "fastmcp"],
+        "typescript": TS_UPSTREAM,
+    }[language]
 
 POLICY = """
 status_tool = "get_order"
@@ -91,9 +98,9 @@ class Orders:
                     yield session
 
 
-@pytest.fixture(params=["python", "typescript"])
+@pytest.fixture(params=["python", "fastmcp", "typescript"])
 def orders(tmp_path, backend, request):
-    """A ledger, and once-proxy over stdio in front of the Python or the TypeScript upstream."""
+    """A ledger, and once-proxy over stdio in front of one of the upstreams."""
     assert (BIN / "once-proxy").exists(), f"{BIN / 'once-proxy'} is missing: run cargo build --workspace first"
     assert Path(TS_UPSTREAM[0]).exists(), "the TypeScript upstream's packages are missing: run make test"
     stack = make_stack(tmp_path, backend, "none", reconcile=False)

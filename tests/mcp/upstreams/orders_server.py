@@ -1,5 +1,6 @@
-"""An MCP server that knows nothing of once-ledger, built on the official Python SDK's
-MCPServer (the SDK's FastMCP): the upstream once-proxy guards in the tests.
+"""An MCP server that knows nothing of once-ledger: the Python upstream once-proxy is tested in
+front of, on FastMCP (`--framework fastmcp`, the standalone package) or on the official Python
+SDK's MCPServer (the default).
 
 Every order it places is one line appended to the file `ORDERS_EFFECTS` names: the side effects
 the tests count. While the file `ORDERS_HOLD` names exists, `place_order` waits after recording
@@ -16,14 +17,27 @@ import os
 import sys
 from pathlib import Path
 
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+FASTMCP = "--framework" in sys.argv and sys.argv[sys.argv.index("--framework") + 1] == "fastmcp"
+
+if FASTMCP:
+    from fastmcp import Context, FastMCP
+    from fastmcp.exceptions import ToolError
+
+    server = FastMCP("orders")
+    # No output schema: a result a reconciler stored from the lookup route is replayed as it is.
+    PLACING = {"output_schema": None}
+    READING = {"annotations": {"readOnlyHint": True}}
+else:
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.types import ToolAnnotations
+
+    server = MCPServer("orders")
+    PLACING = {"structured_output": False}
+    READING = {"annotations": ToolAnnotations(readOnlyHint=True)}
 
 EFFECTS = Path(os.environ["ORDERS_EFFECTS"])
 HOLD = Path(os.environ.get("ORDERS_HOLD", "/nonexistent"))
-
-server = MCPServer("orders")
 
 
 def placed() -> list[dict]:
@@ -33,8 +47,7 @@ def placed() -> list[dict]:
     return [line for line in lines if "order_id" in line]
 
 
-# No output schema: a result a reconciler stored from the lookup route is replayed as it is.
-@server.tool(description="Place an order: charges the customer.", structured_output=False)
+@server.tool(description="Place an order: charges the customer.", **PLACING)
 async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str = "", idempotency_key: str = "") -> str:
     if amount_cents <= 0:
         raise ToolError(f"amount_cents must be positive, not {amount_cents}")
@@ -53,7 +66,7 @@ async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str 
     return f"order {order_id} placed for {amount_cents} cents (#{len(placed())})"
 
 
-@server.tool(description="Look an order up.", annotations=ToolAnnotations(readOnlyHint=True))
+@server.tool(description="Look an order up.", **READING)
 def get_order(order_id: str) -> str:
     found = [o for o in placed() if o["order_id"] == order_id]
     return json.dumps(found[-1]) if found else "no such order"
@@ -72,7 +85,13 @@ async def lookup(request):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--http":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    if "--http" in sys.argv:
+        port = int(sys.argv[sys.argv.index("--http") + 1])
+        if FASTMCP:
+            server.run("http", host="127.0.0.1", port=port, show_banner=False)
+        else:
+            server.run("streamable-http", host="127.0.0.1", port=port)
+    elif FASTMCP:
+        server.run(show_banner=False)
     else:
         server.run()
