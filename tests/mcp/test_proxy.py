@@ -89,6 +89,11 @@ class Orders:
             env={"ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)},
         )
 
+    def raw(self) -> "RawSession":
+        """A raw stdio session with the proxy in front of the upstream."""
+        params = self.params()
+        return RawSession([params.command, *params.args], params.env)
+
     @contextlib.asynccontextmanager
     async def session(self):
         with open(self.tmp / "once-proxy.log", "a") as errlog:
@@ -214,36 +219,68 @@ async def test_without_a_ledger_nothing_is_performed(orders):
     assert texts(listed) == ["no such order"]
 
 
+class RawSession:
+    """A client writing raw JSON-RPC lines to an MCP server over stdio, for what an SDK would
+    not send; every line the server writes back is kept, parsed, in `seen`."""
+
+    def __init__(self, command: list[str], env: dict):
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, env={**os.environ, **env})
+        self.ready = selectors.DefaultSelector()
+        self.ready.register(self.process.stdout, selectors.EVENT_READ)
+        self.seen: list = []
+
+    def __enter__(self) -> "RawSession":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def send(self, message) -> None:
+        raw = message if isinstance(message, bytes) else json.dumps(message).encode()
+        self.process.stdin.write(raw + b"\n")
+        self.process.stdin.flush()
+
+    def line(self) -> bytes:
+        """The next line the server writes, byte for byte."""
+        assert self.ready.select(timeout=30), f"no answer after {self.seen}"
+        line = self.process.stdout.readline()
+        assert line, f"the server closed its output after {self.seen}"
+        self.seen.append(json.loads(line))
+        return line
+
+    def answer(self):
+        self.line()
+        return self.seen[-1]
+
+    def answer_to(self, id) -> dict:
+        while True:
+            message = self.answer()
+            if isinstance(message, dict) and message.get("id") == id:
+                return message
+
+    def initialize(self) -> None:
+        self.send(SESSION[0])
+        self.answer_to(1)
+        self.send(SESSION[1])
+
+
 def converse(command: list[str], env: dict, messages: list[dict], answers: int) -> list[bytes]:
-    """Writes `messages` as raw lines to an MCP server over stdio, the first (initialize) alone
-    and the rest once it is answered, as a client does, and returns the first `answers` lines
-    it writes back, byte for byte."""
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               env={**os.environ, **env})
-    try:
-        ready = selectors.DefaultSelector()
-        ready.register(process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 30
-        lines = []
+    """Writes `messages` raw, the first (initialize) alone and the rest once it is answered, as a
+    client does, and returns the first `answers` lines written back, byte for byte."""
+    with RawSession(command, env) as session:
+        session.send(messages[0])
+        lines = [session.line()]
+        for message in messages[1:]:
+            session.send(message)
+        return lines + [session.line() for _ in range(answers - 1)]
 
-        def read(count: int) -> None:
-            while len(lines) < count:
-                assert time.monotonic() < deadline, f"only {len(lines)} answers: {lines}"
-                if ready.select(timeout=1):
-                    line = process.stdout.readline()
-                    assert line, f"the server closed its output after {lines}"
-                    lines.append(line)
 
-        for n, message in enumerate(messages):
-            process.stdin.write(json.dumps(message).encode() + b"\n")
-            process.stdin.flush()
-            if n == 0:
-                read(1)
-        read(answers)
-        return lines
-    finally:
-        process.kill()
-        process.wait()
+def place(id, order: str) -> dict:
+    """A raw place_order request."""
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "place_order", "arguments": {"order_id": order, "amount_cents": 1}}}
 
 
 SESSION = [
@@ -273,46 +310,20 @@ def test_messages_that_could_reach_a_guarded_tool_past_the_ledger_are_refused(or
     """A batch carrying a guarded call (refused whole), keys respelled for a lenient decoder,
     bytes that cannot be parsed but mention tools/call, and a guarded call under an id already
     in flight: each is answered with an error and none reaches the upstream."""
-    env = {"ORDERS_EFFECTS": str(orders.effects), "ORDERS_HOLD": str(orders.hold)}
-    params = orders.params()
-    place = lambda id, order: {"jsonrpc": "2.0", "id": id, "method": "tools/call",  # noqa: E731
-                               "params": {"name": "place_order", "arguments": {"order_id": order, "amount_cents": 1}}}
     orders.hold.touch()
-    messages = [
-        *SESSION[:2],
-        [place(7, "o-8"), {"jsonrpc": "2.0", "id": 8, "method": "ping"}],
-        {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-         "params": {"name": "get_order", "Name": "place_order", "arguments": {"order_id": "o-9", "amount_cents": 1}}},
-        place(10, "o-10"),
-    ]
-    process = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, env={**os.environ, **env})
-    try:
-        def send(raw: bytes) -> None:
-            process.stdin.write(raw + b"\n")
-            process.stdin.flush()
-
-        def answer() -> dict:
-            ready = selectors.DefaultSelector()
-            ready.register(process.stdout, selectors.EVENT_READ)
-            assert ready.select(timeout=30), "no answer"
-            return json.loads(process.stdout.readline())
-
-        send(json.dumps(messages[0]).encode())
-        assert answer()["id"] == 1
-        for message in messages[1:]:
-            send(json.dumps(message).encode())
+    with orders.raw() as session:
+        session.initialize()
+        session.send([place(7, "o-8"), {"jsonrpc": "2.0", "id": 8, "method": "ping"}])
+        session.send({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                      "params": {"name": "get_order", "Name": "place_order", "arguments": {"order_id": "o-9"}}})
+        session.send(place(10, "o-10"))
         # The held call o-10 is in flight; the same id again, and a line that cannot be parsed.
-        while not orders.placed("o-10"):
-            time.sleep(0.02)
-        send(json.dumps(place(10, "o-11")).encode())
-        send(b'{"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "place_order"')
-        answers = [answer() for _ in range(4)]
+        wait_for("the held call's effect", lambda: orders.placed("o-10"))
+        session.send(place(10, "o-11"))
+        session.send(b'{"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "place_order"')
+        answers = [session.answer() for _ in range(4)]
         orders.hold.unlink()
-        answers.append(answer())
-    finally:
-        process.kill()
-        process.wait()
+        answers.append(session.answer())
     batch = next(a for a in answers if isinstance(a, list))
     assert [e["id"] for e in batch] == [7, 8] and all(e["error"]["code"] == -32600 for e in batch), batch
     single = {a["id"]: a for a in answers if isinstance(a, dict)}
@@ -325,62 +336,59 @@ def test_messages_that_could_reach_a_guarded_tool_past_the_ledger_are_refused(or
     assert [o["order_id"] for o in orders.placed()] == ["o-10"]
 
 
+def test_a_call_past_its_timeout_is_unknown_and_its_late_answer_reaches_no_other_call(orders):
+    """The upstream answers after the policy's timeout: the call was answered UNKNOWN, the late
+    answer is dropped, and its id cannot carry a new guarded call meanwhile (the late answer
+    would be taken for the new call's and stored as its result)."""
+    orders.policy.write_text(POLICY.replace('timeout = "30s"', 'timeout = "500ms"'))
+    orders.hold.touch()
+    with orders.raw() as session:
+        session.initialize()
+        session.send(place(40, "o-40"))
+        timed_out = json.dumps(session.answer_to(40))
+        assert "being verified" in timed_out, timed_out
+        # A fresh order under the id whose answer is still to come: refused, not performed.
+        session.send(place(40, "o-41"))
+        reused = session.answer_to(40)
+        assert "error" in reused and "o-41" not in json.dumps(orders.placed()), reused
+        orders.hold.unlink()
+        session.send(place(41, "o-40"))
+        again = json.dumps(session.answer_to(41))
+        session.send({"jsonrpc": "2.0", "id": "last", "method": "ping"})
+        session.answer_to("last")
+    assert "being verified" in again, again
+    assert not [m for m in session.seen if isinstance(m, dict) and m.get("id") == 40 and "result" in m
+                and "placed" in json.dumps(m)], session.seen
+    assert [o["order_id"] for o in orders.placed()] == ["o-40"]
+
+
 def test_a_cancelled_call_is_relayed_unknown_and_never_answered(orders):
     """The client cancels a guarded call after the upstream performed it: the cancellation
     reaches the upstream, the proxy answers nothing for it, and the ledger holds it UNKNOWN."""
-    env = {"ORDERS_EFFECTS": str(orders.effects), "ORDERS_HOLD": str(orders.hold)}
-    params = orders.params()
-    place = lambda id: {"jsonrpc": "2.0", "id": id, "method": "tools/call",  # noqa: E731
-                        "params": {"name": "place_order", "arguments": {"order_id": "o-20", "amount_cents": 1}}}
     orders.hold.touch()
-    process = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, env={**os.environ, **env})
-    seen: list[dict] = []
-    try:
-        def send(message: dict) -> None:
-            process.stdin.write(json.dumps(message).encode() + b"\n")
-            process.stdin.flush()
-
-        def answer_to(id) -> dict:
-            ready = selectors.DefaultSelector()
-            ready.register(process.stdout, selectors.EVENT_READ)
-            while True:
-                assert ready.select(timeout=30), f"no answer to {id}: {seen}"
-                message = json.loads(process.stdout.readline())
-                seen.append(message)
-                if message.get("id") == id:
-                    return message
-
-        send(SESSION[0])
-        answer_to(1)
-        send(SESSION[1])
-        send(place(20))
-        while not orders.placed("o-20"):
-            time.sleep(0.02)
-        send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 20, "reason": "user"}})
-        deadline = time.monotonic() + 30
-        while not orders.cancelled():
-            assert time.monotonic() < deadline, "the cancellation did not reach the upstream"
-            time.sleep(0.02)
+    with orders.raw() as session:
+        session.initialize()
+        session.send(place(20, "o-20"))
+        wait_for("the held call's effect", lambda: orders.placed("o-20"))
+        session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 20, "reason": "user"}})
+        wait_for("the cancellation to reach the upstream", orders.cancelled)
         # The same order again: in progress until the cancelled attempt's report lands, then
         # UNKNOWN, never performed a second time.
-        n = 100
-        while True:
-            n += 1
-            send(place(n))
-            text = json.dumps(answer_to(n))
-            if "being verified" in text:
-                break
-            assert "already in progress" in text, text
-            assert time.monotonic() < deadline, text
-            time.sleep(0.05)
+        asked = iter(range(100, 10_000))
+        texts_seen: list[str] = []
+
+        def verified() -> bool:
+            n = next(asked)
+            session.send(place(n, "o-20"))
+            texts_seen.append(json.dumps(session.answer_to(n)))
+            return "being verified" in texts_seen[-1]
+
+        wait_for("the cancelled call to be UNKNOWN", verified)
+        assert all("being verified" in t or "already in progress" in t for t in texts_seen), texts_seen
         orders.hold.unlink()
-        send({"jsonrpc": "2.0", "id": "last", "method": "ping"})
-        answer_to("last")
-    finally:
-        process.kill()
-        process.wait()
-    assert not [m for m in seen if m.get("id") == 20], seen
+        session.send({"jsonrpc": "2.0", "id": "last", "method": "ping"})
+        session.answer_to("last")
+    assert not [m for m in session.seen if isinstance(m, dict) and m.get("id") == 20], session.seen
     assert orders.cancelled() == ["o-20"]
     assert len(orders.placed("o-20")) == 1
 
@@ -393,8 +401,7 @@ async def test_a_call_longer_than_its_lease_is_kept_alive_by_heartbeats(orders):
             [str(BIN / "oncectl"), "list", "--state", "IN_FLIGHT", "--json",
              "--addr", f"http://127.0.0.1:{orders.stack.ledger_port}"],
             capture_output=True, text=True, check=True)
-        listed = json.loads(done.stdout)
-        return listed if isinstance(listed, list) else listed.get("operations", [])
+        return json.loads(done.stdout)["operations"]
 
     def extended() -> bool:
         for op in in_flight():
@@ -417,23 +424,22 @@ async def test_a_call_longer_than_its_lease_is_kept_alive_by_heartbeats(orders):
 
 
 def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp_path):
-    effects = {"ORDERS_EFFECTS": str(tmp_path / "effects.jsonl")}
-    upstream = ["--against", "--", sys.executable, str(UPSTREAM)]
-    covered = tmp_path / "covered.toml"
-    covered.write_text(POLICY)
-    done = subprocess.run([str(BIN / "once-proxy"), "check", str(covered), *upstream],
-                          capture_output=True, text=True, env={**os.environ, **effects}, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    def check(policy: str) -> tuple[int, dict[str, str]]:
+        path = tmp_path / "policy.toml"
+        path.write_text(policy)
+        done = subprocess.run(
+            [str(BIN / "once-proxy"), "check", str(path), "--against", "--", sys.executable, str(UPSTREAM)],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "ORDERS_EFFECTS": str(tmp_path / "effects.jsonl")})
+        return done.returncode, {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+
+    code, lines = check(POLICY)
+    assert code == 0, lines
     assert "guarded, intent order" in lines["place_order"]
     assert "passes through (readOnlyHint)" in lines["get_order"]
 
-    empty = tmp_path / "empty.toml"
-    empty.write_text("[tools.refund_order]\n")
-    done = subprocess.run([str(BIN / "once-proxy"), "check", str(empty), *upstream],
-                          capture_output=True, text=True, env={**os.environ, **effects}, timeout=60)
-    assert done.returncode == 1, done.stdout + done.stderr
-    lines = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    code, lines = check("[tools.refund_order]\n")
+    assert code == 1, lines
     assert "WARNING: may change state" in lines["place_order"]
     assert "lists no such tool" in lines["refund_order"]
     assert "WARNING" not in lines["get_order"]

@@ -159,11 +159,14 @@ async fn relay(
             }
         };
         {
+            // An id whose answer may still come (a call in flight, or one given up on) cannot
+            // carry a new guarded call: that answer would be taken for the new call's.
             let key = message["id"].to_string();
             let mut watched = watched.lock().expect("not poisoned");
-            if !watched.in_flight.insert(key) {
+            if watched.abandoned.contains(&key) || !watched.in_flight.insert(key) {
                 drop(watched);
-                let why = "a guarded call's id is already in use by a call in flight";
+                let why =
+                    "a guarded call's id is already in use by a call whose answer may still come";
                 if let Some(answer) = refusal(&message, why) {
                     let _ = to_client.send(answer);
                 }
