@@ -2,7 +2,6 @@
 //! policy leaves open.
 
 use std::fmt::Write as _;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -51,7 +50,10 @@ pub fn report(policy: &Policy, tools: &[Listed]) -> (String, bool) {
         let (guarded, verdict) = match (policy.guarded(&tool.name), hints.is_empty()) {
             (Some(guarded), _) => {
                 let named = match &guarded.intent {
-                    Some(parts) => format!("intent {}", parts.join(" · ")),
+                    Some(parts) => {
+                        let parts: Vec<&str> = parts.iter().map(|p| p.as_str()).collect();
+                        format!("intent {}", parts.join(" · "))
+                    }
                     None => "named by its arguments or an explicit key".to_owned(),
                 };
                 ("yes", format!("guarded, {named}"))
@@ -84,17 +86,7 @@ pub fn report(policy: &Policy, tools: &[Listed]) -> (String, bool) {
 
 /// Starts `command`, initializes an MCP session over stdio and lists every page of its tools.
 async fn list_tools(command: &[String]) -> anyhow::Result<Vec<Listed>> {
-    let (program, args) = command
-        .split_first()
-        .ok_or_else(|| anyhow::anyhow!("name the MCP server to check after --"))?;
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
+    let mut child = crate::stdio::spawn_upstream(command)?;
     let mut input = child.stdin.take().expect("piped");
     let mut output = BufReader::new(child.stdout.take().expect("piped"));
     let mut next_id = 0;

@@ -83,14 +83,6 @@ pub fn may_call_a_tool(raw: &[u8]) -> bool {
 }
 
 impl Guard {
-    /// The tool a `tools/call` request names, when the policy guards it.
-    pub fn guards<'m>(&self, message: &'m Value) -> Option<(&'m str, &ToolPolicy)> {
-        match self.inspect(message) {
-            Seen::Guarded(tool, policy) => Some((tool, policy)),
-            _ => None,
-        }
-    }
-
     /// What to do with `message`. Fails closed: a message that a more lenient reader could take
     /// for a guarded call is refused rather than forwarded.
     pub fn inspect<'m>(&self, message: &'m Value) -> Seen<'m, '_> {

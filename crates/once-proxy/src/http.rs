@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::guard::{
     annotate, may_call_a_tool, refusal, unparseable, Answer, Guard, Seen, Upstream,
 };
+use crate::policy::ToolPolicy;
 
 /// The largest request body the proxy reads.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -129,8 +130,9 @@ async fn handle(
                         None => status(StatusCode::ACCEPTED, ""),
                     }
                 }
-                Seen::Guarded(..) if method == Method::POST => {
-                    return guarded(proxy, headers, query, body, message).await
+                Seen::Guarded(tool, policy) if method == Method::POST => {
+                    let (tool, policy) = (tool.to_owned(), policy.clone());
+                    return guarded(proxy, (tool, policy), headers, query, body, message).await;
                 }
                 Seen::Guarded(..) => {
                     return status(
@@ -162,11 +164,8 @@ impl Proxy {
         body: Bytes,
     ) -> Result<reqwest::Response, reqwest::Error> {
         let mut forwarded = reqwest::header::HeaderMap::new();
-        let named = connection_named(headers);
-        for (name, value) in headers {
-            if forwardable(name) && !named.contains(&name.as_str().to_owned()) {
-                forwarded.append(name.clone(), value.clone());
-            }
+        for (name, value) in crossing(headers) {
+            forwarded.append(name.clone(), value.clone());
         }
         for (name, value) in &self.headers {
             forwarded.insert(name.clone(), value.clone());
@@ -185,34 +184,42 @@ impl Proxy {
     }
 }
 
-/// Whether a header may cross the proxy: not one hop's, and not the body's length (the body
-/// is streamed again).
-fn forwardable(name: &HeaderName) -> bool {
-    !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length"
-}
-
-/// The headers a `Connection` header names: they belong to this hop too.
-fn connection_named(headers: &HeaderMap) -> Vec<String> {
-    headers
+/// The headers that cross the proxy: not one hop's (nor any its `Connection` header names),
+/// and not the body's length (the body is streamed again).
+fn crossing(headers: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    let named: Vec<String> = headers
         .get_all(axum::http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty())
-        .collect()
+        .collect();
+    headers.iter().filter(move |(name, _)| {
+        let name = name.as_str();
+        !HOP_BY_HOP.contains(&name) && name != "content-length" && !named.iter().any(|n| n == name)
+    })
+}
+
+/// The start of the client's answer: the upstream's status and the headers that cross.
+fn answer_head(upstream: &reqwest::Response) -> axum::http::response::Builder {
+    crossing(upstream.headers()).fold(
+        Response::builder().status(upstream.status()),
+        |response, (name, value)| response.header(name, value),
+    )
+}
+
+/// Whether the upstream answers with an SSE stream rather than one JSON body.
+fn is_event_stream(upstream: &reqwest::Response) -> bool {
+    upstream
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// The upstream's answer, status, headers and body, streamed as it comes.
 fn relay(upstream: reqwest::Response) -> Response<Body> {
-    let mut response = Response::builder().status(upstream.status());
-    let named = connection_named(upstream.headers());
-    for (name, value) in upstream.headers() {
-        if forwardable(name) && !named.contains(&name.as_str().to_owned()) {
-            response = response.header(name, value);
-        }
-    }
-    response
+    answer_head(&upstream)
         .body(Body::from_stream(upstream.bytes_stream()))
         .unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY, "once-proxy: a bad upstream answer"))
 }
@@ -295,6 +302,7 @@ fn answers(data: &str, id: &Value) -> bool {
 /// the answer (progress, requests to the client) reach the client as they come.
 async fn guarded(
     proxy: Arc<Proxy>,
+    (tool, policy): (String, ToolPolicy),
     headers: HeaderMap,
     query: Option<String>,
     body: Bytes,
@@ -304,10 +312,6 @@ async fn guarded(
     let (answered, answer) = oneshot::channel::<Answer>();
     let call = proxy.clone();
     proxy.calls.spawn(async move {
-        let (tool, policy) = match call.guard.guards(&message) {
-            Some((tool, policy)) => (tool.to_owned(), policy.clone()),
-            None => return,
-        };
         let forward = |carried: Option<Vec<u8>>| {
             let body = carried.map(Bytes::from).unwrap_or(body);
             forward(&call, headers, query, body, &message["id"], events)
@@ -401,11 +405,7 @@ async fn forward(
         Err(error) => return gone(format!("the upstream request failed: {error}")),
     };
     let code = upstream.status();
-    let event_stream = upstream
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let event_stream = is_event_stream(&upstream);
     if !code.is_success() {
         let text = upstream.text().await.unwrap_or_default();
         return Upstream::Refused {
@@ -452,19 +452,8 @@ async fn listing(
         Ok(upstream) => upstream,
         Err(error) => return unreachable_upstream(&error),
     };
-    let code = upstream.status();
-    let mut response = Response::builder().status(code);
-    let named = connection_named(upstream.headers());
-    for (name, value) in upstream.headers() {
-        if forwardable(name) && !named.contains(&name.as_str().to_owned()) {
-            response = response.header(name, value);
-        }
-    }
-    let event_stream = upstream
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let response = answer_head(&upstream);
+    let event_stream = is_event_stream(&upstream);
     let Ok(bytes) = upstream.bytes().await else {
         return status(
             StatusCode::BAD_GATEWAY,
@@ -543,9 +532,17 @@ mod tests {
             "connection",
             HeaderValue::from_static("keep-alive, X-Trace-Hop"),
         );
-        assert_eq!(connection_named(&headers), ["keep-alive", "x-trace-hop"]);
-        assert!(!forwardable(&HeaderName::from_static("accept-encoding")));
-        assert!(forwardable(&HeaderName::from_static("mcp-session-id")));
+        for name in [
+            "x-trace-hop",
+            "accept-encoding",
+            "content-length",
+            "mcp-session-id",
+        ] {
+            headers.insert(name, HeaderValue::from_static("1"));
+        }
+        let crossed: Vec<&str> = crossing(&headers).map(|(name, _)| name.as_str()).collect();
+        // The names a Connection header lists stay on their hop, as do the hop's own headers.
+        assert_eq!(crossed, ["mcp-session-id"]);
     }
 
     #[test]

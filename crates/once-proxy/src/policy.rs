@@ -58,14 +58,14 @@ pub struct Policy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolPolicy {
-    pub intent: Option<Vec<String>>,
+    pub intent: Option<Vec<Template>>,
     #[serde(default)]
     pub volatile: Vec<String>,
     #[serde(default = "default_key_sources")]
     pub key: Vec<KeySource>,
     pub provider: Option<String>,
     #[serde(default)]
-    pub lookup_hints: BTreeMap<String, String>,
+    pub lookup_hints: BTreeMap<String, Template>,
     #[serde(default, with = "humantime_serde_opt")]
     pub lease: Option<Duration>,
     #[serde(default = "default_timeout", with = "humantime_serde")]
@@ -78,7 +78,8 @@ pub struct ToolPolicy {
 }
 
 /// Where the proxy puts the attempt's provider key in the call it forwards.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
 pub enum KeySink {
     /// The top-level argument of this name (set, or replaced).
     Argument(String),
@@ -89,17 +90,16 @@ pub enum KeySink {
 /// The `_meta` key a forwarded call carries the attempt's provider key under.
 pub const META_PROVIDER_KEY: &str = "once/provider_key";
 
-impl<'de> Deserialize<'de> for KeySink {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        match text.as_str() {
-            "meta" => Ok(KeySink::Meta),
-            other => match other.strip_prefix("argument:") {
-                Some(name) if !name.is_empty() => Ok(KeySink::Argument(name.to_owned())),
-                _ => Err(serde::de::Error::custom(format!(
-                    "provider_key {other:?}: expected \"argument:NAME\" or \"meta\""
-                ))),
-            },
+impl TryFrom<String> for KeySink {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        match KeySource::try_from(text.clone()) {
+            Ok(KeySource::Argument(name)) => Ok(KeySink::Argument(name)),
+            Ok(KeySource::Meta) => Ok(KeySink::Meta),
+            _ => Err(format!(
+                "provider_key {text:?}: expected \"argument:NAME\" or \"meta\""
+            )),
         }
     }
 }
@@ -146,7 +146,8 @@ pub enum OnError {
 }
 
 /// Where an explicit idempotency key may come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
 pub enum KeySource {
     /// A top-level string argument of this name.
     Argument(String),
@@ -156,17 +157,18 @@ pub enum KeySource {
     Request,
 }
 
-impl<'de> Deserialize<'de> for KeySource {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
+impl TryFrom<String> for KeySource {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
         match text.as_str() {
             "meta" => Ok(KeySource::Meta),
             "request" => Ok(KeySource::Request),
             other => match other.strip_prefix("argument:") {
                 Some(name) if !name.is_empty() => Ok(KeySource::Argument(name.to_owned())),
-                _ => Err(serde::de::Error::custom(format!(
+                _ => Err(format!(
                     "key source {other:?}: expected \"argument:NAME\", \"meta\" or \"request\""
-                ))),
+                )),
             },
         }
     }
@@ -218,15 +220,9 @@ impl Policy {
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Self> {
+        // Templates are parsed here, once: a malformed one refuses the policy.
         let policy: Policy = toml::from_str(text)?;
         for (tool, guarded) in &policy.tools {
-            for part in guarded.intent.iter().flatten() {
-                Template::parse(part).map_err(|e| anyhow::anyhow!("tools.{tool}.intent: {e}"))?;
-            }
-            for (name, hint) in &guarded.lookup_hints {
-                Template::parse(hint)
-                    .map_err(|e| anyhow::anyhow!("tools.{tool}.lookup_hints.{name}: {e}"))?;
-            }
             if guarded.intent.as_ref().is_some_and(Vec::is_empty) {
                 anyhow::bail!("tools.{tool}.intent: name at least one part, or leave it out");
             }
@@ -247,34 +243,37 @@ impl ToolPolicy {
             Some(object @ Value::Object(_)) => object.clone(),
             Some(_) => return Err(Unnamed("the tool's arguments are not an object".into())),
         };
-        let mut spec = OperationSpec::new(tool, arguments.clone()).volatile(self.volatile.clone());
         // The business intent names the operation whatever key the caller sends: a model that
         // re-issues a call with a fresh key is still asking for the same action. Without an
         // intent, an explicit key is the caller's word for "this one action"; without either,
         // the arguments name it.
-        match &self.intent {
-            Some(parts) => {
-                let parts = parts
+        let intent = match &self.intent {
+            Some(parts) => Some(
+                parts
                     .iter()
-                    .map(|part| Template::parse(part).and_then(|t| t.intent_part(&arguments)))
+                    .map(|part| part.intent_part(&arguments))
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(Unnamed)?;
-                spec = spec.intent_parts(parts);
-            }
-            None => {
-                if let Some(key) = self.explicit_key(&arguments, params) {
-                    spec = spec.explicit(format!("{tool}:x:{key}"));
-                }
-            }
+                    .map_err(Unnamed)?,
+            ),
+            None => None,
+        };
+        let key = match intent {
+            Some(_) => None,
+            None => self.explicit_key(&arguments, params),
+        };
+        let hints = self
+            .lookup_hints
+            .iter()
+            .map(|(name, hint)| Ok((name.clone(), hint.render(&arguments)?)))
+            .collect::<Result<Map<_, _>, String>>()
+            .map_err(Unnamed)?;
+        let mut spec = OperationSpec::new(tool, arguments).volatile(self.volatile.clone());
+        match (intent, key) {
+            (Some(parts), _) => spec = spec.intent_parts(parts),
+            (None, Some(key)) => spec = spec.explicit(format!("{tool}:x:{key}")),
+            (None, None) => {}
         }
         if let Some(provider) = &self.provider {
-            let mut hints = Map::new();
-            for (name, hint) in &self.lookup_hints {
-                let value = Template::parse(hint)
-                    .and_then(|t| t.render(&arguments))
-                    .map_err(Unnamed)?;
-                hints.insert(name.clone(), value);
-            }
             spec = spec.provider(provider.clone(), Value::Object(hints));
         }
         if let Some(lease) = self.lease {
@@ -301,23 +300,30 @@ impl ToolPolicy {
     }
 }
 
-/// A template: literal text with `{/json/pointer}` holes filled from the arguments.
-#[derive(Debug, PartialEq)]
-enum Piece<'t> {
-    Text(&'t str),
-    Pointer(&'t str),
+/// One piece of a template: literal text, or a JSON pointer into the arguments.
+#[derive(Debug, Clone, PartialEq)]
+enum Piece {
+    Text(String),
+    Pointer(String),
 }
 
-#[derive(Debug)]
-struct Template<'t>(Vec<Piece<'t>>);
+/// A template: literal text with `{/json/pointer}` holes filled from the arguments.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Template {
+    text: String,
+    pieces: Vec<Piece>,
+}
 
-impl<'t> Template<'t> {
-    fn parse(text: &'t str) -> Result<Self, String> {
+impl TryFrom<String> for Template {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
         let mut pieces = Vec::new();
-        let mut rest = text;
+        let mut rest = text.as_str();
         while let Some(open) = rest.find('{') {
             if open > 0 {
-                pieces.push(Piece::Text(&rest[..open]));
+                pieces.push(Piece::Text(rest[..open].to_owned()));
             }
             let close = rest[open..]
                 .find('}')
@@ -329,22 +335,29 @@ impl<'t> Template<'t> {
                     "{text:?}: {{{pointer}}} is not a JSON pointer (they start with '/')"
                 ));
             }
-            pieces.push(Piece::Pointer(pointer));
+            pieces.push(Piece::Pointer(pointer.to_owned()));
             rest = &rest[close + 1..];
         }
         if !rest.is_empty() {
-            pieces.push(Piece::Text(rest));
+            pieces.push(Piece::Text(rest.to_owned()));
         }
-        Ok(Self(pieces))
+        Ok(Self { text, pieces })
+    }
+}
+
+impl Template {
+    /// The template as the policy wrote it.
+    pub fn as_str(&self) -> &str {
+        &self.text
     }
 
     /// The value a template of one pointer names, kept as it is; otherwise the text.
     fn render(&self, arguments: &Value) -> Result<Value, String> {
-        if let [Piece::Pointer(pointer)] = self.0.as_slice() {
+        if let [Piece::Pointer(pointer)] = self.pieces.as_slice() {
             return lookup(arguments, pointer).cloned();
         }
         let mut out = String::new();
-        for piece in &self.0 {
+        for piece in &self.pieces {
             match piece {
                 Piece::Text(text) => out.push_str(text),
                 Piece::Pointer(pointer) => match lookup(arguments, pointer)? {

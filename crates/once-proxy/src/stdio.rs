@@ -39,17 +39,7 @@ struct Watched {
 /// Runs `command` as the upstream server and relays between it and this process's stdio until
 /// either side ends. Returns the upstream's exit code.
 pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
-    let (program, args) = command
-        .split_first()
-        .ok_or_else(|| anyhow::anyhow!("name the MCP server to run after --"))?;
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
+    let mut child = spawn_upstream(command)?;
     let upstream_in = child.stdin.take().expect("piped");
     let upstream_out = child.stdout.take().expect("piped");
     tracing::info!(command = %command.join(" "), "once-proxy relaying stdio");
@@ -93,6 +83,22 @@ pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
     };
     code?;
     Ok(status.code().unwrap_or(1))
+}
+
+/// Starts the upstream MCP server `command` names, its stdin and stdout piped to this process,
+/// its stderr this process's; killed if dropped.
+pub fn spawn_upstream(command: &[String]) -> anyhow::Result<tokio::process::Child> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("name the MCP server to run after --"))?;
+    tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))
 }
 
 /// Relays until the client's input ends or the upstream's output does, then waits for the
