@@ -103,6 +103,21 @@ struct Figures {
     failed: u64,
 }
 
+impl Figures {
+    /// A rate alone, as pgbench reports it.
+    fn rate(system: System, callers: usize, per_second: f64) -> Self {
+        Self {
+            system,
+            callers,
+            per_second,
+            first_p50: None,
+            first_p99: None,
+            cycle_p99: None,
+            failed: 0,
+        }
+    }
+}
+
 /// A running `onced` and where it serves.
 struct Ledger {
     child: tokio::process::Child,
@@ -450,15 +465,7 @@ async fn run(
                     let (tps, _) = pgbench
                         .run("claim_confirm.sql", callers, args.seconds, false)
                         .await?;
-                    let mut figures = Figures {
-                        system: System::Pgbench,
-                        callers,
-                        per_second: tps,
-                        first_p50: None,
-                        first_p99: None,
-                        cycle_p99: None,
-                        failed: 0,
-                    };
+                    let mut figures = Figures::rate(System::Pgbench, callers, tps);
                     if callers == 1 {
                         let (_, mut claims) =
                             pgbench.run("claim.sql", 1, args.seconds, true).await?;
@@ -482,15 +489,7 @@ async fn run(
         let (batches, _) = pgbench
             .run("batched_cycles.sql", 4, args.seconds, false)
             .await?;
-        let rows = Figures {
-            system: System::BatchedRows,
-            callers: most,
-            per_second: batches * BATCHED_CYCLES,
-            first_p50: None,
-            first_p99: None,
-            cycle_p99: None,
-            failed: 0,
-        };
+        let rows = Figures::rate(System::BatchedRows, most, batches * BATCHED_CYCLES);
         for figures in [alone, rows] {
             show(&figures);
             all.push(figures);
