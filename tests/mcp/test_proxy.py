@@ -119,6 +119,23 @@ def texts(result) -> list[str]:
     return [block.text for block in result.content]
 
 
+async def effect_of(orders: "Orders", order_id: str) -> None:
+    """Waits, without blocking the event loop, until the upstream has placed `order_id`."""
+    with anyio.fail_after(20):
+        while not orders.placed(order_id):
+            await anyio.sleep(0.02)
+
+
+async def call_while(session, arguments: dict, says: str):
+    """Calls place_order until its answer no longer says `says`; that answer."""
+    with anyio.fail_after(30):
+        while True:
+            answer = await session.call_tool("place_order", arguments)
+            if says not in " ".join(texts(answer)):
+                return answer
+            await anyio.sleep(0.05)
+
+
 async def test_a_double_call_reaches_the_upstream_once_and_replays_verbatim(orders):
     async with orders.session() as session:
         first = await session.call_tool("place_order", {"order_id": "o-1", "amount_cents": 500})
@@ -192,9 +209,7 @@ async def test_the_upstream_killed_mid_call_is_unknown_never_a_second_effect(ord
     orders.hold.touch()
     async with orders.session() as session:
         call = asyncio.ensure_future(session.call_tool("place_order", {"order_id": "o-6", "amount_cents": 300}))
-        with anyio.fail_after(20):
-            while not orders.placed("o-6"):
-                await anyio.sleep(0.02)
+        await effect_of(orders, "o-6")
         pids = {o["pid"] for o in orders.placed("o-6")}
         for pid in pids:
             subprocess.run(["kill", "-9", str(pid)], check=True)
@@ -588,12 +603,7 @@ async def test_http_a_retry_after_a_dropped_stream_runs_once(http_orders):
     http_orders.hold.unlink()
 
     async with http_orders.session() as mcp_session:
-        with anyio.fail_after(30):
-            while True:
-                again = await mcp_session.call_tool("place_order", {"order_id": "h-2", "amount_cents": 200})
-                if "already in progress" not in " ".join(texts(again)):
-                    break
-                await anyio.sleep(0.05)
+        again = await call_while(mcp_session, {"order_id": "h-2", "amount_cents": 200}, "already in progress")
     assert not again.is_error, texts(again)
     assert texts(again)[0] == "order h-2 placed for 200 cents (#1)"
     assert json.loads(texts(again)[-1])["replayed"] is True
@@ -604,9 +614,7 @@ async def test_http_the_upstream_killed_mid_call_is_unknown_then_reconciled(http
     http_orders.hold.touch()
     async with http_orders.session() as session:
         call = asyncio.ensure_future(session.call_tool("place_order", {"order_id": "h-3", "amount_cents": 300}))
-        with anyio.fail_after(20):
-            while not http_orders.placed("h-3"):
-                await anyio.sleep(0.02)
+        await effect_of(http_orders, "h-3")
         http_orders.upstream.kill()
         with anyio.fail_after(30):
             result = await call
@@ -615,12 +623,7 @@ async def test_http_the_upstream_killed_mid_call_is_unknown_then_reconciled(http
     # The upstream back; the ledger's reconciler finds the order at its lookup route.
     http_orders.start_upstream()
     async with http_orders.session() as session:
-        with anyio.fail_after(30):
-            while True:
-                again = await session.call_tool("place_order", {"order_id": "h-3", "amount_cents": 300})
-                if "being verified" not in " ".join(texts(again)):
-                    break
-                await anyio.sleep(0.1)
+        again = await call_while(session, {"order_id": "h-3", "amount_cents": 300}, "being verified")
     assert not again.is_error, texts(again)
     # Replayed from the provider's record, as the reconciler stored it.
     assert json.loads(texts(again)[0])["id"] == "ord_h-3"

@@ -405,6 +405,15 @@ mod tests {
         value.as_object().unwrap().clone()
     }
 
+    /// The operation `tool`'s policy names a call of issue_refund with `params`.
+    fn operation_id(tool: &ToolPolicy, params: Value) -> String {
+        let params = params.as_object().unwrap();
+        tool.spec("issue_refund", params)
+            .unwrap()
+            .operation_id()
+            .unwrap()
+    }
+
     const POLICY: &str = r#"
         status_tool = "get_refund_status"
         [tools.issue_refund]
@@ -444,12 +453,7 @@ mod tests {
     fn the_intent_names_the_operation_whatever_key_comes_with_it() {
         let policy = Policy::parse(POLICY).unwrap();
         let tool = policy.guarded("issue_refund").unwrap();
-        let by = |p: Value| {
-            tool.spec("issue_refund", &params(p))
-                .unwrap()
-                .operation_id()
-                .unwrap()
-        };
+        let by = |p: Value| operation_id(tool, p);
         let first = by(json!({"arguments": {"order_id": 1, "idempotency_key": "k1"}}));
         let reissued = by(
             json!({"arguments": {"order_id": 1, "idempotency_key": "k2"}, "idempotencyKey": "k3"}),
@@ -461,12 +465,7 @@ mod tests {
     fn an_explicit_key_names_the_operation_from_any_configured_source() {
         let policy = Policy::parse("[tools.issue_refund]\n").unwrap();
         let tool = policy.guarded("issue_refund").unwrap();
-        let by = |p: Value| {
-            tool.spec("issue_refund", &params(p))
-                .unwrap()
-                .operation_id()
-                .unwrap()
-        };
+        let by = |p: Value| operation_id(tool, p);
         let argument = by(json!({"arguments": {"order_id": 1, "idempotency_key": "k1"}}));
         let meta =
             by(json!({"arguments": {"order_id": 1}, "_meta": {"once/idempotency_key": "k1"}}));
