@@ -1,5 +1,5 @@
 # Each target is one command a person could type.
-.PHONY: run test build bench bench-proxy fmt lint demo model-long
+.PHONY: run test build bench bench-proxy fmt lint demo model-long fuzz-proxy
 
 VENV := .venv
 # The TypeScript MCP server once-proxy is tested in front of, and its packages (npm, Node 20).
@@ -43,6 +43,11 @@ bench-proxy: $(VENV)/installed
 # The model-based test of the core for a long run: a million random call sequences.
 model-long:
 	PROPTEST_CASES=1000000 cargo test --release -p once-core simulation
+
+# The proxy's message inspection under the fuzz harness for a long run (make test runs 2,000
+# cases): no input both reaches the upstream as a guarded call and skips the ledger.
+fuzz-proxy:
+	PROPTEST_CASES=200000 cargo test --release -p once-proxy fuzz
 
 # The README walkthrough's client: calls the refund tool through the Python MCP SDK.
 demo: $(VENV)/installed

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -137,10 +138,19 @@ async def call_while(session, arguments: dict, says: str):
 
 
 async def test_a_double_call_reaches_the_upstream_once_and_replays_verbatim(orders):
+    progress = []
+
+    async def on_progress(done, total, message):
+        progress.append((done, message))
+
     async with orders.session() as session:
-        first = await session.call_tool("place_order", {"order_id": "o-1", "amount_cents": 500})
+        first = await session.call_tool("place_order", {"order_id": "o-1", "amount_cents": 500},
+                                        progress_callback=on_progress)
         again = await session.call_tool("place_order", {"order_id": "o-1", "amount_cents": 500, "note": "retry"})
     assert not first.is_error, texts(first)
+    # The upstream's progress, sent under the proxy's token, reaches the client under its own
+    # (the TypeScript server reports none).
+    assert progress == ([] if orders.command == TS_UPSTREAM else [(0.5, "charging")])
     assert texts(first) == ["order o-1 placed for 500 cents (#1)"]
     assert len(orders.placed("o-1")) == 1
     assert not again.is_error, texts(again)
@@ -243,6 +253,9 @@ class RawSession:
                                         stderr=subprocess.DEVNULL, env={**os.environ, **env})
         self.ready = selectors.DefaultSelector()
         self.ready.register(self.process.stdout, selectors.EVENT_READ)
+        # Read from the pipe unbuffered, into a buffer of the session's own: a buffered reader
+        # could hold a second line while select() waits for more.
+        self.pending = b""
         self.seen: list = []
 
     def __enter__(self) -> "RawSession":
@@ -259,11 +272,14 @@ class RawSession:
 
     def line(self) -> bytes:
         """The next line the server writes, byte for byte."""
-        assert self.ready.select(timeout=30), f"no answer after {self.seen}"
-        line = self.process.stdout.readline()
-        assert line, f"the server closed its output after {self.seen}"
+        while b"\n" not in self.pending:
+            assert self.ready.select(timeout=30), f"no answer after {self.seen}"
+            chunk = os.read(self.process.stdout.fileno(), 65536)
+            assert chunk, f"the server closed its output after {self.seen}"
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
         self.seen.append(json.loads(line))
-        return line
+        return line + b"\n"
 
     def answer(self):
         self.line()
@@ -309,7 +325,7 @@ SESSION = [
 ]
 
 
-def test_unguarded_messages_pass_byte_for_byte(orders):
+def test_answers_to_unguarded_messages_pass_byte_for_byte(orders):
     """A recorded session replayed straight to the upstream and through the proxy (a policy
     that does not annotate) gets the same answers, byte for byte (the upstream answers
     concurrent requests in any order)."""
@@ -322,9 +338,10 @@ def test_unguarded_messages_pass_byte_for_byte(orders):
 
 
 def test_messages_that_could_reach_a_guarded_tool_past_the_ledger_are_refused(orders):
-    """A batch carrying a guarded call (refused whole), keys respelled for a lenient decoder,
-    bytes that cannot be parsed but mention tools/call, and a guarded call under an id already
-    in flight: each is answered with an error and none reaches the upstream."""
+    """A batch carrying a guarded call (refused whole), keys that fold to the protocol's, bytes
+    that cannot be parsed, and any request under the id of a guarded call in flight (`10`, and
+    `10.0`, which the TypeScript SDK takes for 10): each is answered with an error and none
+    reaches the upstream (the full corpus is in test_proxy_corpus.py)."""
     orders.hold.touch()
     with orders.raw() as session:
         session.initialize()
@@ -332,29 +349,34 @@ def test_messages_that_could_reach_a_guarded_tool_past_the_ledger_are_refused(or
         session.send({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
                       "params": {"name": "get_order", "Name": "place_order", "arguments": {"order_id": "o-9"}}})
         session.send(place(10, "o-10"))
-        # The held call o-10 is in flight; the same id again, and a line that cannot be parsed.
+        # The held call o-10 is in flight; its id again, for any request, and a line that
+        # cannot be parsed.
         wait_for("the held call's effect", lambda: orders.placed("o-10"))
         session.send(place(10, "o-11"))
+        session.send({"jsonrpc": "2.0", "id": 10, "method": "ping"})
+        session.send(b'{"jsonrpc": "2.0", "id": 10.0, "method": "tools/list"}')
         session.send(b'{"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "place_order"')
-        answers = [session.answer() for _ in range(4)]
+        answers = [session.answer() for _ in range(6)]
         orders.hold.unlink()
         answers.append(session.answer())
     batch = next(a for a in answers if isinstance(a, list))
     assert [e["id"] for e in batch] == [7, 8] and all(e["error"]["code"] == -32600 for e in batch), batch
-    single = {a["id"]: a for a in answers if isinstance(a, dict)}
-    assert single[9]["error"]["code"] == -32600, single
-    assert single[None]["error"]["code"] == -32700, single
+    unparsed = [a for a in answers if isinstance(a, dict) and a.get("id") is None]
+    assert len(unparsed) == 2 and all(a["error"]["code"] == -32700 for a in unparsed), answers
     refused_reuse = [a for a in answers if isinstance(a, dict) and a.get("id") == 10 and "error" in a]
     performed = [a for a in answers if isinstance(a, dict) and a.get("id") == 10 and "result" in a]
-    assert len(refused_reuse) == 1 and len(performed) == 1, answers
-    assert "already in use" in refused_reuse[0]["error"]["message"]
+    assert len(refused_reuse) == 3 and len(performed) == 1, answers
+    assert all("in use" in a["error"]["message"] for a in refused_reuse), refused_reuse
+    assert "o-10 placed" in performed[0]["result"]["content"][0]["text"], performed
     assert [o["order_id"] for o in orders.placed()] == ["o-10"]
+    # The call travelled under the proxy's id, not the client's.
+    assert str(orders.placed()[0]["request_id"]).startswith("once-proxy:"), orders.placed()
 
 
 def test_a_call_past_its_timeout_is_unknown_and_its_late_answer_reaches_no_other_call(orders):
-    """The upstream answers after the policy's timeout: the call was answered UNKNOWN, the late
-    answer is dropped, and its id cannot carry a new guarded call meanwhile (the late answer
-    would be taken for the new call's and stored as its result)."""
+    """The upstream answers after the policy's timeout: the call was answered UNKNOWN, and the
+    late answer (under the proxy's id) is dropped. The client's id is its own again: a ping and
+    then a new guarded call under it get their own answers, never the late one."""
     orders.policy.write_text(POLICY.replace('timeout = "30s"', 'timeout = "500ms"'))
     orders.hold.touch()
     with orders.raw() as session:
@@ -362,19 +384,92 @@ def test_a_call_past_its_timeout_is_unknown_and_its_late_answer_reaches_no_other
         session.send(place(40, "o-40"))
         timed_out = json.dumps(session.answer_to(40))
         assert "being verified" in timed_out, timed_out
-        # A fresh order under the id whose answer is still to come: refused, not performed.
-        session.send(place(40, "o-41"))
-        reused = session.answer_to(40)
-        assert "error" in reused and "o-41" not in json.dumps(orders.placed()), reused
+        # The upstream still holds o-40; an ordinary request under its id gets its own answer.
+        session.send({"jsonrpc": "2.0", "id": 40, "method": "ping"})
+        assert session.answer_to(40) == {"jsonrpc": "2.0", "id": 40, "result": {}}
         orders.hold.unlink()
+        wait_for("the late answer", lambda: {"answering": "o-40"} in orders.lines())
+        # A fresh order under the same id: performed, and answered with its own result.
+        session.send(place(40, "o-41"))
+        fresh = json.dumps(session.answer_to(40))
         session.send(place(41, "o-40"))
         again = json.dumps(session.answer_to(41))
         session.send({"jsonrpc": "2.0", "id": "last", "method": "ping"})
         session.answer_to("last")
+    assert "o-41 placed" in fresh, fresh
     assert "being verified" in again, again
-    assert not [m for m in session.seen if isinstance(m, dict) and m.get("id") == 40 and "result" in m
-                and "placed" in json.dumps(m)], session.seen
-    assert [o["order_id"] for o in orders.placed()] == ["o-40"]
+    assert not [m for m in session.seen if isinstance(m, dict) and "o-40 placed" in json.dumps(m)], session.seen
+    assert sorted(o["order_id"] for o in orders.placed()) == ["o-40", "o-41"]
+
+
+def test_a_fresh_key_argument_meets_the_fresh_id_guard(orders):
+    """A policy naming calls by a key argument (`key = ["argument:note"]`, no intent): a model
+    re-issuing a call in flight under a fresh key has a new operation id but the same
+    fingerprint, since key arguments leave it, so the fresh-id guard holds it back."""
+    orders.policy.write_text(POLICY.replace('intent = ["order", "{/order_id}"]\nvolatile = ["note"]', 'key = ["argument:note"]'))
+    orders.hold.touch()
+    with orders.raw() as session:
+        session.initialize()
+        call = lambda id, note: {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "place_order", "arguments": {"order_id": "o-50", "amount_cents": 50, "note": note}}}
+        session.send(call(50, "request-1"))
+        wait_for("the held call's effect", lambda: orders.placed("o-50"))
+        session.send(call(51, "request-2"))
+        reissued = json.dumps(session.answer_to(51))
+        orders.hold.unlink()
+        first = json.dumps(session.answer_to(50))
+    assert "already in progress" in reissued and "place_order:x:request-1" in reissued, reissued
+    assert "o-50 placed" in first, first
+    assert len(orders.placed("o-50")) == 1
+
+
+def test_absent_for_a_tool_with_an_output_schema_is_refused_at_load(orders):
+    """`on_error = "absent"` on a tool that declares an outputSchema: its SDK validates the
+    output after the tool ran, so an error may follow the effect. The proxy lists the upstream's
+    tools at start and refuses to run; the linter warns."""
+    orders.policy.write_text(POLICY + '\n[tools.place_typed_order]\non_error = "absent"\n')
+    params = orders.params()
+    done = subprocess.run([params.command, *params.args], input=b"", capture_output=True, timeout=60,
+                          env={**os.environ, **params.env})
+    assert done.returncode != 0, done
+    assert b"tools.place_typed_order: on_error" in done.stderr and b"outputSchema" in done.stderr, done.stderr
+    assert orders.placed() == []
+    linted = subprocess.run([str(BIN / "once-proxy"), "check", str(orders.policy), "--against", "--", *orders.command],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, **params.env})
+    assert linted.returncode == 1, linted
+    assert "declares an outputSchema" in next(l for l in linted.stdout.splitlines() if l.startswith("place_typed_order")), linted.stdout
+    # Without the claim, the typed tool's output-validation error is UNKNOWN, not ABSENT.
+    orders.policy.write_text(POLICY + '\n[tools.place_typed_order]\n')
+    with orders.raw() as session:
+        session.initialize()
+        session.send({"jsonrpc": "2.0", "id": 60, "method": "tools/call",
+                      "params": {"name": "place_typed_order", "arguments": {"order_id": "o-60", "amount_cents": 13}}})
+        answer = json.dumps(session.answer_to(60))
+    assert len(orders.placed("o-60")) == 1
+    # FastMCP does not validate output; the other two do, after the effect.
+    assert ("being verified" in answer) != (orders.command == upstream_command("fastmcp")), answer
+
+
+def test_the_upstream_inherits_neither_the_ledger_key_nor_what_env_remove_names(orders, tmp_path):
+    dumped = tmp_path / "upstream-env.json"
+    script = tmp_path / "env_then_serve.py"
+    script.write_text(
+        "import json, os, sys\n"
+        f"open({str(dumped)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n")
+    params = orders.params()
+    proxy = [params.command, "--env-remove", "ORDERS_SECRET", *params.args]
+    dash = proxy.index("--", proxy.index("--ledger"))
+    proxy[dash + 1:dash + 1] = [sys.executable, str(script)]
+    env = {**params.env, "ONCE_LEDGER_KEY": "once_leaked_key_material_0123456789", "ORDERS_SECRET": "s3cret",
+           "ORDERS_PLAIN": "kept"}
+    with RawSession(proxy, env) as session:
+        session.initialize()
+        session.send({"jsonrpc": "2.0", "id": "ok", "method": "ping"})
+        session.answer_to("ok")
+    inherited = json.loads(dumped.read_text())
+    assert "ONCE_LEDGER_KEY" not in inherited and "ORDERS_SECRET" not in inherited, sorted(inherited)
+    assert inherited["ORDERS_PLAIN"] == "kept" and inherited["ORDERS_EFFECTS"] == str(orders.effects)
 
 
 def test_a_cancelled_call_is_relayed_unknown_and_never_answered(orders):
@@ -448,7 +543,7 @@ def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp
             env={**os.environ, "ORDERS_EFFECTS": str(tmp_path / "effects.jsonl")})
         return done.returncode, {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
 
-    code, lines = check(POLICY)
+    code, lines = check(POLICY + "\n[tools.place_typed_order]\n")
     assert code == 0, lines
     assert "guarded, intent order" in lines["place_order"]
     assert "passes through (readOnlyHint)" in lines["get_order"]
@@ -474,7 +569,11 @@ class HttpOrders(Orders):
     """The upstream served over Streamable HTTP on its own port, the proxy in front of it, and a
     ledger whose `http` reconciler reads the upstream's lookup route."""
 
-    def __init__(self, tmp: Path, backend: str, language: str = "python"):
+    def __init__(self, tmp: Path, backend: str, language: str = "python", policy: str = RECONCILED_POLICY,
+                 gateway: bool = False, upstream_first: bool = True, proxy_args: tuple = ()):
+        """`gateway`: a gateway between the proxy and the upstream that refuses tool calls
+        with 403 after the upstream answered them. `upstream_first`: the upstream is started
+        before the proxy (otherwise call `start_upstream`)."""
         self.language = language
         self.upstream_port = free_port()
         config = (
@@ -486,17 +585,26 @@ class HttpOrders(Orders):
             "miss_is_authoritative = true\nsettle_time = \"100ms\"\n"
         )
         super().__init__(make_stack(tmp, backend, "none", reconcile=False, config=config), tmp, language)
-        self.policy.write_text(RECONCILED_POLICY)
+        self.policy.write_text(policy)
         self.upstream = None
-        self.start_upstream()
-        log = tmp / "once-proxy-http.log"
+        self.received = tmp / "received.jsonl"
+        target = self.upstream_port
+        if gateway:
+            target = free_port()
+            self.stack.spawn_logged(
+                [sys.executable, str(UPSTREAMS / "recorder.py"), "http", str(self.received), str(target),
+                 f"http://127.0.0.1:{self.upstream_port}/mcp", "--forbid-tool-calls"], tmp / "gateway.log")
+            wait_for("the gateway", lambda: socket.create_connection(("127.0.0.1", target), timeout=1).close() or True)
+        if upstream_first:
+            self.start_upstream()
+        self.log = tmp / "once-proxy-http.log"
         self.proxy = self.stack.spawn_logged(
             [str(BIN / "once-proxy"), "--policy", str(self.policy),
              "--ledger", f"http://127.0.0.1:{self.stack.ledger_port}",
-             "--listen", "127.0.0.1:0", "--upstream", f"http://127.0.0.1:{self.upstream_port}/mcp"],
-            log,
+             "--listen", "127.0.0.1:0", "--upstream", f"http://127.0.0.1:{target}/mcp", *proxy_args],
+            self.log,
         )
-        self.proxy_port = wait_for("once-proxy", lambda: served_port(log, HTTP_SERVING, 0))
+        self.proxy_port = wait_for("once-proxy", lambda: served_port(self.log, HTTP_SERVING, 0))
 
     def start_upstream(self) -> None:
         env = {**os.environ, "ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)}
@@ -648,3 +756,284 @@ async def test_http_the_stateless_2026_07_28_revision_is_guarded_too(http_orders
         assert texts(replayed)[0] == texts(first)[0]
         assert json.loads(texts(replayed)[-1])["replayed"] is True
     assert len(http_orders.placed("h-4")) == 1
+
+
+def answer_of(response) -> dict:
+    """The JSON-RPC answer in a proxy's HTTP response (one JSON body, or the last message of an
+    event stream that answers a request)."""
+    data = response.read().decode()
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        messages = [json.loads(line[5:]) for line in data.splitlines() if line.startswith("data:")]
+        return [m for m in messages if "method" not in m][-1]
+    return json.loads(data)
+
+
+def http_call(order: str, id=2, tool: str = "place_order", amount: int = 200, **arguments) -> dict:
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": tool, "arguments": {"order_id": order, "amount_cents": amount, **arguments}}}
+
+
+async def test_http_an_id_in_use_in_a_session_is_refused_for_any_request(http_orders):
+    """A guarded call held in flight in a session: any request under its id in that session (a
+    ping, `2.0`) is refused, as a stateful server would route its answer to the latest stream
+    with that id; another session may use the id."""
+    session = initialized(http_orders)
+    http_orders.hold.touch()
+    held = http_call("h-5")
+    held["params"]["_meta"] = {"progressToken": 5}  # the proxy's answer streams from the first event
+    streamed = await anyio.to_thread.run_sync(http_orders.post, held, session)
+    await effect_of(http_orders, "h-5")
+    for reused in ({"jsonrpc": "2.0", "id": 2, "method": "ping"}, {"jsonrpc": "2.0", "id": 2.0, "method": "ping"},
+                   http_call("h-6")):
+        with http_orders.post(reused, session) as refused:
+            answer = answer_of(refused)
+        assert "in use" in answer["error"]["message"], answer
+    with http_orders.post({"jsonrpc": "2.0", "id": 2, "method": "ping"}, initialized(http_orders)) as other:
+        assert answer_of(other) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+    http_orders.hold.unlink()
+    answer = await anyio.to_thread.run_sync(answer_of, streamed)
+    assert answer["id"] == 2 and "h-5 placed" in answer["result"]["content"][0]["text"], answer
+    assert [o["order_id"] for o in http_orders.placed()] == ["h-5"]
+    assert str(http_orders.placed()[0]["request_id"]).startswith("once-proxy:")
+
+
+@pytest.fixture
+def gated_orders(tmp_path, backend):
+    orders = HttpOrders(tmp_path, backend, gateway=True)
+    try:
+        yield orders
+    finally:
+        orders.stack.close()
+
+
+async def test_http_a_403_after_the_effect_is_unknown_not_absent(gated_orders):
+    """A gateway between proxy and server answers 403 after the tool ran: not one of an SDK's
+    pre-dispatch refusals, so the effect may have happened; UNKNOWN, and never a second run."""
+    async with gated_orders.session() as session:
+        first = await session.call_tool("place_order", {"order_id": "g-1", "amount_cents": 100})
+        again = await session.call_tool("place_order", {"order_id": "g-1", "amount_cents": 100})
+    for result in (first, again):
+        assert result.is_error and "being verified" in " ".join(texts(result)), texts(result)
+    assert len(gated_orders.placed("g-1")) == 1
+
+
+@pytest.fixture(params=["stdio", "http"])
+def keyed_orders(tmp_path, backend, request):
+    """once-proxy with a policy that names place_order's calls by their `note` argument."""
+    policy = POLICY.replace('intent = ["order", "{/order_id}"]\nvolatile = ["note"]', 'key = ["argument:note"]')
+    if request.param == "http":
+        orders = HttpOrders(tmp_path, backend, policy=policy)
+    else:
+        orders = Orders(make_stack(tmp_path, backend, "none", reconcile=False), tmp_path)
+        orders.policy.write_text(policy)
+    try:
+        yield orders
+    finally:
+        orders.stack.close()
+
+
+async def test_a_fresh_key_argument_meets_the_fresh_id_guard_on_both_transports(keyed_orders):
+    keyed_orders.hold.touch()
+    arguments = {"order_id": "k-1", "amount_cents": 70}
+    async with keyed_orders.session() as session:
+        held = asyncio.ensure_future(session.call_tool("place_order", {**arguments, "note": "request-1"}))
+        await effect_of(keyed_orders, "k-1")
+        reissued = await session.call_tool("place_order", {**arguments, "note": "request-2"})
+        keyed_orders.hold.unlink()
+        with anyio.fail_after(30):
+            first = await held
+    assert reissued.is_error and "already in progress" in " ".join(texts(reissued)), texts(reissued)
+    assert "place_order:x:request-1" in " ".join(texts(reissued))
+    assert not first.is_error, texts(first)
+    assert len(keyed_orders.placed("k-1")) == 1
+
+
+TYPED_ABSENT = POLICY + '\n[tools.place_typed_order]\non_error = "absent"\n'
+
+
+def test_http_absent_for_a_tool_with_an_output_schema_is_refused_at_start(http_orders):
+    done = subprocess.run(
+        [str(BIN / "once-proxy"), "--policy", str(write(http_orders.tmp / "typed.toml", TYPED_ABSENT)),
+         "--ledger", f"http://127.0.0.1:{http_orders.stack.ledger_port}", "--listen", "127.0.0.1:0",
+         "--upstream", f"http://127.0.0.1:{http_orders.upstream_port}/mcp"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "tools.place_typed_order: on_error" in done.stderr, done.stderr
+
+
+@pytest.fixture
+def late_typed_orders(tmp_path, backend):
+    """The typed-absent policy, the proxy started before the upstream could be listed."""
+    orders = HttpOrders(tmp_path, backend, policy=TYPED_ABSENT, upstream_first=False)
+    try:
+        yield orders
+    finally:
+        orders.stack.close()
+
+
+async def test_http_absent_is_not_applied_once_a_listing_shows_an_output_schema(late_typed_orders):
+    """The upstream could not be listed at start; a client's listing then shows the typed tool's
+    outputSchema, and its output-validation error (after the effect) is UNKNOWN, not ABSENT."""
+    late_typed_orders.start_upstream()
+    async with late_typed_orders.session() as session:
+        listed = await session.list_tools()
+        failed = await session.call_tool("place_typed_order", {"order_id": "t-13", "amount_cents": 13})
+        again = await session.call_tool("place_typed_order", {"order_id": "t-13", "amount_cents": 13})
+    assert "place_typed_order" in {t.name for t in listed.tools}
+    for result in (failed, again):
+        assert result.is_error and "being verified" in " ".join(texts(result)), texts(result)
+    assert len(late_typed_orders.placed("t-13")) == 1
+    assert "tools.place_typed_order: on_error" in late_typed_orders.log.read_text()
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def recording(tmp: Path, stack, upstream: str) -> tuple[int, Path]:
+    """A recorder in front of `upstream` (what reaches it, in the file); its port, once it
+    listens, and the file."""
+    port, received = free_port(), tmp / "seen-by-upstream.jsonl"
+    stack.spawn_logged([sys.executable, str(UPSTREAMS / "recorder.py"), "http", str(received), str(port), upstream],
+                       tmp / "recorder.log")
+    wait_for("the recorder", lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True)
+    return port, received
+
+
+def serve_proxy(tmp: Path, stack, *args: str, name: str = "proxy") -> tuple[int, Path]:
+    """Starts once-proxy over HTTP with `args`; its port and log."""
+    log = tmp / f"{name}.log"
+    stack.spawn_logged([str(BIN / "once-proxy"), "--policy", str(write(tmp / f"{name}.toml", POLICY)),
+                        "--ledger", f"http://127.0.0.1:{stack.ledger_port}", *args], log)
+    return wait_for(name, lambda: served_port(log, HTTP_SERVING, 0)), log
+
+
+def request(url: str, message: dict | bytes, headers: dict | None = None, context=None) -> tuple[int, bytes]:
+    body = message if isinstance(message, bytes) else json.dumps(message).encode()
+    sent = urllib.request.Request(url, method="POST", data=body, headers={
+        "accept": "application/json, text/event-stream", "content-type": "application/json",
+        "mcp-protocol-version": "2025-11-25", **(headers or {})})
+    try:
+        with urllib.request.urlopen(sent, timeout=30, context=context) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def certificate(tmp: Path, name: str, issuer: tuple | None = None) -> tuple[Path, Path, tuple]:
+    """A certificate for localhost and 127.0.0.1 (a CA's, self-signed, when `issuer` is None;
+    else a leaf it signs), its key, and what signs with it."""
+    import ipaddress
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_name, issuer_key = (subject, key) if issuer is None else issuer
+    now = datetime.now() - timedelta(minutes=5)
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name).public_key(key.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True))
+    if issuer is None:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    else:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    cert = builder.sign(issuer_key, hashes.SHA256())
+    cert_path, key_path = tmp / f"{name}.crt", tmp / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path, (subject, key)
+
+
+def test_http_a_listener_beyond_loopback_needs_tls_and_a_client_credential(http_orders):
+    """Refused at start without TLS, or with TLS and no client credential, unless --insecure;
+    served with both, where a request without the token is refused (401) before anything is
+    forwarded, and the token never reaches the upstream."""
+    tmp, stack = http_orders.tmp, http_orders.stack
+    upstream = f"http://127.0.0.1:{http_orders.upstream_port}/mcp"
+    cert, key, _ = certificate(tmp, "proxy")
+    token = write(tmp / "client.token", "a-client-token-of-some-length\n")
+    base = [str(BIN / "once-proxy"), "--policy", str(write(tmp / "p.toml", POLICY)),
+            "--ledger", f"http://127.0.0.1:{stack.ledger_port}", "--upstream", upstream, "--listen", "0.0.0.0:0"]
+    for extra, missing in (([], "without TLS"), (["--tls-cert", str(cert), "--tls-key", str(key)], "without a client credential")):
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and "beyond loopback" in done.stderr and missing in done.stderr, done.stderr
+    insecure, _ = serve_proxy(tmp, stack, "--listen", "0.0.0.0:0", "--upstream", upstream, "--insecure", name="insecure")
+    assert request(f"http://127.0.0.1:{insecure}/mcp", {"jsonrpc": "2.0", "id": 1, "method": "ping"})[0] != 421
+
+    recorder_port, received = recording(tmp, stack, upstream)
+    port, _ = serve_proxy(tmp, stack, "--listen", "0.0.0.0:0", "--upstream", f"http://127.0.0.1:{recorder_port}/mcp",
+                          "--tls-cert", str(cert), "--tls-key", str(key), "--client-token-file", str(token), name="tls")
+    import ssl
+    trusted = ssl.create_default_context(cafile=str(cert))
+    url = f"https://127.0.0.1:{port}/mcp"
+    initialize = SESSION[0]
+    assert request(url, initialize, context=trusted)[0] == 401
+    assert request(url, initialize, {"authorization": "Bearer not-the-token-at-all"}, context=trusted)[0] == 401
+    assert not received.exists() or received.read_text() == ""
+    status, body = request(url, initialize, {"authorization": "Bearer a-client-token-of-some-length"}, context=trusted)
+    assert status == 200, body
+    (seen,) = [json.loads(line) for line in received.read_text().splitlines()]
+    assert "authorization" not in seen["headers"], seen
+    assert seen["headers"]["x-forwarded-host"] == f"127.0.0.1:{port}" and seen["headers"]["x-forwarded-proto"] == "https"
+
+    # Client certificates are the other credential: a client without one does not get through
+    # the handshake.
+    ca, _, signer = certificate(tmp, "clients-ca")
+    client_cert, client_key, _ = certificate(tmp, "client", issuer=signer)
+    mutual, _ = serve_proxy(tmp, stack, "--listen", "0.0.0.0:0", "--upstream", upstream, "--tls-cert", str(cert),
+                            "--tls-key", str(key), "--tls-client-ca", str(ca), name="mtls")
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        request(f"https://127.0.0.1:{mutual}/mcp", initialize, context=trusted)
+    presenting = ssl.create_default_context(cafile=str(cert))
+    presenting.load_cert_chain(str(client_cert), str(client_key))
+    assert request(f"https://127.0.0.1:{mutual}/mcp", initialize, context=presenting)[0] == 200
+
+
+def test_http_origin_host_and_size_are_refused_before_the_ledger_is_asked(http_orders):
+    """A page of another origin, a rebound host name, a body past --max-body: refused (403,
+    421, 413) with the ledger down and nothing reaching the upstream."""
+    tmp, stack = http_orders.tmp, http_orders.stack
+    recorder_port, received = recording(tmp, stack, f"http://127.0.0.1:{http_orders.upstream_port}/mcp")
+    port, _ = serve_proxy(tmp, stack, "--listen", "127.0.0.1:0", "--upstream", f"http://127.0.0.1:{recorder_port}/mcp",
+                          "--max-body", "1K", "--allowed-origin", "http://app.example", name="door")
+    stack.ledger.kill()
+    url = f"http://127.0.0.1:{port}/mcp"
+    call = http_call("d-1")
+    assert request(url, call, {"origin": "http://evil.example"})[0] == 403
+    assert request(url, call, {"origin": "null"})[0] == 403
+    assert request(url, call, {"host": f"evil.example:{port}"})[0] == 421
+    assert request(url, call, {"host": "localhost:1"})[0] == 421
+    assert request(url, http_call("d-1", note="x" * 2048))[0] == 413
+    assert not received.exists() or received.read_text() == ""
+    # The loopback names and an allowed origin are let in (the ledger is down: not performed).
+    for headers in ({"origin": f"http://localhost:{port}"}, {"origin": "http://app.example"}, {"host": f"localhost:{port}"}):
+        status, body = request(url, call, headers)
+        assert status == 200 and b"NOT performed" in body, (headers, body)
+    assert http_orders.placed() == []
+
+
+def test_http_the_upstreams_credentials_stay_out_of_histories_and_logs(http_orders):
+    """An upstream URL with userinfo and a query-string token, that cannot be reached: the call
+    is not performed (nothing was sent), and neither secret is in the operation's history or
+    the proxy's log."""
+    tmp, stack = http_orders.tmp, http_orders.stack
+    dead = free_port()
+    port, log = serve_proxy(tmp, stack, "--listen", "127.0.0.1:0",
+                            "--upstream", f"http://orders:pa55word@127.0.0.1:{dead}/mcp?token=s3cretq", name="leaky")
+    status, body = request(f"http://127.0.0.1:{port}/mcp", http_call("u-1"))
+    assert status == 200 and b"not performed" in body, body
+    ledger = f"http://127.0.0.1:{stack.ledger_port}"
+    listed = subprocess.run([str(BIN / "oncectl"), "list", "--all", "--json", "--addr", ledger],
+                            capture_output=True, text=True, check=True)
+    (operation,) = json.loads(listed.stdout)["operations"]
+    assert operation["state"] == "ABSENT", operation
+    shown = subprocess.run([str(BIN / "oncectl"), "show", operation["operation_id"], "--json", "--addr", ledger],
+                           capture_output=True, text=True, check=True).stdout
+    assert "could not be reached" in shown, shown
+    for text in (shown, log.read_text()):
+        assert "pa55word" not in text and "s3cretq" not in text and "orders:" not in text, text

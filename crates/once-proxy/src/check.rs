@@ -7,10 +7,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::policy::Policy;
+use crate::policy::{OnError, Policy};
 
 /// How long the upstream has to answer each request of the check.
 const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The MCP revision the proxy's own sessions (the check, the listing at start) speak.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
 
 /// One tool as the upstream lists it.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,12 +21,30 @@ pub struct Listed {
     pub name: String,
     pub read_only: bool,
     pub idempotent: bool,
+    /// Whether it declares an `outputSchema` (validated by the server after the tool ran).
+    pub output_schema: bool,
+}
+
+impl Listed {
+    fn of(tool: &Value) -> Self {
+        let hint = |name: &str| tool.pointer(&format!("/annotations/{name}")) == Some(&json!(true));
+        Self {
+            name: tool["name"].as_str().unwrap_or_default().to_owned(),
+            read_only: hint("readOnlyHint"),
+            idempotent: hint("idempotentHint"),
+            output_schema: !matches!(tool.get("outputSchema"), None | Some(Value::Null)),
+        }
+    }
 }
 
 /// Runs `command`, lists its tools over stdio and reports on `policy`. The report, and whether
 /// it warns.
 pub async fn check(policy: &Policy, command: &[String]) -> anyhow::Result<(String, bool)> {
-    let tools = list_tools(command).await?;
+    let tools: Vec<Listed> = list_tools(command, &[])
+        .await?
+        .iter()
+        .map(Listed::of)
+        .collect();
     Ok(report(policy, &tools))
 }
 
@@ -48,6 +69,16 @@ pub fn report(policy: &Policy, tools: &[Listed]) -> (String, bool) {
         .filter_map(|(set, name)| set.then_some(*name))
         .collect();
         let (guarded, verdict) = match (policy.guarded(&tool.name), hints.is_empty()) {
+            (Some(guarded), _) if guarded.on_error == OnError::Absent && tool.output_schema => {
+                warned = true;
+                (
+                    "yes",
+                    "WARNING: on_error = \"absent\", but it declares an outputSchema, which is \
+                     validated after the tool ran: its errors may come after the effect (the \
+                     proxy refuses this policy)"
+                        .to_owned(),
+                )
+            }
             (Some(guarded), _) => {
                 let named = match &guarded.intent {
                     Some(parts) => {
@@ -84,9 +115,10 @@ pub fn report(policy: &Policy, tools: &[Listed]) -> (String, bool) {
     (out, warned)
 }
 
-/// Starts `command`, initializes an MCP session over stdio and lists every page of its tools.
-async fn list_tools(command: &[String]) -> anyhow::Result<Vec<Listed>> {
-    let mut child = crate::stdio::spawn_upstream(command)?;
+/// Starts `command` (its environment without the variables `env_removed` names, nor the
+/// ledger key), initializes an MCP session over stdio and lists every page of its tools.
+pub async fn list_tools(command: &[String], env_removed: &[String]) -> anyhow::Result<Vec<Value>> {
+    let mut child = crate::stdio::spawn_upstream(command, env_removed)?;
     let mut input = child.stdin.take().expect("piped");
     let mut output = BufReader::new(child.stdout.take().expect("piped"));
     let mut next_id = 0;
@@ -101,7 +133,7 @@ async fn list_tools(command: &[String]) -> anyhow::Result<Vec<Listed>> {
     let (id, initialize) = ask(
         "initialize",
         json!({
-            "protocolVersion": "2025-11-25",
+            "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {},
             "clientInfo": {"name": "once-proxy check", "version": env!("CARGO_PKG_VERSION")},
         }),
@@ -123,15 +155,7 @@ async fn list_tools(command: &[String]) -> anyhow::Result<Vec<Listed>> {
         let (id, list) = ask("tools/list", params);
         send(&mut input, &list).await?;
         let page = answer(&mut output, id).await?;
-        for tool in page["tools"].as_array().into_iter().flatten() {
-            let hint =
-                |name: &str| tool.pointer(&format!("/annotations/{name}")) == Some(&json!(true));
-            tools.push(Listed {
-                name: tool["name"].as_str().unwrap_or_default().to_owned(),
-                read_only: hint("readOnlyHint"),
-                idempotent: hint("idempotentHint"),
-            });
-        }
+        tools.extend(page["tools"].as_array().into_iter().flatten().cloned());
         match page.get("nextCursor").and_then(Value::as_str) {
             Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
             _ => break,
@@ -186,7 +210,22 @@ mod tests {
             name: name.into(),
             read_only,
             idempotent,
+            output_schema: false,
         }
+    }
+
+    #[test]
+    fn absent_on_a_tool_with_an_output_schema_is_warned_about() {
+        let policy = Policy::parse("[tools.place_order]\non_error = \"absent\"\n").unwrap();
+        let typed = Listed {
+            output_schema: true,
+            ..listed("place_order", false, false)
+        };
+        let (text, warned) = report(&policy, &[typed]);
+        assert!(warned, "{text}");
+        assert!(text.contains("declares an outputSchema"), "{text}");
+        let (_, warned) = report(&policy, &[listed("place_order", false, false)]);
+        assert!(!warned);
     }
 
     #[test]

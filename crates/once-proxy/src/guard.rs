@@ -1,7 +1,8 @@
-//! One guarded `tools/call`: named by the policy, claimed at the ledger, sent upstream only on
-//! EXECUTE, reported from the upstream's answer, and answered to the client as once-client
-//! renders decisions.
+//! One guarded `tools/call`: judged, named by the policy, claimed at the ledger, sent upstream
+//! only on EXECUTE, reported from the upstream's answer, and answered to the client as
+//! once-client renders decisions.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -9,20 +10,41 @@ use once_client::mcp::{not_performed, replay_marker, tool_result};
 use once_client::{ClientError, Effect, EffectError, LedgerClient, Outcome, Replay};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
+use crate::message::{looks, Json};
 use crate::policy::{OnError, Policy, ToolPolicy};
+
+/// The prefix of every id and progress token the proxy makes for the upstream. A client
+/// message naming one is refused: the proxy's ids are its own.
+pub const RESERVED: &str = "once-proxy:";
 
 /// What became of a guarded request sent upstream.
 #[derive(Debug)]
 pub enum Upstream {
-    /// The upstream answered: its JSON-RPC response, byte for byte.
+    /// The upstream answered the proxy's id: its JSON-RPC response, byte for byte.
     Answered(Vec<u8>),
     /// No answer will come: the upstream died, the stream dropped, the client cancelled.
     /// `reply` says whether the client still waits for an answer.
     Gone { reason: String, reply: bool },
-    /// The upstream's HTTP endpoint refused the request with an error status (Streamable HTTP).
+    /// The upstream's HTTP endpoint answered with an error status (Streamable HTTP).
     Refused { status: u16, text: String },
+    /// The client cancelled the call before it was sent: nothing reached the upstream.
+    Unsent,
+    /// The request could not be sent (the upstream had ended, its connection could not be
+    /// made): nothing reached it.
+    Unreached(String),
+}
+
+/// What the upstream's tool listings said of a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listed {
+    /// No listing seen names it.
+    Unseen,
+    /// Listed without an `outputSchema`.
+    Plain,
+    /// Listed with an `outputSchema`, which the server validates after the tool has run.
+    Validated,
 }
 
 /// What the proxy needs to guard calls.
@@ -30,6 +52,8 @@ pub enum Upstream {
 pub struct Guard {
     pub policy: Policy,
     pub ledger: LedgerClient,
+    /// What the upstream's listings said of each tool, learned from every `tools/list` answer.
+    listed: Mutex<HashMap<String, Listed>>,
 }
 
 /// How a guarded call ended for the client.
@@ -53,117 +77,253 @@ struct Reply<'a> {
 
 /// What the proxy does with one message from the client.
 #[derive(Debug)]
-pub enum Seen<'m, 'p> {
+pub enum Seen<'p> {
     /// A `tools/call` request of a guarded tool.
-    Guarded(&'m str, &'p ToolPolicy),
-    /// A message that might reach a guarded tool past the ledger: answered with an error (a
-    /// request) or dropped (a notification), never forwarded.
-    Refused(&'static str),
-    /// Everything else: forwarded untouched.
+    Guarded(String, &'p ToolPolicy),
+    /// A message that some reader downstream might take for something the proxy did not judge:
+    /// answered with an error (a request) or dropped (a notification), never forwarded.
+    Refused(String),
+    /// Everything else: forwarded, re-serialised.
     Passed,
 }
 
-/// The keys whose spelling decides where a message goes, at the top and in `params`.
-const TOP_KEYS: [&str; 4] = ["jsonrpc", "id", "method", "params"];
-const PARAM_KEYS: [&str; 3] = ["name", "arguments", "_meta"];
+/// The names the proxy reads at each level of a message. A name that is not one of these but
+/// looks like one to a careless reader ([`looks`]) is refused wherever it appears at that level.
+const TOP_KEYS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
+const PARAM_KEYS: [&str; 6] = [
+    "name",
+    "arguments",
+    "_meta",
+    "requestId",
+    "progressToken",
+    "idempotencyKey",
+];
+const META_KEYS: [&str; 3] = [
+    "progressToken",
+    crate::policy::META_PROVIDER_KEY,
+    once_client::META_IDEMPOTENCY_KEY,
+];
+const TOOLS_CALL: &str = "tools/call";
 
-/// Whether `object` has a key that is one of `keys` in another case: a lenient decoder (Go's,
-/// which matches names case-insensitively) may read it where this proxy does not.
-fn respelled(object: &Map<String, Value>, keys: &[&str]) -> bool {
-    object.keys().any(|key| {
-        keys.iter()
-            .any(|canonical| key.eq_ignore_ascii_case(canonical) && key != canonical)
+/// The most messages one batch may carry (the TypeScript SDK's own limit): a batch is judged
+/// and its ids checked as a whole, so its size is bounded.
+pub const MAX_BATCH: usize = 100;
+
+/// The first member of `object` whose name looks like one of `names` without being it.
+fn lookalike(object: &Json, names: &[&str]) -> Option<String> {
+    object.members().iter().find_map(|(key, _)| {
+        let seen = looks(key);
+        names
+            .iter()
+            .find(|name| *name != key && looks(name) == seen)
+            .map(|name| {
+                format!(
+                    "the name {key:?} is not {name:?}, but a lenient reader takes it for it; \
+                     spell it as MCP does"
+                )
+            })
     })
 }
 
-/// Whether bytes the proxy cannot parse might still be a tool call to some other parser.
-pub fn may_call_a_tool(raw: &[u8]) -> bool {
-    raw.windows(b"tools/call".len())
-        .any(|w| w.eq_ignore_ascii_case(b"tools/call"))
+/// Whether `value` is an id or token a client may not use: one of the proxy's own.
+fn reserved(value: Option<&Json>) -> bool {
+    value
+        .and_then(Json::as_str)
+        .is_some_and(|s| s.starts_with(RESERVED))
 }
 
 impl Guard {
-    /// What to do with `message`. Fails closed: a message that a more lenient reader could take
-    /// for a guarded call is refused rather than forwarded.
-    pub fn inspect<'m>(&self, message: &'m Value) -> Seen<'m, '_> {
-        let top = match message {
-            Value::Array(batch) => {
-                return if batch
-                    .iter()
-                    .any(|m| !matches!(self.inspect(m), Seen::Passed))
-                {
-                    Seen::Refused(
-                        "a batch may not carry a guarded tool call; nothing in it was performed. \
-                         Send the call on its own",
-                    )
-                } else {
-                    Seen::Passed
-                };
+    pub fn new(policy: Policy, ledger: LedgerClient) -> Self {
+        Self {
+            policy,
+            ledger,
+            listed: Mutex::default(),
+        }
+    }
+
+    /// What to do with `message`. Fails closed: a message that another reader could take for a
+    /// call the proxy did not judge as one is refused rather than forwarded.
+    pub fn inspect(&self, message: &Json) -> Seen<'_> {
+        match message {
+            Json::Array(batch) if batch.is_empty() => Seen::Refused("an empty batch".into()),
+            Json::Array(batch) if batch.len() > MAX_BATCH => {
+                Seen::Refused(format!("a batch of more than {MAX_BATCH} messages"))
             }
-            Value::Object(top) => top,
-            _ => return Seen::Passed,
+            Json::Array(batch) => {
+                if batch.iter().any(|m| matches!(m, Json::Array(_))) {
+                    return Seen::Refused("a batch inside a batch".into());
+                }
+                match batch
+                    .iter()
+                    .map(|m| self.inspect(m))
+                    .find_map(|seen| match seen {
+                        Seen::Passed => None,
+                        Seen::Guarded(..) => Some(
+                            "a batch may not carry a guarded tool call; send the call on its own"
+                                .to_owned(),
+                        ),
+                        Seen::Refused(why) => Some(why),
+                    }) {
+                    Some(why) => Seen::Refused(why),
+                    None => Seen::Passed,
+                }
+            }
+            Json::Object(_) => self.inspect_one(message),
+            _ => Seen::Refused("a JSON-RPC message is an object, or a batch of them".into()),
+        }
+    }
+
+    fn inspect_one(&self, message: &Json) -> Seen<'_> {
+        if let Some(why) = lookalike(message, &TOP_KEYS) {
+            return Seen::Refused(why);
+        }
+        let params = message.get("params");
+        for (object, names) in [
+            (params, &PARAM_KEYS[..]),
+            (params.and_then(|p| p.get("_meta")), &META_KEYS[..]),
+        ] {
+            if let Some(why) = object.and_then(|o| lookalike(o, names)) {
+                return Seen::Refused(why);
+            }
+        }
+        let meta = params.and_then(|p| p.get("_meta"));
+        if reserved(message.get("id"))
+            || reserved(params.and_then(|p| p.get("requestId")))
+            || reserved(meta.and_then(|m| m.get("progressToken")))
+        {
+            return Seen::Refused(format!(
+                "ids and progress tokens beginning {RESERVED:?} are the proxy's own"
+            ));
+        }
+        let Some(method) = message.get("method") else {
+            return Seen::Passed;
         };
-        let calls = |value: &Value| {
-            value
-                .as_str()
-                .is_some_and(|m| m.eq_ignore_ascii_case("tools/call"))
+        if message.get("result").is_some() || message.get("error").is_some() {
+            return Seen::Refused("a message is a request or a response, not both".into());
+        }
+        let Some(method) = method.as_str() else {
+            return Seen::Passed;
         };
-        let method = top.get("method");
-        if respelled(top, &TOP_KEYS) {
-            let any_call = top
-                .iter()
-                .any(|(key, value)| key.eq_ignore_ascii_case("method") && calls(value));
-            return if any_call {
-                Seen::Refused("a tool call's keys must be spelled as MCP spells them")
+        if method != TOOLS_CALL {
+            return if looks(method) == TOOLS_CALL {
+                Seen::Refused(format!(
+                    "the method {method:?} is not \"tools/call\", but a lenient reader takes it \
+                     for it"
+                ))
             } else {
                 Seen::Passed
             };
         }
-        if !method.is_some_and(calls) {
-            return Seen::Passed;
+        if message.get("jsonrpc").and_then(Json::as_str) != Some("2.0") {
+            return Seen::Refused(
+                "a tool call is a JSON-RPC 2.0 request (\"jsonrpc\": \"2.0\")".into(),
+            );
         }
-        let Some(Value::Object(params)) = top.get("params") else {
-            return Seen::Passed;
+        let Some(Json::Object(_)) = params else {
+            return Seen::Refused("a tool call's params are an object".into());
         };
-        if respelled(params, &PARAM_KEYS) {
-            return Seen::Refused("a tool call's keys must be spelled as MCP spells them");
-        }
-        let Some(tool) = params.get("name").and_then(Value::as_str) else {
-            return Seen::Passed;
+        let Some(tool) = params.and_then(|p| p.get("name")).and_then(Json::as_str) else {
+            return Seen::Refused("a tool call names its tool with a string".into());
         };
         let Some(policy) = self.policy.guarded(tool) else {
-            return Seen::Passed;
+            let seen = looks(tool);
+            return match self.policy.tools.keys().find(|g| looks(g) == seen) {
+                Some(guarded) => Seen::Refused(format!(
+                    "the tool {tool:?} is not {guarded:?}, but a lenient reader takes it for it"
+                )),
+                None => Seen::Passed,
+            };
         };
-        if method != Some(&Value::String("tools/call".into())) {
-            return Seen::Refused("a guarded tool is called with the method spelled tools/call");
+        if !matches!(message.get("id"), Some(Json::String(_) | Json::Number(_))) {
+            return Seen::Refused(
+                "a guarded tool call must be a request with a string or number id".into(),
+            );
         }
-        match top.get("id") {
-            Some(Value::String(_) | Value::Number(_)) => Seen::Guarded(tool, policy),
-            _ => Seen::Refused("a guarded tool call must be a request with a string or number id"),
+        let arguments = params.and_then(|p| p.get("arguments"));
+        for path in &policy.read {
+            let mut at = arguments;
+            for name in path {
+                let Some(object) = at else { break };
+                if let Some(why) = lookalike(object, &[name.as_str()]) {
+                    return Seen::Refused(why);
+                }
+                at = object.get(name);
+            }
+        }
+        Seen::Guarded(tool.to_owned(), policy)
+    }
+
+    /// Learns from a `tools/list` result which tools declare an `outputSchema`. A tool whose
+    /// policy says `on_error = "absent"` and that declares one is named in the error log: its
+    /// errors may come after its effect, so they are judged UNKNOWN.
+    pub fn learn(&self, result: &Value) {
+        let Some(Value::Array(tools)) = result.get("tools") else {
+            return;
+        };
+        let mut listed = self.listed.lock().expect("not poisoned");
+        for tool in tools {
+            let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let now = match tool.get("outputSchema") {
+                None | Some(Value::Null) => Listed::Plain,
+                Some(_) => Listed::Validated,
+            };
+            let before = listed.insert(name.to_owned(), now);
+            let absent = self
+                .policy
+                .guarded(name)
+                .is_some_and(|p| p.on_error == OnError::Absent);
+            if absent && now == Listed::Validated && before != Some(Listed::Validated) {
+                tracing::error!(tool = name, "{}", validated_absent(name));
+            }
         }
     }
 
-    /// Runs one guarded call. `forward` sends the request upstream (as it came, or the bytes it
-    /// is given instead: the request carrying the attempt's provider key) and waits for what
-    /// becomes of it; it is called only when the ledger says EXECUTE.
+    /// The guarded tools whose policy says `on_error = "absent"` but which the upstream lists
+    /// with an `outputSchema`.
+    pub fn misjudged(&self) -> Vec<String> {
+        let listed = self.listed.lock().expect("not poisoned");
+        self.policy
+            .tools
+            .iter()
+            .filter(|(name, policy)| {
+                policy.on_error == OnError::Absent && listed.get(*name) == Some(&Listed::Validated)
+            })
+            .map(|(name, _)| validated_absent(name))
+            .collect()
+    }
+
+    fn listed(&self, tool: &str) -> Listed {
+        self.listed
+            .lock()
+            .expect("not poisoned")
+            .get(tool)
+            .copied()
+            .unwrap_or(Listed::Unseen)
+    }
+
+    /// Runs one guarded call. `forward` sends the request upstream (the client's, carrying the
+    /// attempt's provider key where the policy says; the transport gives it the proxy's own id)
+    /// and waits for what becomes of it; it is called only when the ledger says EXECUTE.
     pub async fn call<F, Fut>(
         &self,
         tool: &str,
         policy: &ToolPolicy,
-        request: &Value,
+        request: &Json,
         forward: F,
     ) -> Answer
     where
-        F: FnOnce(Option<Vec<u8>>) -> Fut,
+        F: FnOnce(Json) -> Fut,
         Fut: Future<Output = Upstream>,
     {
-        let id = request.get("id").cloned().unwrap_or(Value::Null);
-        let empty = Map::new();
+        let id = request.get("id").cloned().unwrap_or(Json::Null);
         let params = request
             .get("params")
-            .and_then(Value::as_object)
-            .unwrap_or(&empty);
-        let spec = match policy.spec(tool, params) {
+            .map(Json::to_value)
+            .and_then(|p| p.as_object().cloned())
+            .unwrap_or_default();
+        let spec = match policy.spec(tool, &params) {
             Ok(spec) => spec,
             Err(unnamed) => {
                 let failure = ClientError::Invalid(unnamed.to_string());
@@ -171,21 +331,28 @@ impl Guard {
             }
         };
         let timeout = policy.timeout;
-        let on_error = policy.on_error;
+        let on_error = match (policy.on_error, self.listed(tool)) {
+            (OnError::Absent, Listed::Plain) => OnError::Absent,
+            (OnError::Absent, listed) => {
+                tracing::warn!(tool, ?listed, "on_error = \"absent\" applies only to a tool listed without an outputSchema; this call's errors are judged UNKNOWN");
+                OnError::Unknown
+            }
+            (OnError::Unknown, _) => OnError::Unknown,
+        };
         let sink = policy.provider_key.clone();
-        // The upstream's own answer, kept to pass on verbatim where the outcome allows.
+        // The upstream's own answer, kept to pass on where the outcome allows.
         let seen: Arc<Mutex<Option<Upstream>>> = Arc::default();
         let kept = seen.clone();
         let outcome = self
             .ledger
             .run(&spec, |context| async move {
                 tracing::info!(operation_id = %context.operation_id, attempt = context.attempt, tool, "forwarding a guarded call upstream");
-                let carried = sink.map(|sink| {
-                    sink.carry(request, &context.provider_key)
-                        .to_string()
-                        .into_bytes()
-                });
-                let upstream = match tokio::time::timeout(timeout, forward(carried)).await {
+                let mut upstream_request = request.clone();
+                if let Some(sink) = sink {
+                    sink.carry(&mut upstream_request, &context.provider_key);
+                }
+                let upstream = match tokio::time::timeout(timeout, forward(upstream_request)).await
+                {
                     Ok(upstream) => upstream,
                     Err(_) => Upstream::Gone {
                         reason: format!("the upstream did not answer within {timeout:?}"),
@@ -198,25 +365,28 @@ impl Guard {
             })
             .await;
         let upstream = seen.lock().expect("not poisoned").take();
+        let verbatim = match &upstream {
+            Some(Upstream::Answered(line)) => reanswered(&id, line),
+            _ => None,
+        };
         let status = self.status_tool();
-        match (outcome, upstream) {
-            (_, Some(Upstream::Gone { reply: false, .. })) => Answer::Nothing,
-            (Ok(Outcome::Executed { .. }), Some(Upstream::Answered(line)))
-            | (Ok(Outcome::NotPerformed { .. }), Some(Upstream::Answered(line))) => {
-                Answer::Reply(line)
+        match (outcome, upstream, verbatim) {
+            (_, Some(Upstream::Gone { reply: false, .. } | Upstream::Unsent), _) => Answer::Nothing,
+            (Ok(Outcome::Executed { .. } | Outcome::NotPerformed { .. }), _, Some(answer)) => {
+                Answer::Reply(answer)
             }
-            (Ok(Outcome::NotPerformed { .. }), Some(Upstream::Refused { status, text })) => {
+            (Ok(Outcome::NotPerformed { .. }), Some(Upstream::Refused { status, text }), _) => {
                 Answer::Refused { status, text }
             }
-            (Ok(Outcome::Replayed(replay)), _) => reply(&id, replayed(&replay)),
-            (Ok(ambiguous @ Outcome::Ambiguous { .. }), Some(Upstream::Answered(line))) => {
+            (Ok(Outcome::Replayed(replay)), _, _) => reply(&id, replayed(&replay)),
+            (Ok(ambiguous @ Outcome::Ambiguous { .. }), Some(Upstream::Answered(line)), _) => {
                 // The upstream's own words follow the ledger's: the model reads both.
                 let mut result = to_value(&tool_result(&ambiguous, &status));
                 append(&mut result, upstream_content(&line));
                 reply(&id, result)
             }
-            (Ok(outcome), _) => reply(&id, to_value(&tool_result(&outcome, &status))),
-            (Err(failure), _) => reply(&id, to_value(&not_performed(&failure))),
+            (Ok(outcome), _, _) => reply(&id, to_value(&tool_result(&outcome, &status))),
+            (Err(failure), _, _) => reply(&id, to_value(&not_performed(&failure))),
         }
     }
 
@@ -225,6 +395,61 @@ impl Guard {
             "the same tool again with the same arguments (it will not run twice)".into()
         })
     }
+}
+
+fn validated_absent(tool: &str) -> String {
+    format!(
+        "tools.{tool}: on_error = \"absent\", but the upstream lists {tool} with an outputSchema, \
+         which its SDK validates after the tool has run: an error may come after the effect, so \
+         it is never taken for ABSENT. Remove on_error or the tool's output schema"
+    )
+}
+
+/// Plain-text refusals of the Python SDK's transport security (mcp 2.3.0,
+/// `mcp/server/transport_security.py`) and of FastMCP's host guard (fastmcp 4.2.3,
+/// `fastmcp/server/http.py`), sent before a request is read as JSON-RPC.
+const PLAIN_REFUSALS: [(u16, &str); 6] = [
+    (400, "Invalid Content-Type header"),
+    (421, "Invalid Host header"),
+    (403, "Invalid Origin header"),
+    (413, "Request body too large"),
+    (421, "Misdirected Request"),
+    (403, "Forbidden Origin"),
+];
+
+/// Whether an HTTP error answer is one an MCP server's transport sends before it hands a
+/// request to any tool (README, once-proxy, lists each shape with the SDK it was read from):
+///
+/// - a JSON-RPC error whose `id` is null or missing, an error that answers no request: every
+///   refusal of the TypeScript SDK's Streamable HTTP transport (1.32.2: no or unknown session,
+///   a wrong protocol version, Accept, Content-Type, a body too large or unparseable, not
+///   initialized) and of the Python SDK's (mcp 2.3.0: no or unknown session, Accept,
+///   Content-Type, a parse or validation error);
+/// - the plain-text refusals in [`PLAIN_REFUSALS`].
+///
+/// An error that carries the request's id may come from the tool's own handler, whatever its
+/// code (mcp 2.3.0 maps a handler's error to a 4xx under the 2026-07-28 revision; FastMCP raises
+/// -32021 from inside a tool), and so may anything else: a gateway's 403 or 429, a page of HTML.
+fn pre_dispatch(status: u16, text: &str) -> bool {
+    if !(400..500).contains(&status) || status == 408 {
+        return false;
+    }
+    if PLAIN_REFUSALS.contains(&(status, text.trim())) {
+        return true;
+    }
+    let Ok(Value::Object(answer)) = serde_json::from_str::<Value>(text) else {
+        return false;
+    };
+    let coded = answer
+        .get("error")
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_i64)
+        .is_some();
+    let unaddressed = matches!(answer.get("id"), None | Some(Value::Null));
+    answer.get("jsonrpc") == Some(&json!("2.0"))
+        && answer.get("result").is_none()
+        && coded
+        && unaddressed
 }
 
 /// What the upstream's answer means for the effect.
@@ -236,13 +461,26 @@ fn judge(upstream: &Upstream, on_error: OnError) -> Result<Effect, EffectError> 
     let line = match upstream {
         Upstream::Answered(line) => line,
         Upstream::Gone { reason, .. } => return Err(EffectError::Ambiguous(reason.clone())),
-        // A client error status comes from the transport before any tool runs (no such
-        // session, a malformed request, too many requests), except a request timeout; a server
-        // error may come after.
+        Upstream::Unsent => {
+            return Err(EffectError::NotPerformed(
+                "the client cancelled the call before it was sent upstream".into(),
+            ))
+        }
+        Upstream::Unreached(why) => {
+            return Err(EffectError::NotPerformed(format!(
+                "the upstream could not be reached: {why}"
+            )))
+        }
         Upstream::Refused { status, text } => {
-            let why = format!("the upstream refused the request with HTTP {status}: {text}");
-            return Err(if (400..500).contains(status) && *status != 408 {
+            let why = format!(
+                "the upstream answered HTTP {status}: {}",
+                text.chars().take(512).collect::<String>()
+            );
+            // A server error or a timeout may come after the effect, whatever the policy says.
+            return Err(if pre_dispatch(*status, text) {
                 EffectError::NotPerformed(why)
+            } else if (400..500).contains(status) && *status != 408 {
+                failed(why)
             } else {
                 EffectError::Ambiguous(why)
             });
@@ -282,6 +520,22 @@ fn judge(upstream: &Upstream, on_error: OnError) -> Result<Effect, EffectError> 
             "the upstream's answer has neither a result nor an error".into(),
         )),
     }
+}
+
+/// The upstream's answer to the proxy's id, its result or error verbatim, under the client's id.
+fn reanswered(id: &Json, line: &[u8]) -> Option<Vec<u8>> {
+    let parsed = serde_json::from_slice::<Reply>(line).ok()?;
+    let (member, raw) = match (parsed.result, parsed.error) {
+        (Some(result), None) => ("result", result),
+        (None, Some(error)) => ("error", error),
+        _ => return None,
+    };
+    let mut answer = br#"{"jsonrpc":"2.0","id":"#.to_vec();
+    answer.extend_from_slice(&id.to_bytes());
+    answer.extend_from_slice(format!(r#","{member}":"#).as_bytes());
+    answer.extend_from_slice(raw.get().as_bytes());
+    answer.push(b'}');
+    Some(answer)
 }
 
 /// A replay: the stored result as it was, its marker after its content. A result stored by a
@@ -340,45 +594,67 @@ fn to_value(result: &impl serde::Serialize) -> Value {
     })
 }
 
-fn reply(id: &Value, result: Value) -> Answer {
-    let message = json!({"jsonrpc": "2.0", "id": id, "result": result});
-    Answer::Reply(message.to_string().into_bytes())
+fn reply(id: &Json, result: Value) -> Answer {
+    let mut answer = br#"{"jsonrpc":"2.0","id":"#.to_vec();
+    answer.extend_from_slice(&id.to_bytes());
+    answer.extend_from_slice(br#","result":"#);
+    answer.extend_from_slice(result.to_string().as_bytes());
+    answer.push(b'}');
+    Answer::Reply(answer)
 }
 
 /// The answer to a refused message: an error for each request in it (one, or a batch's), or
 /// nothing when it holds only notifications.
-pub fn refusal(message: &Value, why: &str) -> Option<Vec<u8>> {
-    let error = |id: &Value| {
-        json!({
-            "jsonrpc": "2.0",
-            "id": id,
-            "error": {"code": -32600, "message": format!("once-proxy: {why}; it was not performed.")},
-        })
+pub fn refusal(message: &Json, why: &str) -> Option<Vec<u8>> {
+    let error = |id: &Json| {
+        let mut answer = br#"{"jsonrpc":"2.0","id":"#.to_vec();
+        answer.extend_from_slice(&id.to_bytes());
+        answer.extend_from_slice(br#","error":"#);
+        let error =
+            json!({"code": -32600, "message": format!("once-proxy: {why}; it was not performed.")});
+        answer.extend_from_slice(error.to_string().as_bytes());
+        answer.push(b'}');
+        answer
     };
-    let requested = |m: &Value| m.get("id").filter(|id| !id.is_null()).cloned();
+    // A request's id; null for one that cannot be answered under its id (null, an object, one
+    // of the proxy's own); none for a notification.
+    let requested = |m: &Json| match m.get("id") {
+        None => None,
+        Some(id @ (Json::String(_) | Json::Number(_))) if !reserved(Some(id)) => Some(id.clone()),
+        Some(_) => Some(Json::Null),
+    };
     let answer = match message {
-        Value::Array(batch) => {
-            let errors: Vec<Value> = batch
+        Json::Array(batch) if !batch.is_empty() => {
+            let errors: Vec<Vec<u8>> = batch
                 .iter()
                 .filter_map(requested)
                 .map(|id| error(&id))
                 .collect();
-            (!errors.is_empty()).then_some(Value::Array(errors))
+            (!errors.is_empty()).then(|| {
+                let mut all = b"[".to_vec();
+                all.extend_from_slice(&errors.join(&b','));
+                all.push(b']');
+                all
+            })
         }
-        single => requested(single).map(|id| error(&id)),
+        Json::Object(_) => requested(message).map(|id| error(&id)),
+        _ => Some(error(&Json::Null)),
     };
     if answer.is_none() {
         tracing::warn!(why, "a refused notification is dropped");
     }
-    answer.map(|a| a.to_string().into_bytes())
+    answer
 }
 
-/// The answer to bytes that might be a tool call but cannot be parsed.
-pub fn unparseable() -> Vec<u8> {
+/// The answer to bytes that are not one strict JSON value: refused whatever they mention.
+pub fn unparseable(malformed: &crate::message::Malformed) -> Vec<u8> {
     json!({
         "jsonrpc": "2.0",
         "id": null,
-        "error": {"code": -32700, "message": "once-proxy: a message that may call a tool cannot be parsed; it was not forwarded."},
+        "error": {
+            "code": -32700,
+            "message": format!("once-proxy: the message is not one strict JSON value ({malformed}); it was not forwarded."),
+        },
     })
     .to_string()
     .into_bytes()
@@ -419,6 +695,7 @@ pub fn annotate(policy: &Policy, response: &mut Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::parse;
 
     fn answered(value: Value) -> Upstream {
         Upstream::Answered(value.to_string().into_bytes())
@@ -431,6 +708,11 @@ mod tests {
         assert_eq!(
             effect.result,
             br#"{"content":[{"type":"text","text":"ok"}],"isError":false}"#
+        );
+        let client = parse(b"1.0").unwrap();
+        assert_eq!(
+            reanswered(&client, line).unwrap(),
+            br#"{"jsonrpc":"2.0","id":1.0,"result":{"content":[{"type":"text","text":"ok"}],"isError":false}}"#
         );
     }
 
@@ -464,82 +746,156 @@ mod tests {
         ));
     }
 
-    fn guard() -> Guard {
-        let policy = Policy::parse("[tools.refund]\n").unwrap();
+    #[test]
+    fn an_http_error_is_absent_only_in_a_transports_pre_dispatch_shape() {
+        let refused = |status: u16, text: &str, on_error| {
+            matches!(
+                judge(
+                    &Upstream::Refused {
+                        status,
+                        text: text.into()
+                    },
+                    on_error
+                ),
+                Err(EffectError::NotPerformed(_))
+            )
+        };
+        // The SDKs' transports, before any handler runs.
+        for text in [
+            r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":null}"#,
+            r#"{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}"#,
+            r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Unsupported protocol version"},"id":null}"#,
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Bad Request: Missing session ID"}}"#,
+            r#"{"jsonrpc":"2.0","error":{"code":-32700,"message":"Parse error"}}"#,
+        ] {
+            assert!(refused(400, text, OnError::Unknown), "{text}");
+            assert!(refused(404, text, OnError::Unknown), "{text}");
+        }
+        assert!(refused(421, "Invalid Host header", OnError::Unknown));
+        assert!(refused(413, "Request body too large", OnError::Unknown));
+        // A gateway's refusal after the tool ran, a timeout, a server error: the policy decides,
+        // and by default they are UNKNOWN.
+        for (status, text) in [
+            (403, "Forbidden"),
+            (403, r#"{"error": "forbidden"}"#),
+            (
+                400,
+                r#"{"jsonrpc":"2.0","id":"once-proxy:1","error":{"code":-32603,"message":"x"}}"#,
+            ),
+            (
+                400,
+                r#"{"jsonrpc":"2.0","id":"once-proxy:1","error":{"code":-32602,"message":"x"}}"#,
+            ),
+            (
+                400,
+                r#"{"jsonrpc":"2.0","id":"once-proxy:1","error":{"code":-32600,"message":"x"}}"#,
+            ),
+            (400, "<html><body>Bad Request</body></html>"),
+            (403, "Invalid Host header"),
+            (
+                408,
+                r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"timeout"},"id":null}"#,
+            ),
+            (
+                500,
+                r#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"boom"},"id":null}"#,
+            ),
+        ] {
+            assert!(!refused(status, text, OnError::Unknown), "{status} {text}");
+        }
+        assert!(refused(403, "Forbidden", OnError::Absent));
+        assert!(!refused(500, "boom", OnError::Absent));
+    }
+
+    fn guard(policy: &str) -> Guard {
+        let policy = Policy::parse(policy).unwrap();
         let ledger =
             LedgerClient::connect(once_client::ClientConfig::new("http://127.0.0.1:1")).unwrap();
-        Guard { policy, ledger }
+        Guard::new(policy, ledger)
+    }
+
+    /// How `guard` sees the message `text`: guarded, refused, passed, or malformed.
+    fn seen(guard: &Guard, text: &str) -> &'static str {
+        match parse(text.as_bytes()) {
+            Err(_) => "malformed",
+            Ok(message) => match guard.inspect(&message) {
+                Seen::Guarded(..) => "guarded",
+                Seen::Refused(_) => "refused",
+                Seen::Passed => "passed",
+            },
+        }
     }
 
     #[tokio::test]
-    async fn messages_a_lenient_reader_could_take_for_a_guarded_call_are_refused() {
-        let guard = guard();
-        let seen = |m: Value| match guard.inspect(&m) {
-            Seen::Guarded(..) => "guarded",
-            Seen::Refused(_) => "refused",
-            Seen::Passed => "passed",
+    async fn messages_a_lenient_reader_could_take_for_another_are_refused() {
+        let guard =
+            guard("[tools.refund]\nintent = [\"r\", \"{/order/id}\"]\nvolatile = [\"note\"]\n");
+        let call = |id: &str, method: &str, params: &str| {
+            format!(r#"{{"jsonrpc": "2.0", "id": {id}, "method": {method}, "params": {params}}}"#)
         };
-        let call = |extra: Value| {
-            let mut m = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "refund", "arguments": {}}});
-            for (k, v) in extra.as_object().unwrap() {
-                m[k] = v.clone();
-            }
-            m
-        };
-        assert_eq!(seen(call(json!({}))), "guarded");
-        assert_eq!(seen(call(json!({"id": "a"}))), "guarded");
-        assert_eq!(
-            seen(
-                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "lookup"}})
-            ),
-            "passed"
-        );
-        // Case variants of the keys that route a message.
-        assert_eq!(seen(call(json!({"Method": "tools/call"}))), "refused");
-        assert_eq!(
-            seen(
-                json!({"jsonrpc": "2.0", "ID": 1, "method": "tools/call", "params": {"name": "refund"}})
-            ),
-            "refused"
-        );
-        assert_eq!(
-            seen(
-                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "lookup", "Name": "refund"}})
-            ),
-            "refused"
-        );
-        assert_eq!(
-            seen(
-                json!({"jsonrpc": "2.0", "id": 1, "method": "Tools/Call", "params": {"name": "refund"}})
-            ),
-            "refused"
-        );
-        // No id, or a null or object id: not a request the proxy can answer and report.
-        assert_eq!(
-            seen(json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "refund"}})),
-            "refused"
-        );
-        assert_eq!(seen(call(json!({"id": null}))), "refused");
-        // A batch with a guarded call in it is refused whole; one without passes.
-        assert_eq!(
-            seen(json!([call(json!({})), {"jsonrpc": "2.0", "id": 2, "method": "ping"}])),
-            "refused"
-        );
-        assert_eq!(
-            seen(json!([{"jsonrpc": "2.0", "id": 2, "method": "ping"}])),
-            "passed"
-        );
-        assert!(may_call_a_tool(b"{\"method\": \"TOOLS/CALL\", oops"));
-        assert!(!may_call_a_tool(b"{\"method\": \"ping\""));
+        let refund = r#"{"name": "refund", "arguments": {"order": {"id": 1}}}"#;
+        for (text, verdict) in [
+            (call("1", r#""tools/call""#, refund), "guarded"),
+            (call(r#""a""#, r#""tools\/call""#, refund), "guarded"),
+            (call("1.0", r#""tools\u002fcall""#, refund), "guarded"),
+            (call("1", r#""tools/call""#, r#"{"n\u0061me": "refund"}"#), "guarded"),
+            (call("1", r#""tools/call""#, r#"{"name": "lookup"}"#), "passed"),
+            (call("1", r#""ping""#, "{}"), "passed"),
+            // Methods, tools and names that look alike.
+            (call("1", r#""Tools/Call""#, refund), "refused"),
+            (call("1", r#""tools/call ""#, refund), "refused"),
+            (call("1", r#""tools/call\u0000""#, refund), "refused"),
+            (call("1", r#""tools/call\u200b""#, refund), "refused"),
+            (call("1", r#""\uff54ools/call""#, refund), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "Refund"}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund\u0000"}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": ["refund"]}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"["refund"]"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "lookup", "Name": "refund"}"#), "malformed"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "argumentſ": {}}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "_meta": {"progressToKen": 1}}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"Order": {"id": 1}}}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"ID": 1}}}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"id": 1}, "NOTE": ""}}"#), "refused"),
+            (r#"{"jsonrpc": "2.0", "id": 1, "method": "ping", "Method": "tools/call", "params": {"name": "refund"}}"#.into(), "malformed"),
+            (r#"{"jsonrpc": "2.0", "id": 1, "METHOD": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
+            (r#"{"jsonrpc": "2.0", "ıd": 1, "method": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
+            (r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "paramſ": {"name": "refund"}}"#.into(), "refused"),
+            // Not a request the proxy can answer and report.
+            (r#"{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
+            (call("null", r#""tools/call""#, refund), "refused"),
+            (call("{}", r#""tools/call""#, refund), "refused"),
+            (r#"{"jsonrpc": "1.0", "id": 1, "method": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
+            (r#"{"id": 1, "method": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
+            (r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "result": {}, "params": {"name": "refund"}}"#.into(), "refused"),
+            // The proxy's own ids and tokens.
+            (call(r#""once-proxy:1""#, r#""ping""#, "{}"), "refused"),
+            (r#"{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "once-proxy:x:1"}}"#.into(), "refused"),
+            (r#"{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"RequestId": 1}}"#.into(), "refused"),
+            // Batches and what is not a message.
+            (format!("[{}, {}]", call("1", r#""tools/call""#, refund), call("2", r#""ping""#, "{}")), "refused"),
+            (format!("[{}]", call("2", r#""ping""#, "{}")), "passed"),
+            (format!("[[{}]]", call("2", r#""ping""#, "{}")), "refused"),
+            ("[]".into(), "refused"),
+            (r#""tools/call""#.into(), "refused"),
+            // A response from the client (to a server's request) passes.
+            (r#"{"jsonrpc": "2.0", "id": 3, "result": {}}"#.into(), "passed"),
+        ] {
+            assert_eq!(seen(&guard, &text), verdict, "{text}");
+        }
     }
 
     #[test]
     fn a_refused_batch_answers_each_request_in_it() {
-        let batch = json!([
+        let batch = parse(
+            br#"[
             {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "refund"}},
             {"jsonrpc": "2.0", "method": "notifications/progress"},
             {"jsonrpc": "2.0", "id": "b", "method": "tools/list"},
-        ]);
+            {"jsonrpc": "2.0", "id": "once-proxy:7", "method": "ping"}
+        ]"#,
+        )
+        .unwrap();
         let answer: Value = serde_json::from_slice(&refusal(&batch, "no").unwrap()).unwrap();
         let ids: Vec<&Value> = answer
             .as_array()
@@ -547,8 +903,9 @@ mod tests {
             .iter()
             .map(|a| &a["id"])
             .collect();
-        assert_eq!(ids, [&json!(1), &json!("b")]);
-        assert!(refusal(&json!({"jsonrpc": "2.0", "method": "tools/call"}), "no").is_none());
+        assert_eq!(ids, [&json!(1), &json!("b"), &Value::Null]);
+        let notification = parse(br#"{"jsonrpc": "2.0", "method": "tools/call"}"#).unwrap();
+        assert!(refusal(&notification, "no").is_none());
     }
 
     #[test]
@@ -571,6 +928,25 @@ mod tests {
                 "code {code}: {judged:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn absent_applies_only_to_a_tool_listed_without_an_output_schema() {
+        let guard =
+            guard("[tools.refund]\non_error = \"absent\"\n[tools.typed]\non_error = \"absent\"\n");
+        assert_eq!(guard.listed("refund"), Listed::Unseen);
+        guard.learn(&json!({"tools": [
+            {"name": "refund", "inputSchema": {}},
+            {"name": "typed", "inputSchema": {}, "outputSchema": {"type": "object"}},
+        ]}));
+        assert_eq!(guard.listed("refund"), Listed::Plain);
+        assert_eq!(guard.listed("typed"), Listed::Validated);
+        let misjudged = guard.misjudged();
+        assert_eq!(misjudged.len(), 1, "{misjudged:?}");
+        assert!(
+            misjudged[0].starts_with("tools.typed: on_error"),
+            "{misjudged:?}"
+        );
     }
 
     #[test]

@@ -8,13 +8,20 @@
 //!
 //! Over stdio the MCP client launches the proxy as if it were the server, and the proxy runs
 //! the server as its child; over Streamable HTTP the proxy is an MCP endpoint (`/mcp`) in front
-//! of the upstream's. Each `tools/call` of a tool the policy guards is claimed at the ledger first and
-//! reaches the server at most once per logical operation; everything else passes untouched.
+//! of the upstream's. Every client message is parsed strictly and forwarded as the proxy
+//! re-serialised it; each `tools/call` of a tool the policy guards is claimed at the ledger
+//! first, travels under the proxy's own id, and reaches the server at most once per logical
+//! operation.
 
 mod check;
+mod door;
+#[cfg(test)]
+mod fuzz;
 mod guard;
 mod http;
+mod message;
 mod policy;
+mod session;
 mod stdio;
 
 use std::path::PathBuf;
@@ -49,16 +56,59 @@ struct Args {
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     ledger_timeout: Duration,
     /// Serve MCP over Streamable HTTP at `/mcp` on this address (with --upstream) instead of
-    /// relaying stdio to a command.
+    /// relaying stdio to a command. Beyond loopback it needs TLS and a client credential.
     #[arg(long, env = "ONCE_PROXY_LISTEN", requires = "upstream")]
     listen: Option<std::net::SocketAddr>,
     /// The upstream's Streamable HTTP MCP endpoint (with --listen).
     #[arg(long, env = "ONCE_PROXY_UPSTREAM", requires = "listen")]
-    upstream: Option<String>,
+    upstream: Option<reqwest::Url>,
     /// A header sent with every upstream request, `Name: value` (the upstream's credentials);
-    /// the client's own headers, its authorization among them, are passed through.
+    /// the client's own headers pass through, its authorization too unless the proxy asks for
+    /// a client token.
     #[arg(long = "upstream-header", value_parser = http::header)]
     upstream_headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
+    /// A file of such headers, one `Name: value` a line: credentials kept off the command
+    /// line, which other users of the machine can read.
+    #[arg(long, env = "ONCE_PROXY_UPSTREAM_HEADERS_FILE", requires = "listen")]
+    upstream_headers_file: Option<PathBuf>,
+    /// A file holding the token HTTP clients must present (`Authorization: Bearer …`).
+    #[arg(long, env = "ONCE_PROXY_CLIENT_TOKEN_FILE", requires = "listen")]
+    client_token_file: Option<PathBuf>,
+    /// The listener's TLS certificate chain (PEM), with --tls-key.
+    #[arg(long, env = "ONCE_PROXY_TLS_CERT", requires_all = ["listen", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// The listener's TLS private key (PEM).
+    #[arg(long, env = "ONCE_PROXY_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Certificate authorities of client certificates (PEM): every client must present one.
+    #[arg(long, env = "ONCE_PROXY_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// A `Host` the listener answers to besides its loopback names, as clients send it
+    /// (`name` or `name:port`); repeatable.
+    #[arg(
+        long = "allowed-host",
+        env = "ONCE_PROXY_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
+    /// An `Origin` (`scheme://host[:port]`) whose browser pages may call the listener, besides
+    /// its loopback names; repeatable.
+    #[arg(
+        long = "allowed-origin",
+        env = "ONCE_PROXY_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    allowed_origins: Vec<String>,
+    /// The largest request body read (bytes; K, M suffixes for KiB and MiB).
+    #[arg(long, env = "ONCE_PROXY_MAX_BODY", default_value = "4M", value_parser = bytes)]
+    max_body: usize,
+    /// Serve beyond loopback without TLS or a client credential. Never in production.
+    #[arg(long, env = "ONCE_PROXY_INSECURE")]
+    insecure: bool,
+    /// An environment variable the upstream command does not inherit (the ledger key never
+    /// is); repeatable.
+    #[arg(long = "env-remove", value_name = "NAME")]
+    env_removed: Vec<String>,
     /// The MCP server to run over stdio, after `--`.
     #[arg(
         last = true,
@@ -85,11 +135,51 @@ enum Lint {
     },
 }
 
+/// A size in bytes: a number, or one with a K or M suffix (KiB, MiB).
+fn bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        _ => {
+            return Err(format!(
+                "{text:?}: a size is bytes, or a number with K or M"
+            ))
+        }
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{text:?}: a size is a positive number of bytes"))
+}
+
+/// A URL as logs and histories may show it: without userinfo, query or fragment, which may
+/// carry credentials.
+pub fn redacted(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string()
+        }
+        Err(_) => "<an unparseable URL>".into(),
+    }
+}
+
 impl std::fmt::Debug for Args {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Args")
             .field("policy", &self.policy)
-            .field("ledger", &self.ledger)
+            .field("ledger", &redacted(&self.ledger))
             .field(
                 "ledger_key",
                 &self.ledger_key.as_ref().map(|_| "<redacted>"),
@@ -174,19 +264,158 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
         );
     }
     let ledger = LedgerClient::connect(config)?;
-    tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %args.ledger, "once-proxy starting");
-    let guard = guard::Guard { policy, ledger };
-    let code = match (args.listen, args.upstream) {
-        (Some(address), Some(upstream)) => {
-            let listener = tokio::net::TcpListener::bind(address).await?;
-            tracing::info!(address = %listener.local_addr()?, %upstream, "once-proxy serving MCP over Streamable HTTP at /mcp");
-            let headers = args.upstream_headers.into_iter().collect();
-            http::serve(guard, listener, upstream, headers, stopped())
-                .await
-                .map(|()| 0)
-        }
-        _ => stdio::run(guard, &args.command).await,
+    tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %redacted(&args.ledger), "once-proxy starting");
+    let guard = guard::Guard::new(policy, ledger);
+    let code = match (args.listen, args.upstream.clone()) {
+        (Some(address), Some(upstream)) => http_proxy(guard, address, upstream, args).await,
+        _ => stdio_proxy(guard, &args).await,
     };
     telemetry.shutdown();
     code
+}
+
+/// Over stdio: the upstream command run as the proxy's child. When a guarded tool's errors are
+/// to be taken for ABSENT, the command is first run on its own to list its tools, and a policy
+/// that says so of a tool with an output schema is refused.
+async fn stdio_proxy(guard: guard::Guard, args: &Args) -> anyhow::Result<i32> {
+    if guard
+        .policy
+        .tools
+        .values()
+        .any(|t| t.on_error == policy::OnError::Absent)
+    {
+        let tools = check::list_tools(&args.command, &args.env_removed)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "listing the upstream's tools, to check on_error = \"absent\": {e:#}"
+                )
+            })?;
+        guard.learn(&serde_json::json!({ "tools": tools }));
+        let misjudged = guard.misjudged();
+        anyhow::ensure!(misjudged.is_empty(), "{}", misjudged.join("\n"));
+    }
+    stdio::run(guard, &args.command, &args.env_removed).await
+}
+
+/// Over Streamable HTTP: a listener closed by default beyond loopback, in front of `upstream`.
+async fn http_proxy(
+    guard: guard::Guard,
+    address: std::net::SocketAddr,
+    upstream: reqwest::Url,
+    args: Args,
+) -> anyhow::Result<i32> {
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(once_tls::server_config(
+            &once_tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+            },
+            &[b"h2", b"http/1.1"],
+        )?),
+        _ => None,
+    };
+    let token = match &args.client_token_file {
+        Some(path) => {
+            let token = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--client-token-file {}: {e}", path.display()))?;
+            let token = token.trim().to_owned();
+            anyhow::ensure!(
+                token.len() >= door::MIN_TOKEN,
+                "--client-token-file {}: a client token is at least {} characters",
+                path.display(),
+                door::MIN_TOKEN
+            );
+            Some(token)
+        }
+        None => None,
+    };
+    let credential = token.is_some() || args.tls_client_ca.is_some();
+    if !address.ip().is_loopback() && !args.insecure {
+        let missing = match (tls.is_some(), credential) {
+            (false, _) => Some("without TLS (--tls-cert, --tls-key)"),
+            (true, false) => {
+                Some("without a client credential (--client-token-file or --tls-client-ca)")
+            }
+            (true, true) => None,
+        };
+        if let Some(missing) = missing {
+            anyhow::bail!(
+                "--listen {address} is beyond loopback and would be served {missing}: anyone \
+                 who reaches it could call the upstream's tools with its credentials. Add them, \
+                 listen on 127.0.0.1, or pass --insecure"
+            );
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| anyhow::anyhow!("--listen {address}: {e}"))?;
+    let bound = listener.local_addr()?;
+    let mut headers: axum::http::HeaderMap = args.upstream_headers.into_iter().collect();
+    if let Some(path) = &args.upstream_headers_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--upstream-headers-file {}: {e}", path.display()))?;
+        for (n, line) in text.lines().map(str::trim).enumerate() {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            // The line is not quoted back: it may hold a credential.
+            let (name, value) = http::header(line).map_err(|_| {
+                anyhow::anyhow!(
+                    "--upstream-headers-file {}: line {} is not \"Name: value\"",
+                    path.display(),
+                    n + 1
+                )
+            })?;
+            headers.insert(name, value);
+        }
+    }
+    let settings = http::Settings {
+        door: door::Door::new(
+            bound,
+            tls.is_some(),
+            &args.allowed_hosts,
+            &args.allowed_origins,
+            token.as_deref(),
+        ),
+        upstream: upstream.clone(),
+        headers,
+        max_body: args.max_body,
+    };
+    let served = match tls {
+        Some(config) => {
+            let listener = once_tls::TlsListener::new(listener, config)?;
+            tracing::info!(address = %bound, upstream = %redacted(upstream.as_str()), tls = true, "once-proxy serving MCP over Streamable HTTP at /mcp");
+            http::serve(guard, listener, settings, stopped()).await
+        }
+        None => {
+            tracing::info!(address = %bound, upstream = %redacted(upstream.as_str()), tls = false, "once-proxy serving MCP over Streamable HTTP at /mcp");
+            http::serve(guard, listener, settings, stopped()).await
+        }
+    };
+    served.map(|()| 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_in_logs_lose_their_credentials() {
+        assert_eq!(
+            redacted("http://user:pa55@127.0.0.1:9/mcp?token=s3cret#frag"),
+            "http://127.0.0.1:9/mcp"
+        );
+        assert_eq!(redacted("not a url"), "<an unparseable URL>");
+    }
+
+    #[test]
+    fn sizes_are_bytes_or_kib_or_mib() {
+        assert_eq!(bytes("4M"), Ok(4 << 20));
+        assert_eq!(bytes("512K"), Ok(512 << 10));
+        assert_eq!(bytes("1000"), Ok(1000));
+        assert!(bytes("0").is_err());
+        assert!(bytes("4G").is_err());
+    }
 }

@@ -41,6 +41,8 @@ use once_core::once_id::IntentPart;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::message::Json;
+
 /// The whole policy file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +77,11 @@ pub struct ToolPolicy {
     /// Where the forwarded call carries the ledger's provider key for the attempt, so the
     /// provider can dedupe on it and a reconciler can find the effect by it.
     pub provider_key: Option<KeySink>,
+    /// The paths into the arguments that the policy reads (its templates' pointers, volatile
+    /// fields, key arguments, the provider key's argument), each a list of member names; filled
+    /// at load.
+    #[serde(skip)]
+    pub read: Vec<Vec<String>>,
 }
 
 /// Where the proxy puts the attempt's provider key in the call it forwards.
@@ -105,31 +112,19 @@ impl TryFrom<String> for KeySink {
 }
 
 impl KeySink {
-    /// `request` (a `tools/call`) carrying `provider_key` where this sink says.
-    pub fn carry(&self, request: &Value, provider_key: &str) -> Value {
-        let mut request = request.clone();
-        let key = Value::String(provider_key.to_owned());
-        if let Some(Value::Object(params)) = request.get_mut("params") {
-            match self {
-                KeySink::Argument(name) => {
-                    let arguments = params
-                        .entry("arguments")
-                        .or_insert_with(|| Value::Object(Map::new()));
-                    if let Value::Object(arguments) = arguments {
-                        arguments.insert(name.clone(), key);
-                    }
-                }
-                KeySink::Meta => {
-                    let meta = params
-                        .entry("_meta")
-                        .or_insert_with(|| Value::Object(Map::new()));
-                    if let Value::Object(meta) = meta {
-                        meta.insert(META_PROVIDER_KEY.to_owned(), key);
-                    }
-                }
-            }
+    /// Puts `provider_key` into `request` (a `tools/call`) where this sink says.
+    pub fn carry(&self, request: &mut Json, provider_key: &str) {
+        let key = Json::String(provider_key.to_owned());
+        let Some(params) = request.get_mut("params") else {
+            return;
+        };
+        let (holder, name) = match self {
+            KeySink::Argument(name) => ("arguments", name.as_str()),
+            KeySink::Meta => ("_meta", META_PROVIDER_KEY),
+        };
+        if let Some(holder) = params.object_at(holder) {
+            holder.set(name, key);
         }
-        request
     }
 }
 
@@ -221,11 +216,12 @@ impl Policy {
 
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         // Templates are parsed here, once: a malformed one refuses the policy.
-        let policy: Policy = toml::from_str(text)?;
-        for (tool, guarded) in &policy.tools {
+        let mut policy: Policy = toml::from_str(text)?;
+        for (tool, guarded) in &mut policy.tools {
             if guarded.intent.as_ref().is_some_and(Vec::is_empty) {
                 anyhow::bail!("tools.{tool}.intent: name at least one part, or leave it out");
             }
+            guarded.read = guarded.paths_read();
         }
         Ok(policy)
     }
@@ -236,6 +232,45 @@ impl Policy {
 }
 
 impl ToolPolicy {
+    /// The top-level arguments that carry a key rather than the request: the explicit key's
+    /// arguments and the provider key's. Each is left out of the fingerprint, so a model that
+    /// re-issues a call with a fresh key is still asking for the same thing, and the fresh-id
+    /// guard sees it.
+    fn key_arguments(&self) -> impl Iterator<Item = &str> {
+        let sources = self.key.iter().filter_map(|source| match source {
+            KeySource::Argument(name) => Some(name.as_str()),
+            _ => None,
+        });
+        let sink = match &self.provider_key {
+            Some(KeySink::Argument(name)) => Some(name.as_str()),
+            _ => None,
+        };
+        sources.chain(sink)
+    }
+
+    fn paths_read(&self) -> Vec<Vec<String>> {
+        let templates = self
+            .intent
+            .iter()
+            .flatten()
+            .chain(self.lookup_hints.values())
+            .flat_map(Template::pointers)
+            .map(|pointer| {
+                pointer
+                    .split('/')
+                    .skip(1)
+                    .map(|token| token.replace("~1", "/").replace("~0", "~"))
+                    .collect()
+            });
+        let top = self
+            .volatile
+            .iter()
+            .map(String::as_str)
+            .chain(self.key_arguments())
+            .map(|name| vec![name.to_owned()]);
+        templates.chain(top).collect()
+    }
+
     /// The operation a `tools/call` request's params describe, or why it cannot be named.
     pub fn spec(&self, tool: &str, params: &Map<String, Value>) -> Result<OperationSpec, Unnamed> {
         let arguments = match params.get("arguments") {
@@ -267,7 +302,9 @@ impl ToolPolicy {
             .map(|(name, hint)| Ok((name.clone(), hint.render(&arguments)?)))
             .collect::<Result<Map<_, _>, String>>()
             .map_err(Unnamed)?;
-        let mut spec = OperationSpec::new(tool, arguments).volatile(self.volatile.clone());
+        let mut volatile = self.volatile.clone();
+        volatile.extend(self.key_arguments().map(str::to_owned));
+        let mut spec = OperationSpec::new(tool, arguments).volatile(volatile);
         match (intent, key) {
             (Some(parts), _) => spec = spec.intent_parts(parts),
             (None, Some(key)) => spec = spec.explicit(format!("{tool}:x:{key}")),
@@ -349,6 +386,14 @@ impl Template {
     /// The template as the policy wrote it.
     pub fn as_str(&self) -> &str {
         &self.text
+    }
+
+    /// The JSON pointers the template reads.
+    fn pointers(&self) -> impl Iterator<Item = &str> {
+        self.pieces.iter().filter_map(|piece| match piece {
+            Piece::Pointer(pointer) => Some(pointer.as_str()),
+            Piece::Text(_) => None,
+        })
     }
 
     /// The value a template of one pointer names, kept as it is; otherwise the text.
@@ -446,7 +491,11 @@ mod tests {
             Some(json!({"order_id": 42, "label": "order-42"}))
         );
         assert_eq!(spec.lease_ttl, Some(Duration::from_secs(5)));
-        assert_eq!(spec.volatile_fields, vec!["note".to_string()]);
+        // The policy's volatile fields, and the argument an explicit key may come from.
+        assert_eq!(
+            spec.volatile_fields,
+            vec!["note".to_string(), "idempotency_key".to_string()]
+        );
     }
 
     #[test]
@@ -498,16 +547,83 @@ mod tests {
 
     #[test]
     fn the_provider_key_is_carried_where_the_policy_says() {
-        let request = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "t", "arguments": {"a": 1, "idempotency_key": "client"}}});
-        let argument = KeySink::Argument("idempotency_key".into()).carry(&request, "pk-1");
+        let request = crate::message::parse(
+            br#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                 "params": {"name": "t", "arguments": {"a": 1, "idempotency_key": "client"}}}"#,
+        )
+        .unwrap();
+        let carried = |sink: KeySink, request: &Json| {
+            let mut request = request.clone();
+            sink.carry(&mut request, "pk-1");
+            request.to_value()
+        };
+        let argument = carried(KeySink::Argument("idempotency_key".into()), &request);
         assert_eq!(
             argument["params"]["arguments"],
             json!({"a": 1, "idempotency_key": "pk-1"})
         );
-        let meta = KeySink::Meta.carry(&request, "pk-1");
+        let meta = carried(KeySink::Meta, &request);
         assert_eq!(meta["params"]["_meta"]["once/provider_key"], "pk-1");
-        assert_eq!(meta["params"]["arguments"], request["params"]["arguments"]);
+        assert_eq!(
+            meta["params"]["arguments"],
+            json!({"a": 1, "idempotency_key": "client"})
+        );
+        // Arguments sent as null still carry the key.
+        let bare = crate::message::parse(
+            br#"{"id": 1, "method": "tools/call", "params": {"name": "t", "arguments": null}}"#,
+        )
+        .unwrap();
+        let argument = carried(KeySink::Argument("request_key".into()), &bare);
+        assert_eq!(
+            argument["params"]["arguments"],
+            json!({"request_key": "pk-1"})
+        );
+    }
+
+    #[test]
+    fn key_arguments_leave_the_fingerprint_so_a_fresh_key_meets_the_fresh_id_guard() {
+        let policy = Policy::parse(
+            "[tools.transfer]\nkey = [\"argument:request_id\"]\nprovider_key = \"argument:pk\"\n",
+        )
+        .unwrap();
+        let tool = policy.guarded("transfer").unwrap();
+        let spec = |arguments: Value| {
+            tool.spec("transfer", &params(json!({ "arguments": arguments })))
+                .unwrap()
+                .resolve()
+                .unwrap()
+        };
+        let (first_id, first_fingerprint) = spec(json!({"to": "acct_1", "request_id": "r1"}));
+        let (again_id, again_fingerprint) =
+            spec(json!({"to": "acct_1", "request_id": "r2", "pk": "whatever"}));
+        assert_eq!(first_id, "transfer:x:r1");
+        assert_eq!(again_id, "transfer:x:r2");
+        assert_eq!(first_fingerprint, again_fingerprint);
+        let (_, other) = spec(json!({"to": "acct_2", "request_id": "r3"}));
+        assert_ne!(other, first_fingerprint);
+    }
+
+    #[test]
+    fn the_paths_a_policy_reads_are_known_at_load() {
+        let policy = Policy::parse(POLICY).unwrap();
+        let mut read = policy.guarded("issue_refund").unwrap().read.clone();
+        read.sort();
+        read.dedup();
+        let path = |parts: &[&str]| parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            read,
+            vec![
+                path(&["idempotency_key"]),
+                path(&["note"]),
+                path(&["order_id"]),
+            ]
+        );
+        let nested = Policy::parse("[tools.t]\nintent = [\"{/order/id~1x}\"]\n").unwrap();
+        assert!(nested
+            .guarded("t")
+            .unwrap()
+            .read
+            .contains(&path(&["order", "id/x"])));
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The stdio shape: the MCP client launches the proxy as if it were the server; the proxy
 //! launches the real server as its child and relays newline-delimited JSON-RPC both ways.
-//! Every line it does not guard passes byte for byte.
+//!
+//! Each line from the client is parsed strictly and judged; what reaches the upstream is the
+//! re-serialisation of what was judged, a guarded call under the proxy's own id. Lines from the
+//! upstream reach the client as they came, but for the answers and progress of guarded calls.
 
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
@@ -12,34 +15,42 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinSet;
 
-use crate::guard::{
-    annotate, may_call_a_tool, refusal, unparseable, Answer, Guard, Seen, Upstream,
-};
+use crate::guard::{annotate, refusal, unparseable, Answer, Guard, Seen, Upstream};
+use crate::message::{self, IdKey, Json};
+use crate::session::{self, Minter, Session};
 
 /// How long the upstream has to exit once the client has gone, before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 
-/// The requests in flight that the proxy watches for.
+/// The environment variable the proxy's ledger key may come from: never the child's.
+pub const LEDGER_KEY_ENV: &str = "ONCE_LEDGER_KEY";
+
+/// A guarded call sent upstream, by the proxy's id.
+#[derive(Debug)]
+struct Sent {
+    /// Who waits for the answer.
+    waiter: oneshot::Sender<Upstream>,
+    /// The client's progress token, which the upstream's progress notifications are given
+    /// back under.
+    token: Option<Json>,
+}
+
+/// What the relay tracks between the client and the upstream.
 #[derive(Debug, Default)]
-struct Watched {
-    /// Guarded calls sent upstream, by JSON-RPC id (as JSON text): who waits for the answer.
-    guarded: HashMap<String, oneshot::Sender<Upstream>>,
-    /// `tools/list` requests whose answers are annotated.
-    listings: HashSet<String>,
-    /// Guarded calls given up on (timed out, cancelled): a late answer is the ledger's to learn
-    /// from a reconciler, not a second answer for the client.
-    abandoned: HashSet<String>,
-    /// Ids of the guarded calls being handled, from the moment they are read: a second request
-    /// under an id in use is refused.
-    in_flight: HashSet<String>,
+struct State {
+    session: Session,
+    sent: HashMap<String, Sent>,
+    /// The client's `tools/list` requests: their answers are learned from, and annotated when
+    /// the policy asks.
+    listings: HashSet<IdKey>,
     /// The upstream's output has ended: no answer will come to a call sent now.
     closed: bool,
 }
 
 /// Runs `command` as the upstream server and relays between it and this process's stdio until
 /// either side ends. Returns the upstream's exit code.
-pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
-    let mut child = spawn_upstream(command)?;
+pub async fn run(guard: Guard, command: &[String], env_removed: &[String]) -> anyhow::Result<i32> {
+    let mut child = spawn_upstream(command, env_removed)?;
     let upstream_in = child.stdin.take().expect("piped");
     let upstream_out = child.stdout.take().expect("piped");
     tracing::info!(command = %command.join(" "), "once-proxy relaying stdio");
@@ -86,12 +97,21 @@ pub async fn run(guard: Guard, command: &[String]) -> anyhow::Result<i32> {
 }
 
 /// Starts the upstream MCP server `command` names, its stdin and stdout piped to this process,
-/// its stderr this process's; killed if dropped.
-pub fn spawn_upstream(command: &[String]) -> anyhow::Result<tokio::process::Child> {
+/// its stderr this process's, and its environment this process's without the ledger key or
+/// the variables `env_removed` names; killed if dropped.
+pub fn spawn_upstream(
+    command: &[String],
+    env_removed: &[String],
+) -> anyhow::Result<tokio::process::Child> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| anyhow::anyhow!("name the MCP server to run after --"))?;
-    tokio::process::Command::new(program)
+    let mut child = tokio::process::Command::new(program);
+    child.env_remove(LEDGER_KEY_ENV);
+    for name in env_removed {
+        child.env_remove(name);
+    }
+    child
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -113,12 +133,14 @@ async fn relay(
 ) -> anyhow::Result<()> {
     let (to_client, client_written) = writer(client_out);
     let (to_upstream, _) = writer(upstream_in);
-    let watched: Arc<Mutex<Watched>> = Arc::default();
+    let state: Arc<Mutex<State>> = Arc::default();
+    let minter = Arc::new(Minter::new());
 
     let mut from_upstream = tokio::spawn(read_upstream(
         BufReader::new(upstream_out),
         guard.clone(),
-        watched.clone(),
+        minter.clone(),
+        state.clone(),
         to_client.clone(),
     ));
     let mut calls = JoinSet::new();
@@ -138,92 +160,110 @@ async fn relay(
             }
         }
         let line = strip_newline(line);
-        let message = match serde_json::from_slice::<Value>(&line) {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let message = match message::parse(&line) {
             Ok(message) => message,
-            // Another parser might read a tool call in what this one cannot: fail closed.
-            Err(_) if may_call_a_tool(&line) => {
-                let _ = to_client.send(unparseable());
+            // Refused whatever it mentions: another parser might read a tool call in it.
+            Err(malformed) => {
+                let _ = to_client.send(unparseable(&malformed));
                 continue;
             }
-            Err(_) => {
-                let _ = to_upstream.send(line);
-                continue;
+        };
+        let refuse = |why: &str| {
+            if let Some(answer) = refusal(&message, why) {
+                let _ = to_client.send(answer);
             }
         };
         let (tool, policy) = match guard.inspect(&message) {
             Seen::Refused(why) => {
-                if let Some(answer) = refusal(&message, why) {
-                    let _ = to_client.send(answer);
-                }
+                refuse(&why);
                 continue;
             }
-            Seen::Guarded(tool, policy) => (tool.to_owned(), policy.clone()),
+            Seen::Guarded(tool, policy) => (tool, policy.clone()),
             Seen::Passed => {
-                pass(&guard, &watched, &message);
-                let _ = to_upstream.send(line);
+                let mut state = state.lock().expect("not poisoned");
+                match state.session.pass(&message) {
+                    Err(why) => {
+                        drop(state);
+                        refuse(&why);
+                    }
+                    Ok(passing) => {
+                        state.listings.extend(passing.listings);
+                        // Sent while the state is held, so a cancellation translated here
+                        // follows the guarded call it names.
+                        if let Some(forwarded) = passing.forwarded {
+                            let _ = to_upstream.send(forwarded.to_bytes());
+                        }
+                    }
+                }
                 continue;
             }
         };
-        {
-            // An id whose answer may still come (a call in flight, or one given up on) cannot
-            // carry a new guarded call: that answer would be taken for the new call's.
-            let key = message["id"].to_string();
-            let mut watched = watched.lock().expect("not poisoned");
-            if watched.abandoned.contains(&key) || !watched.in_flight.insert(key) {
-                drop(watched);
-                let why =
-                    "a guarded call's id is already in use by a call whose answer may still come";
-                if let Some(answer) = refusal(&message, why) {
-                    let _ = to_client.send(answer);
-                }
+        let id = message.get("id").cloned().unwrap_or(Json::Null);
+        let claimed = state.lock().expect("not poisoned").session.guard(&id);
+        let (key, cancelled) = match claimed {
+            Ok(claimed) => claimed,
+            Err(why) => {
+                refuse(&why);
                 continue;
             }
-        }
-        {
-            let guard = guard.clone();
-            let watched = watched.clone();
-            let to_upstream = to_upstream.clone();
-            let to_client = to_client.clone();
-            calls.spawn(async move {
-                let key = message["id"].to_string();
-                let forward = |carried: Option<Vec<u8>>| async {
-                    let (answer, answered) = oneshot::channel();
-                    {
-                        let mut watched = watched.lock().expect("not poisoned");
-                        if watched.closed {
-                            return Upstream::Gone {
-                                reason: "the upstream server had ended".into(),
-                                reply: true,
-                            };
-                        }
-                        watched.guarded.insert(key.clone(), answer);
+        };
+        let guard = guard.clone();
+        let state = state.clone();
+        let to_upstream = to_upstream.clone();
+        let to_client = to_client.clone();
+        let proxy_id = minter.mint();
+        calls.spawn(async move {
+            // Borrowed by the forwarding future, and used again once the call is answered.
+            let (state, key, proxy_id) = (&state, &key, &proxy_id);
+            let forward = |mut request: Json| async move {
+                let (answer, answered) = oneshot::channel();
+                {
+                    let mut state = state.lock().expect("not poisoned");
+                    if state.closed {
+                        return Upstream::Unreached("the upstream server had ended".into());
                     }
-                    if to_upstream.send(carried.unwrap_or(line)).is_err() {
-                        watched.lock().expect("not poisoned").guarded.remove(&key);
-                        return Upstream::Gone {
-                            reason: "the upstream server's input is closed".into(),
-                            reply: true,
-                        };
+                    if !state.session.sending(key, proxy_id) {
+                        return Upstream::Unsent;
                     }
-                    answered.await.unwrap_or(Upstream::Gone {
+                    let token = session::under_proxy_id(&mut request, proxy_id);
+                    state.sent.insert(
+                        proxy_id.clone(),
+                        Sent {
+                            waiter: answer,
+                            token,
+                        },
+                    );
+                    if to_upstream.send(request.to_bytes()).is_err() {
+                        state.sent.remove(proxy_id);
+                        return Upstream::Unreached("the upstream server's input is closed".into());
+                    }
+                }
+                tokio::select! {
+                    answer = answered => answer.unwrap_or(Upstream::Gone {
                         reason: "the upstream server ended".into(),
                         reply: true,
-                    })
-                };
-                let answer = guard.call(&tool, &policy, &message, forward).await;
-                {
-                    // A call that timed out is no longer waited for upstream.
-                    let mut watched = watched.lock().expect("not poisoned");
-                    if watched.guarded.remove(&key).is_some() {
-                        watched.abandoned.insert(key.clone());
-                    }
-                    watched.in_flight.remove(&key);
+                    }),
+                    _ = cancelled.cancelled() => Upstream::Gone {
+                        reason: "the client cancelled the call after it was sent".into(),
+                        reply: false,
+                    },
                 }
-                if let Answer::Reply(reply) = answer {
-                    let _ = to_client.send(reply);
-                }
-            });
-        }
+            };
+            let answer = guard.call(&tool, &policy, &message, forward).await;
+            {
+                // A call given up on (timed out, cancelled) is no longer waited for: a late
+                // answer under its proxy id is dropped.
+                let mut state = state.lock().expect("not poisoned");
+                state.sent.remove(proxy_id);
+                state.session.finished(key);
+            }
+            if let Answer::Reply(reply) = answer {
+                let _ = to_client.send(reply);
+            }
+        });
     }
     // Closing the upstream's input asks it to exit (the stdio transport's shutdown); the calls
     // in flight keep it open until they are answered, and only then does the upstream's grace
@@ -240,44 +280,15 @@ async fn relay(
     Ok(())
 }
 
-/// Notes what a message passing to the upstream means for the calls the proxy watches.
-fn pass(guard: &Guard, watched: &Mutex<Watched>, message: &Value) {
-    let mut watched = watched.lock().expect("not poisoned");
-    if message.get("method").is_some() {
-        if let Some(id) = message.get("id") {
-            // An id reused for a new request: its answer is not a late one to drop.
-            watched.abandoned.remove(&id.to_string());
-        }
-    }
-    match message.get("method").and_then(Value::as_str) {
-        Some("notifications/cancelled") => {
-            let Some(key) = message.pointer("/params/requestId").map(Value::to_string) else {
-                return;
-            };
-            if let Some(waiting) = watched.guarded.remove(&key) {
-                watched.abandoned.insert(key);
-                let _ = waiting.send(Upstream::Gone {
-                    reason: "the client cancelled the call after it was sent".into(),
-                    reply: false,
-                });
-            }
-        }
-        Some("tools/list") if guard.policy.annotate => {
-            if let Some(id) = message.get("id") {
-                watched.listings.insert(id.to_string());
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Reads the upstream's lines: answers to guarded calls go to their waiters; everything else
-/// goes to the client (`tools/list` answers annotated when the policy asks). When the
+/// Reads the upstream's lines: answers to guarded calls (under the proxy's ids) go to their
+/// waiters and their progress to the client under its own token; everything else goes to the
+/// client, `tools/list` answers learned from (and annotated when the policy asks). When the
 /// upstream's output ends, every guarded call still waiting learns it is gone.
 async fn read_upstream(
     mut upstream: impl tokio::io::AsyncBufRead + Unpin,
     guard: Arc<Guard>,
-    watched: Arc<Mutex<Watched>>,
+    minter: Arc<Minter>,
+    state: Arc<Mutex<State>>,
     to_client: mpsc::UnboundedSender<Vec<u8>>,
 ) {
     loop {
@@ -291,49 +302,135 @@ async fn read_upstream(
             }
         }
         let line = strip_newline(line);
-        let response = serde_json::from_slice::<Value>(&line)
-            .ok()
-            .filter(|m| m.get("method").is_none() && m.get("id").is_some());
-        if let Some(mut response) = response {
-            let key = response["id"].to_string();
-            let waiting = {
-                let mut watched = watched.lock().expect("not poisoned");
-                if watched.abandoned.remove(&key) {
-                    tracing::warn!(id = %key, "the upstream answered a guarded call after it was given up on; the answer is dropped and the operation stays UNKNOWN until reconciled");
-                    continue;
+        let parsed = serde_json::from_slice::<Value>(&line);
+        let mut state = state.lock().expect("not poisoned");
+        let message = match parsed {
+            Ok(message) => message,
+            Err(_) => {
+                // An answer that cannot be parsed is still the answer of the guarded calls whose
+                // ids it names (judged UNKNOWN), and never the client's to see.
+                let named: Vec<String> = state
+                    .sent
+                    .keys()
+                    .filter(|id| contains(&line, format!("\"{id}\"").as_bytes()))
+                    .cloned()
+                    .collect();
+                for id in &named {
+                    if let Some(sent) = state.sent.remove(id) {
+                        let _ = sent.waiter.send(Upstream::Answered(line.clone()));
+                    }
                 }
-                let listing = watched.listings.remove(&key);
-                watched
-                    .guarded
-                    .remove(&key)
-                    .map(Ok)
-                    .or(listing.then_some(Err(())))
+                if named.is_empty() && !contains(&line, minter.prefix().as_bytes()) {
+                    let _ = to_client.send(line);
+                }
+                continue;
+            }
+        };
+        for response in responses(&message) {
+            let Some(id) = response.get("id") else {
+                continue;
             };
-            match waiting {
-                Some(Ok(waiter)) => {
-                    let _ = waiter.send(Upstream::Answered(line));
-                    continue;
+            if let Some(key) = IdKey::of_value(id) {
+                state.session.answered(&key);
+            }
+        }
+        // An upstream batch: the answers under the proxy's ids go to their calls, the rest on.
+        if let Value::Array(items) = message {
+            let mut rest = Vec::new();
+            for item in &items {
+                match owned_answer(&minter, item) {
+                    Some(proxy_id) => deliver(&mut state, proxy_id, item.to_string().into_bytes()),
+                    None => rest.push(item),
                 }
-                Some(Err(())) if annotate(&guard.policy, &mut response) => {
-                    let _ = to_client.send(response.to_string().into_bytes());
-                    continue;
-                }
-                _ => {}
+            }
+            if rest.len() == items.len() {
+                let _ = to_client.send(line);
+            } else if !rest.is_empty() {
+                let _ = to_client.send(serde_json::to_vec(&rest).unwrap_or_default());
+            }
+            continue;
+        }
+        let response_id = (message.get("method").is_none())
+            .then(|| message.get("id"))
+            .flatten();
+        if let Some(proxy_id) = owned_answer(&minter, &message) {
+            deliver(&mut state, proxy_id, line);
+            continue;
+        }
+        if let Some(token) = session::proxy_progress_token(&minter, &message) {
+            let client_token = state.sent.get(token).and_then(|sent| sent.token.clone());
+            if let Some(client_token) = client_token {
+                let mut message = message;
+                session::progress_for_client(&mut message, &client_token);
+                let _ = to_client.send(message.to_string().into_bytes());
+            }
+            continue;
+        }
+        let listing = response_id
+            .and_then(IdKey::of_value)
+            .is_some_and(|key| state.listings.remove(&key));
+        drop(state);
+        if listing {
+            if let Some(result) = message.get("result") {
+                guard.learn(result);
+            }
+            let mut message = message;
+            if guard.policy.annotate && annotate(&guard.policy, &mut message) {
+                let _ = to_client.send(message.to_string().into_bytes());
+                continue;
             }
         }
         let _ = to_client.send(line);
     }
     let waiting: Vec<_> = {
-        let mut watched = watched.lock().expect("not poisoned");
-        watched.closed = true;
-        watched.guarded.drain().collect()
+        let mut state = state.lock().expect("not poisoned");
+        state.closed = true;
+        state.sent.drain().collect()
     };
-    for (_, waiter) in waiting {
-        let _ = waiter.send(Upstream::Gone {
+    for (_, sent) in waiting {
+        let _ = sent.waiter.send(Upstream::Gone {
             reason: "the upstream server ended before it answered".into(),
             reply: true,
         });
     }
+}
+
+/// The proxy's id an upstream answer carries, if it is one of the proxy's.
+fn owned_answer<'m>(minter: &Minter, message: &'m Value) -> Option<&'m str> {
+    if message.get("method").is_some() {
+        return None;
+    }
+    message
+        .get("id")
+        .and_then(Value::as_str)
+        .filter(|id| minter.owns(id))
+}
+
+/// Hands an answer under `proxy_id` to the call that waits for it; a late answer to a call
+/// given up on is dropped.
+fn deliver(state: &mut State, proxy_id: &str, answer: Vec<u8>) {
+    match state.sent.remove(proxy_id) {
+        Some(sent) => {
+            let _ = sent.waiter.send(Upstream::Answered(answer));
+        }
+        None => tracing::warn!(id = proxy_id, "the upstream answered a guarded call after it was given up on; the answer is dropped and the operation stays UNKNOWN until reconciled"),
+    }
+}
+
+/// The responses in an upstream message: itself, or a batch's.
+fn responses(message: &Value) -> Vec<&Value> {
+    let items = match message {
+        Value::Array(items) => items.iter().collect(),
+        single => vec![single],
+    };
+    items
+        .into_iter()
+        .filter(|m| m.get("method").is_none())
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A task writing each line it is sent, newline-terminated, in order, until every sender is

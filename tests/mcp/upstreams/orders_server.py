@@ -2,12 +2,14 @@
 front of, on FastMCP (`--framework fastmcp`, the standalone package) or on the official Python
 SDK's MCPServer (the default).
 
-Every order it places is one line appended to the file `ORDERS_EFFECTS` names: the side effects
-the tests count. While the file `ORDERS_HOLD` names exists, `place_order` waits after recording
-its effect, as a server that is slow or dies mid-call after its effect. Run it over stdio (the
-default) or over Streamable HTTP with `--http PORT`, where `GET /orders/{order_id}?key=KEY` is
-the lookup route a reconciler reads (200 with the order placed under that idempotency key, 404
-when there is none)."""
+Every order it places is one line appended to the file `ORDERS_EFFECTS` names, with the JSON-RPC
+id of the request it came in: the side effects the tests count. `place_typed_order` declares an
+output schema, and breaks it for an amount of 13 cents after its effect (an SDK's output validation
+runs after the tool). While the file `ORDERS_HOLD` names exists, `place_order` waits after recording
+its effect, as a server that is slow or dies mid-call after its effect; it records that it is
+answering just before it does. Run it over stdio (the default) or over Streamable HTTP with
+`--http PORT`, where `GET /orders/{order_id}?key=KEY` is the lookup route a reconciler reads (200
+with the order placed under that idempotency key, 404 when there is none)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing_extensions import TypedDict
 
 FASTMCP = "--framework" in sys.argv and sys.argv[sys.argv.index("--framework") + 1] == "fastmcp"
 
@@ -40,6 +43,17 @@ EFFECTS = Path(os.environ["ORDERS_EFFECTS"])
 HOLD = Path(os.environ.get("ORDERS_HOLD", "/nonexistent"))
 
 
+class Placed(TypedDict):
+    order_id: str
+    amount_cents: int
+
+
+def record(order_id: str, amount_cents: int, key: str, ctx: Context) -> None:
+    with EFFECTS.open("a") as effects:
+        effects.write(json.dumps({"order_id": order_id, "amount_cents": amount_cents, "key": key,
+                                  "pid": os.getpid(), "request_id": ctx.request_id}) + "\n")
+
+
 def placed() -> list[dict]:
     if not EFFECTS.exists():
         return []
@@ -52,9 +66,7 @@ async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str 
     if amount_cents <= 0:
         raise ToolError(f"amount_cents must be positive, not {amount_cents}")
     await ctx.report_progress(0.5, 1.0, "charging")
-    with EFFECTS.open("a") as effects:
-        effects.write(json.dumps({"order_id": order_id, "amount_cents": amount_cents, "key": idempotency_key,
-                                  "pid": os.getpid()}) + "\n")
+    record(order_id, amount_cents, idempotency_key, ctx)
     try:
         while HOLD.exists():
             await asyncio.sleep(0.02)
@@ -63,7 +75,17 @@ async def place_order(order_id: str, amount_cents: int, ctx: Context, note: str 
         with EFFECTS.open("a") as effects:
             effects.write(json.dumps({"cancelled": order_id}) + "\n")
         raise
+    with EFFECTS.open("a") as effects:
+        effects.write(json.dumps({"answering": order_id}) + "\n")
     return f"order {order_id} placed for {amount_cents} cents (#{len(placed())})"
+
+
+@server.tool(description="Place an order and return it as structured output.")
+async def place_typed_order(order_id: str, amount_cents: int, ctx: Context) -> Placed:
+    record(order_id, amount_cents, "", ctx)
+    if amount_cents == 13:
+        return {"order_id": order_id}  # type: ignore[typeddict-item]
+    return {"order_id": order_id, "amount_cents": amount_cents}
 
 
 @server.tool(description="Look an order up.", **READING)

@@ -1,8 +1,10 @@
 // An MCP server that knows nothing of once-ledger, built on the TypeScript SDK
 // (@modelcontextprotocol/sdk): the Node upstream once-proxy is tested in front of, over stdio
 // (the default) or over Streamable HTTP with `--http PORT` (stateless: a server per request).
-// Every order it places is one line appended to the file ORDERS_EFFECTS names; while the file
-// ORDERS_HOLD names exists, place_order waits after recording its effect.
+// Every order it places is one line appended to the file ORDERS_EFFECTS names, with the JSON-RPC
+// id of the request it came in; while the file ORDERS_HOLD names exists, place_order waits after
+// recording its effect. place_typed_order declares an output schema, and breaks it for an amount
+// of 13 cents after its effect (the SDK's output validation runs after the tool).
 
 import { appendFileSync, existsSync, readFileSync } from "node:fs";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
@@ -19,6 +21,7 @@ interface Placed {
   amount_cents: number;
   key: string;
   pid: number;
+  request_id: string | number;
 }
 
 function placed(): Placed[] {
@@ -48,7 +51,7 @@ function orders(): McpServer {
       if (amount_cents <= 0) {
         return { content: [{ type: "text", text: `amount_cents must be positive, not ${amount_cents}` }], isError: true };
       }
-      const order: Placed = { order_id, amount_cents, key: idempotency_key ?? "", pid: process.pid };
+      const order: Placed = { order_id, amount_cents, key: idempotency_key ?? "", pid: process.pid, request_id: extra.requestId };
       appendFileSync(effects, JSON.stringify(order) + "\n");
       while (existsSync(hold)) {
         if (extra.signal.aborted) {
@@ -58,7 +61,23 @@ function orders(): McpServer {
         }
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
+      appendFileSync(effects, JSON.stringify({ answering: order_id }) + "\n");
       return { content: [{ type: "text", text: `order ${order_id} placed for ${amount_cents} cents (#${placed().length})` }] };
+    },
+  );
+
+  server.registerTool(
+    "place_typed_order",
+    {
+      description: "Place an order and return it as structured output.",
+      inputSchema: { order_id: z.string(), amount_cents: z.number().int() },
+      outputSchema: { order_id: z.string(), amount_cents: z.number().int() },
+    },
+    async ({ order_id, amount_cents }, extra) => {
+      const order: Placed = { order_id, amount_cents, key: "", pid: process.pid, request_id: extra.requestId };
+      appendFileSync(effects, JSON.stringify(order) + "\n");
+      const structured: Record<string, unknown> = amount_cents === 13 ? { order_id } : { order_id, amount_cents };
+      return { content: [{ type: "text", text: JSON.stringify(structured) }], structuredContent: structured };
     },
   );
 
