@@ -95,13 +95,22 @@ impl Door {
     /// Admits a request, or answers it: 421 for a `Host` not allowed, 403 for an `Origin` not
     /// allowed, 401 without the credential.
     pub fn admit(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), Box<Response<Body>>> {
-        let host = headers
+        // HTTP/2 names the host in `:authority`, HTTP/1.1 in `Host`; a request naming two
+        // hosts names none.
+        let named = headers
             .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| uri.authority().map(|a| a.as_str().to_owned()))
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+            .map(|h| h.to_str().unwrap_or("<not text>").to_ascii_lowercase());
+        let authority = uri.authority().map(|a| a.as_str().to_ascii_lowercase());
+        let host = match (named, authority) {
+            (Some(named), Some(authority)) if named != authority => {
+                return Err(Box::new(refused(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "the request names two hosts (Host and :authority)",
+                )))
+            }
+            (Some(host), _) | (None, Some(host)) => host,
+            (None, None) => String::new(),
+        };
         if !self.hosts.contains(&host) {
             return Err(Box::new(refused(
                 StatusCode::MISDIRECTED_REQUEST,
@@ -121,7 +130,9 @@ impl Door {
             let presented = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
+                .and_then(|v| v.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token)
                 .map(|t| <[u8; 32]>::from(Sha256::digest(t.trim().as_bytes())));
             let admitted = presented.is_some_and(|p| bool::from(p.ct_eq(expected)));
             if !admitted {
@@ -265,6 +276,12 @@ mod tests {
             401
         );
         assert_eq!(status(&door, request("localhost:1", None, None)), 401);
+        let mut lower = request("localhost:1", None, None);
+        lower.insert(
+            header::AUTHORIZATION,
+            "bearer s3cret-client-token".parse().unwrap(),
+        );
+        assert_eq!(status(&door, lower), 200);
         // The Host is judged first: a refused name learns nothing of the credential.
         assert_eq!(status(&door, request("evil:1", None, None)), 421);
         assert!(!format!("{door:?}").contains("s3cret"));

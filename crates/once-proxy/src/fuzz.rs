@@ -245,6 +245,7 @@ fn loose(name: &str) -> String {
     name.chars()
         .filter_map(|c| match c {
             'ſ' => Some('s'),
+            'ß' | '\u{1E9E}' => Some('s'),
             '\u{212A}' => Some('k'),
             '\u{130}' | '\u{131}' => Some('i'),
             '\u{FF01}'..='\u{FF5E}' => {
@@ -461,7 +462,7 @@ fn message() -> impl Strategy<Value = String> {
 
 fn input() -> impl Strategy<Value = Vec<u8>> {
     let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
-    (message(), 0..16usize).prop_map(move |(message, wrap)| {
+    (message(), 0..24usize).prop_map(move |(message, wrap)| {
         match wrap {
             0 => format!("\u{FEFF}{message}"),
             1 => format!("{message} x"),

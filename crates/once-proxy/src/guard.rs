@@ -476,11 +476,10 @@ fn judge(upstream: &Upstream, on_error: OnError) -> Result<Effect, EffectError> 
                 "the upstream answered HTTP {status}: {}",
                 text.chars().take(512).collect::<String>()
             );
-            // A server error or a timeout may come after the effect, whatever the policy says.
+            // Anything else may come after the effect, whatever the policy says: `on_error`
+            // speaks of the tool's own errors, and a gateway may refuse after the tool ran.
             return Err(if pre_dispatch(*status, text) {
                 EffectError::NotPerformed(why)
-            } else if (400..500).contains(status) && *status != 408 {
-                failed(why)
             } else {
                 EffectError::Ambiguous(why)
             });
@@ -646,6 +645,18 @@ pub fn refusal(message: &Json, why: &str) -> Option<Vec<u8>> {
     answer
 }
 
+/// The answer to a request refused because its id is in use: under no id, since an answer
+/// under that id would be taken by the client for the answer of its request in flight.
+pub fn refusal_of_id(why: &str) -> Vec<u8> {
+    json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32600, "message": format!("once-proxy: {why}; it was not performed.")},
+    })
+    .to_string()
+    .into_bytes()
+}
+
 /// The answer to bytes that are not one strict JSON value: refused whatever they mention.
 pub fn unparseable(malformed: &crate::message::Malformed) -> Vec<u8> {
     json!({
@@ -773,8 +784,8 @@ mod tests {
         }
         assert!(refused(421, "Invalid Host header", OnError::Unknown));
         assert!(refused(413, "Request body too large", OnError::Unknown));
-        // A gateway's refusal after the tool ran, a timeout, a server error: the policy decides,
-        // and by default they are UNKNOWN.
+        // A gateway's refusal after the tool ran, a tool's own error in a 4xx, a timeout, a
+        // server error: UNKNOWN.
         for (status, text) in [
             (403, "Forbidden"),
             (403, r#"{"error": "forbidden"}"#),
@@ -803,7 +814,13 @@ mod tests {
         ] {
             assert!(!refused(status, text, OnError::Unknown), "{status} {text}");
         }
-        assert!(refused(403, "Forbidden", OnError::Absent));
+        // And whatever the policy says: it speaks of the tool's errors, not a gateway's.
+        assert!(!refused(403, "Forbidden", OnError::Absent));
+        assert!(!refused(
+            400,
+            r#"{"jsonrpc":"2.0","id":"once-proxy:1","error":{"code":-32602,"message":"x"}}"#,
+            OnError::Absent
+        ));
         assert!(!refused(500, "boom", OnError::Absent));
     }
 
@@ -814,12 +831,18 @@ mod tests {
         Guard::new(policy, ledger)
     }
 
-    /// How `guard` sees the message `text`: guarded, refused, passed, or malformed.
+    /// How `guard` sees the message `text`: guarded, refused (`lenient` when for a name that
+    /// looks like another), passed, or malformed.
     fn seen(guard: &Guard, text: &str) -> &'static str {
         match parse(text.as_bytes()) {
             Err(_) => "malformed",
             Ok(message) => match guard.inspect(&message) {
                 Seen::Guarded(..) => "guarded",
+                Seen::Refused(why)
+                    if why.contains("lenient reader takes it") && why.contains("the name") =>
+                {
+                    "lenient"
+                }
                 Seen::Refused(_) => "refused",
                 Seen::Passed => "passed",
             },
@@ -852,15 +875,19 @@ mod tests {
             (call("1", r#""tools/call""#, r#"{"name": ["refund"]}"#), "refused"),
             (call("1", r#""tools/call""#, r#"["refund"]"#), "refused"),
             (call("1", r#""tools/call""#, r#"{"name": "lookup", "Name": "refund"}"#), "malformed"),
-            (call("1", r#""tools/call""#, r#"{"name": "refund", "argumentſ": {}}"#), "refused"),
-            (call("1", r#""tools/call""#, r#"{"name": "refund", "_meta": {"progressToKen": 1}}"#), "refused"),
-            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"Order": {"id": 1}}}"#), "refused"),
-            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"ID": 1}}}"#), "refused"),
-            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"id": 1}, "NOTE": ""}}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "argumentſ": {}}"#), "lenient"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "_meta": {"progressToKen": 1}}"#), "lenient"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"Order": {"id": 1}}}"#), "lenient"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"ID": 1}}}"#), "lenient"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"id": 1}, "NOTE": ""}}"#), "lenient"),
             (r#"{"jsonrpc": "2.0", "id": 1, "method": "ping", "Method": "tools/call", "params": {"name": "refund"}}"#.into(), "malformed"),
-            (r#"{"jsonrpc": "2.0", "id": 1, "METHOD": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
-            (r#"{"jsonrpc": "2.0", "ıd": 1, "method": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
-            (r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "paramſ": {"name": "refund"}}"#.into(), "refused"),
+            (r#"{"jsonrpc": "2.0", "id": 1, "METHOD": "tools/call", "params": {"name": "refund"}}"#.into(), "lenient"),
+            (r#"{"jsonrpc": "2.0", "ıd": 1, "method": "tools/call", "params": {"name": "refund"}}"#.into(), "lenient"),
+            (r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "paramſ": {"name": "refund"}}"#.into(), "lenient"),
+            // Beside the name itself: what folding keeps apart, a careless reader does not.
+            (r#"{"jsonrpc": "2.0", "id": 1, "method": "ping", "method\u200b": "tools/call", "params": {"name": "refund"}}"#.into(), "lenient"),
+            (r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "lookup", "\uff4eame": "refund"}}"#.into(), "lenient"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"id": 1, "id\u00ad": 2}}}"#), "lenient"),
             // Not a request the proxy can answer and report.
             (r#"{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "refund"}}"#.into(), "refused"),
             (call("null", r#""tools/call""#, refund), "refused"),
@@ -871,7 +898,7 @@ mod tests {
             // The proxy's own ids and tokens.
             (call(r#""once-proxy:1""#, r#""ping""#, "{}"), "refused"),
             (r#"{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "once-proxy:x:1"}}"#.into(), "refused"),
-            (r#"{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"RequestId": 1}}"#.into(), "refused"),
+            (r#"{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"RequestId": 1}}"#.into(), "lenient"),
             // Batches and what is not a message.
             (format!("[{}, {}]", call("1", r#""tools/call""#, refund), call("2", r#""ping""#, "{}")), "refused"),
             (format!("[{}]", call("2", r#""ping""#, "{}")), "passed"),

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::door::Door;
-use crate::guard::{annotate, refusal, unparseable, Answer, Guard, Seen, Upstream};
+use crate::guard::{annotate, refusal, refusal_of_id, unparseable, Answer, Guard, Seen, Upstream};
 use crate::message::{self, IdKey, Json};
 use crate::policy::ToolPolicy;
 use crate::session::{self, Minter, Session};
@@ -91,8 +91,7 @@ pub async fn serve<L>(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     let proxy = Arc::new(Proxy {
         guard,
@@ -126,18 +125,7 @@ where
     let router = axum::Router::new()
         .route("/mcp", axum::routing::any(handle))
         .with_state(proxy.clone());
-    let (stopping, stopped) = oneshot::channel::<()>();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-        stop.await;
-        let _ = stopping.send(());
-    });
-    tokio::select! {
-        served = server => served?,
-        _ = async {
-            let _ = stopped.await;
-            tokio::time::sleep(STOP_GRACE).await;
-        } => tracing::info!("streams still open after the grace; closing them"),
-    }
+    accept(listener, router, stop).await;
     proxy.calls.close();
     if tokio::time::timeout(REPORT_GRACE, proxy.calls.wait())
         .await
@@ -146,6 +134,73 @@ where
         tracing::warn!("guarded calls still in flight at exit; their leases expire into UNKNOWN");
     }
     Ok(())
+}
+
+/// Most connections the listener holds at once, and from one peer address (clients on this
+/// machine share one).
+const MAX_CONNECTIONS: usize = 1024;
+const MAX_PER_PEER: usize = 256;
+
+/// How long a client has to send a request's headers, or its next request on a connection.
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves `router` on the connections of `listener` until `stop`, then lets the open ones
+/// finish for [`STOP_GRACE`]. What a peer can hold before the door judges its request is
+/// bounded: connections (in all and per address), the time to send headers, their size, the
+/// streams of an HTTP/2 connection.
+async fn accept<L>(
+    mut listener: L,
+    router: axum::Router,
+    stop: impl std::future::Future<Output = ()>,
+) where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(64 * 1024);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(64 * 1024)
+        .max_concurrent_streams(64);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let peers = once_tls::PerPeer::new(MAX_PER_PEER);
+    tokio::pin!(stop);
+    loop {
+        let (io, peer) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut stop => break,
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "{MAX_CONNECTIONS} connections open; refusing another");
+            continue;
+        };
+        let Some(held) = peers.hold(peer.ip()) else {
+            tracing::warn!(%peer, "{MAX_PER_PEER} connections open from one address; refusing another");
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, %error, "connection ended");
+            }
+            drop((permit, held));
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(STOP_GRACE) => tracing::info!("streams still open after the grace; closing them"),
+    }
 }
 
 async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response<Body> {
@@ -231,7 +286,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response<B
                     };
                     guarded(proxy, call, headers, query, message).await
                 }
-                Err(why) => refused(&why),
+                Err(why) => json(StatusCode::OK, refusal_of_id(&why)),
             }
         }
         Seen::Passed => {
@@ -241,7 +296,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response<B
             };
             let passing = match passing {
                 Ok(passing) => passing,
-                Err(why) => return refused(&why),
+                Err(why) => return json(StatusCode::OK, refusal_of_id(&why)),
             };
             let release = Release {
                 proxy: proxy.clone(),
@@ -259,7 +314,13 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response<B
                 .await
             {
                 Ok(upstream) => relay(upstream, Some(release)),
-                Err(error) => unreachable_upstream(&proxy, &error),
+                Err(error) => {
+                    // Not connected, so nothing was sent: no answer will come.
+                    if error.is_connect() {
+                        release.answered();
+                    }
+                    unreachable_upstream(&proxy, &error)
+                }
             }
         }
     }
@@ -274,15 +335,16 @@ struct Call {
     cancel: CancellationToken,
 }
 
-/// Frees a passed request's ids in its session when its answer has been relayed (or its
-/// stream dropped).
+/// A passed request's ids in its session, freed once its answer has been relayed whole. A
+/// stream the client dropped first leaves them in use: the answer may still come on another
+/// stream (a resumed one), and must not be taken for a later request's under the same id.
 struct Release {
     proxy: Arc<Proxy>,
     session: Option<(String, Vec<IdKey>)>,
 }
 
-impl Drop for Release {
-    fn drop(&mut self) {
+impl Release {
+    fn answered(mut self) {
         if let Some((session, claimed)) = self.session.take() {
             self.proxy.with_session(&session, |s| {
                 for key in &claimed {
@@ -394,10 +456,14 @@ fn is_event_stream(upstream: &reqwest::Response) -> bool {
 /// request's ids once the stream has ended.
 fn relay(upstream: reqwest::Response, release: Option<Release>) -> Response<Body> {
     let head = answer_head(&upstream);
-    let stream = upstream.bytes_stream().map(move |chunk| {
-        let _held = &release;
-        chunk
+    let mut release = release;
+    let ended = futures::stream::poll_fn(move |_| {
+        if let Some(release) = release.take() {
+            release.answered();
+        }
+        std::task::Poll::Ready(None::<Result<Bytes, reqwest::Error>>)
     });
+    let stream = upstream.bytes_stream().chain(ended);
     head.body(Body::from_stream(stream))
         .unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY, "once-proxy: a bad upstream answer"))
 }
@@ -768,7 +834,12 @@ async fn listing(
         .await
     {
         Ok(upstream) => upstream,
-        Err(error) => return unreachable_upstream(proxy, &error),
+        Err(error) => {
+            if error.is_connect() {
+                release.answered();
+            }
+            return unreachable_upstream(proxy, &error);
+        }
     };
     let response = answer_head(&upstream);
     let event_stream = is_event_stream(&upstream);
@@ -778,7 +849,7 @@ async fn listing(
             "once-proxy: the upstream's answer was cut off",
         );
     };
-    drop(release);
+    release.answered();
     let rewrite = |data: &str| -> Option<String> {
         let mut message = serde_json::from_str::<Value>(data).ok()?;
         if let Some(result) = message.get("result") {
@@ -915,13 +986,26 @@ async fn list_tools(proxy: &Proxy) -> anyhow::Result<Value> {
     Ok(serde_json::json!({ "tools": tools }))
 }
 
-/// An SSE event's text without its `id:` lines.
+/// An SSE event's text without its `id:` lines (lines end with CRLF, LF or CR).
 fn without_event_ids(raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.len());
-    for line in raw.split_inclusive(|b| *b == b'\n') {
-        if !line.starts_with(b"id:") {
-            out.extend_from_slice(line);
+    let mut start = 0;
+    while start < raw.len() {
+        let mut end = start;
+        while end < raw.len() && !matches!(raw[end], b'\n' | b'\r') {
+            end += 1;
         }
+        if end < raw.len() {
+            end += if raw[end] == b'\r' && raw.get(end + 1) == Some(&b'\n') {
+                2
+            } else {
+                1
+            };
+        }
+        if !raw[start..end].starts_with(b"id:") {
+            out.extend_from_slice(&raw[start..end]);
+        }
+        start = end;
     }
     out
 }
@@ -1056,6 +1140,10 @@ mod tests {
         assert_eq!(
             without_event_ids(b"id: 3\nevent: message\ndata: {}\n\n"),
             b"event: message\ndata: {}\n\n".to_vec()
+        );
+        assert_eq!(
+            without_event_ids(b"id: 3\revent: message\r\nid:4\r\ndata: {}\r\r"),
+            b"event: message\r\ndata: {}\r\r".to_vec()
         );
     }
 

@@ -407,7 +407,7 @@ impl Template {
                 Piece::Text(text) => out.push_str(text),
                 Piece::Pointer(pointer) => match lookup(arguments, pointer)? {
                     Value::String(s) => out.push_str(s),
-                    Value::Number(n) => out.push_str(&n.to_string()),
+                    Value::Number(n) => out.push_str(&number_text(n)),
                     Value::Bool(b) => out.push_str(&b.to_string()),
                     other => {
                         return Err(format!(
@@ -432,6 +432,23 @@ impl Template {
             )),
         }
     }
+}
+
+/// A number as text in a name, by its value: `42`, `42.0` and `4.2e1` are one number to the
+/// upstreams, so they are one text (`42`); -0 is `0`.
+fn number_text(n: &serde_json::Number) -> String {
+    if let Some(i) = n.as_i64() {
+        return i.to_string();
+    }
+    if let Some(u) = n.as_u64() {
+        return u.to_string();
+    }
+    let x = n.as_f64().unwrap_or(f64::NAN);
+    if x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_991.0 {
+        // Integral and within ±2^53−1: exact as an integer.
+        return (x as i64).to_string();
+    }
+    x.to_string()
 }
 
 fn lookup<'v>(arguments: &'v Value, pointer: &str) -> Result<&'v Value, String> {
@@ -533,6 +550,23 @@ mod tests {
             .operation_id()
             .unwrap();
         assert!(derived.starts_with("t:h:"), "{derived}");
+    }
+
+    #[test]
+    fn a_number_names_the_same_operation_however_it_is_spelled() {
+        let policy = Policy::parse("[tools.t]\nintent = [\"ord-{/n}\", \"{/n}\"]\n").unwrap();
+        let tool = policy.guarded("t").unwrap();
+        let by = |text: &str| {
+            let arguments: Value = serde_json::from_str(&format!("{{\"n\": {text}}}")).unwrap();
+            tool.spec("t", &params(json!({ "arguments": arguments })))
+                .unwrap()
+                .operation_id()
+                .unwrap()
+        };
+        assert_eq!(by("42"), by("42.0"));
+        assert_eq!(by("42"), by("4.2e1"));
+        assert_eq!(by("0"), by("-0"));
+        assert_ne!(by("42"), by("43"));
     }
 
     #[test]

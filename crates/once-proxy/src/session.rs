@@ -8,12 +8,20 @@
 //! answer carrying that id is judged for it, and the client's id is its own again once the
 //! proxy has answered; a client id is refused for any request while an answer to it may come.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::guard::RESERVED;
+
+/// The most requests of one session whose answers may still come: an upstream that never
+/// answers some (a cancelled request, an id it cannot read) cannot make the set grow without
+/// end.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
+/// How many cancelled requests' ids stay refused.
+const MAX_CANCELLED: usize = 1024;
 use crate::message::{IdKey, Json};
 
 /// Makes the ids (and progress tokens) guarded calls travel under upstream: a random prefix
@@ -70,6 +78,9 @@ pub struct Session {
     /// not yet answered, and its guarded calls not yet answered by the proxy.
     in_use: HashSet<IdKey>,
     guarded: HashMap<IdKey, Guarded>,
+    /// The latest passed requests the client cancelled: still refused as ids, at most
+    /// [`MAX_CANCELLED`] of them.
+    cancelled: VecDeque<IdKey>,
 }
 
 /// A message cleared to pass upstream.
@@ -97,13 +108,22 @@ impl Session {
             single => (std::slice::from_ref(single), false),
         };
         let mut claimed = HashSet::new();
+        let requests = items
+            .iter()
+            .filter(|i| i.get("method").is_some() && i.get("id").is_some())
+            .count();
+        if self.in_use.len() + requests > MAX_IN_FLIGHT {
+            return Err(format!(
+                "more than {MAX_IN_FLIGHT} requests of this session wait for an answer"
+            ));
+        }
         for item in items {
             if item.get("method").is_none() {
                 continue;
             }
             let Some(id) = item.get("id") else { continue };
             let Some(key) = IdKey::of(id) else { continue };
-            if self.in_use.contains(&key) || !claimed.insert(key) {
+            if self.in_use.contains(&key) || self.cancelled.contains(&key) || !claimed.insert(key) {
                 return Err(in_use(id));
             }
         }
@@ -142,7 +162,18 @@ impl Session {
     fn cancel(&mut self, cancellation: &Json) -> Option<Option<Json>> {
         let params = cancellation.get("params")?;
         let key = IdKey::of(params.get("requestId")?)?;
-        let guarded = self.guarded.get(&key)?;
+        let Some(guarded) = self.guarded.get(&key) else {
+            // A passed request the client gave up on: an upstream need not answer it (the
+            // TypeScript SDK does not). Its id stays refused among the latest cancelled ones,
+            // in case an answer comes after all, and leaves the ids in use.
+            if self.in_use.remove(&key) {
+                self.cancelled.push_back(key);
+                if self.cancelled.len() > MAX_CANCELLED {
+                    self.cancelled.pop_front();
+                }
+            }
+            return None;
+        };
         guarded.cancel.cancel();
         Some(guarded.sent_as.as_ref().map(|proxy_id| {
             let mut translated = cancellation.clone();
@@ -157,6 +188,7 @@ impl Session {
     pub fn answered(&mut self, key: &IdKey) {
         if !self.guarded.contains_key(key) {
             self.in_use.remove(key);
+            self.cancelled.retain(|k| k != key);
         }
     }
 
@@ -164,7 +196,7 @@ impl Session {
     pub fn guard(&mut self, id: &Json) -> Result<(IdKey, CancellationToken), String> {
         let key = IdKey::of(id)
             .ok_or_else(|| "a guarded call's id is a string or a number".to_owned())?;
-        if !self.in_use.insert(key.clone()) {
+        if self.cancelled.contains(&key) || !self.in_use.insert(key.clone()) {
             return Err(in_use(id));
         }
         let cancel = CancellationToken::new();
@@ -199,7 +231,7 @@ impl Session {
 
     /// Whether nothing is in flight.
     pub fn is_idle(&self) -> bool {
-        self.in_use.is_empty() && self.guarded.is_empty()
+        self.in_use.is_empty() && self.guarded.is_empty() && self.cancelled.is_empty()
     }
 }
 
@@ -277,6 +309,30 @@ mod tests {
     }
 
     #[test]
+    fn a_session_holds_a_bounded_number_of_ids() {
+        let mut session = Session::default();
+        for n in 0..MAX_IN_FLIGHT {
+            session
+                .pass(&json(&format!(
+                    r#"{{"jsonrpc":"2.0","id":{n},"method":"ping"}}"#
+                )))
+                .unwrap();
+        }
+        let refused = session
+            .pass(&json(
+                r#"{"jsonrpc":"2.0","id":"one-more","method":"ping"}"#,
+            ))
+            .unwrap_err();
+        assert!(refused.contains("wait for an answer"), "{refused}");
+        session.answered(&IdKey::of(&json("0")).unwrap());
+        session
+            .pass(&json(
+                r#"{"jsonrpc":"2.0","id":"one-more","method":"ping"}"#,
+            ))
+            .unwrap();
+    }
+
+    #[test]
     fn a_guarded_calls_id_is_free_once_the_proxy_answered_it() {
         let mut session = Session::default();
         let (key, _) = session.guard(&json("7")).unwrap();
@@ -318,9 +374,27 @@ mod tests {
             Some(&Json::String(proxy_id))
         );
         assert!(token.is_cancelled());
-        // A cancellation of anything else passes as it came.
+        // A cancellation of anything else passes as it came; the id stays refused among the
+        // latest cancelled ones, which are bounded.
+        session
+            .pass(&json(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#))
+            .unwrap();
         let other = session.pass(&cancel("9")).unwrap().forwarded.unwrap();
         assert_eq!(other, cancel("9"));
+        assert!(session
+            .pass(&json(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#))
+            .is_err());
+        for n in 100..100 + MAX_CANCELLED {
+            session
+                .pass(&json(&format!(
+                    r#"{{"jsonrpc":"2.0","id":{n},"method":"ping"}}"#
+                )))
+                .unwrap();
+            session.pass(&cancel(&n.to_string())).unwrap();
+        }
+        session
+            .pass(&json(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#))
+            .unwrap();
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinSet;
 
-use crate::guard::{annotate, refusal, unparseable, Answer, Guard, Seen, Upstream};
+use crate::guard::{annotate, refusal, refusal_of_id, unparseable, Answer, Guard, Seen, Upstream};
 use crate::message::{self, IdKey, Json};
 use crate::session::{self, Minter, Session};
 
@@ -187,7 +187,7 @@ async fn relay(
                 match state.session.pass(&message) {
                     Err(why) => {
                         drop(state);
-                        refuse(&why);
+                        let _ = to_client.send(refusal_of_id(&why));
                     }
                     Ok(passing) => {
                         state.listings.extend(passing.listings);
@@ -206,7 +206,7 @@ async fn relay(
         let (key, cancelled) = match claimed {
             Ok(claimed) => claimed,
             Err(why) => {
-                refuse(&why);
+                let _ = to_client.send(refusal_of_id(&why));
                 continue;
             }
         };
@@ -341,6 +341,13 @@ async fn read_upstream(
                 match owned_answer(&minter, item) {
                     Some(proxy_id) => deliver(&mut state, proxy_id, item.to_string().into_bytes()),
                     None => rest.push(item),
+                }
+                let listing = item
+                    .get("id")
+                    .and_then(IdKey::of_value)
+                    .is_some_and(|key| item.get("method").is_none() && state.listings.remove(&key));
+                if let Some(result) = item.get("result").filter(|_| listing) {
+                    guard.learn(result);
                 }
             }
             if rest.len() == items.len() {

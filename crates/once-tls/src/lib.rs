@@ -1,7 +1,8 @@
 //! TLS for once-ledger's listeners (onced's gRPC, once-proxy's HTTP): a server configuration
 //! read from PEM files, optionally asking every client for a certificate, and the accepted
 //! connections of a listener, each after a handshake that runs beside the others and within a
-//! bound, so a slow or silent client holds no one else up and nothing for long.
+//! bound, so a slow or silent client holds no one else up and nothing for long; and
+//! [`PerPeer`], the count that keeps one address from holding all of a listener.
 
 use std::io;
 use std::net::SocketAddr;
@@ -25,6 +26,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most handshakes under way at once; further connections wait to be accepted.
 pub const MAX_HANDSHAKES: usize = 256;
+
+/// Most handshakes under way at once from one address: a peer that opens connections and
+/// stays silent holds at most these of the slots, never all of them.
+pub const MAX_HANDSHAKES_PER_PEER: usize = 32;
 
 /// The PEM files TLS is served from (named in errors by the flags that give them:
 /// `--tls-cert`, `--tls-key`, `--tls-client-ca`).
@@ -91,6 +96,7 @@ pub fn handshakes(
 ) -> mpsc::Receiver<Handshaken> {
     let (ready, connections) = mpsc::channel(64);
     let handshaking = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let peers = PerPeer::new(MAX_HANDSHAKES_PER_PEER);
     tokio::spawn(async move {
         loop {
             let permit = tokio::select! {
@@ -110,11 +116,15 @@ pub fn handshakes(
                     continue;
                 }
             };
+            let Some(held) = peers.hold(peer.ip()) else {
+                tracing::debug!(%peer, "{MAX_HANDSHAKES_PER_PEER} handshakes under way from one address; dropping another");
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor();
             let ready = ready.clone();
             tokio::spawn(async move {
-                let _permit = permit;
+                let _permits = (permit, held);
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = ready.send((stream, peer)).await;
@@ -126,6 +136,56 @@ pub fn handshakes(
         }
     });
     connections
+}
+
+/// A count of what each peer address holds (connections, handshakes), with a limit: a peer
+/// that opens many and stays silent holds at most `limit`, never everything.
+#[derive(Debug, Clone)]
+pub struct PerPeer {
+    limit: usize,
+    held: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// One thing a peer holds, counted until it is dropped.
+#[derive(Debug)]
+pub struct Held {
+    of: PerPeer,
+    ip: std::net::IpAddr,
+}
+
+impl PerPeer {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            held: Arc::default(),
+        }
+    }
+
+    /// Counts one more for `ip`; none when it already holds the limit.
+    pub fn hold(&self, ip: std::net::IpAddr) -> Option<Held> {
+        let mut held = self.held.lock().expect("not poisoned");
+        let count = held.entry(ip).or_default();
+        if *count >= self.limit {
+            return None;
+        }
+        *count += 1;
+        Some(Held {
+            of: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut held = self.of.held.lock().expect("not poisoned");
+        if let Some(count) = held.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// A TLS listener for `axum::serve`: the connections [`handshakes`] yields.
@@ -165,5 +225,26 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_holds_at_most_its_limit_until_it_lets_go() {
+        let limit = PerPeer::new(2);
+        let one: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let other: std::net::IpAddr = "::1".parse().unwrap();
+        let first = limit.hold(one).unwrap();
+        let _second = limit.hold(one).unwrap();
+        assert!(limit.hold(one).is_none());
+        assert!(
+            limit.hold(other).is_some(),
+            "another address has its own count"
+        );
+        drop(first);
+        assert!(limit.hold(one).is_some());
     }
 }
