@@ -253,14 +253,15 @@ impl Guard {
         Seen::Guarded(tool.to_owned(), policy)
     }
 
-    /// Learns from a `tools/list` result which tools declare an `outputSchema`. A tool whose
-    /// policy says `on_error = "absent"` and that declares one is named in the error log: its
-    /// errors may come after its effect, so they are judged UNKNOWN.
-    pub fn learn(&self, result: &Value) {
+    /// Learns from a `tools/list` result which tools declare an `outputSchema`; says why for
+    /// each guarded tool it finds that way whose policy says `on_error = "absent"`: its errors
+    /// may come after its effect, so they are judged UNKNOWN.
+    pub fn learn(&self, result: &Value) -> Vec<String> {
         let Some(Value::Array(tools)) = result.get("tools") else {
-            return;
+            return Vec::new();
         };
         let mut listed = self.listed.lock().expect("not poisoned");
+        let mut misjudged = Vec::new();
         for tool in tools {
             let Some(name) = tool.get("name").and_then(Value::as_str) else {
                 continue;
@@ -275,8 +276,16 @@ impl Guard {
                 .guarded(name)
                 .is_some_and(|p| p.on_error == OnError::Absent);
             if absent && now == Listed::Validated && before != Some(Listed::Validated) {
-                tracing::error!(tool = name, "{}", validated_absent(name));
+                misjudged.push(validated_absent(name));
             }
+        }
+        misjudged
+    }
+
+    /// [`Guard::learn`] from a listing relayed to a client, what it finds logged.
+    pub fn learn_relayed(&self, result: &Value) {
+        for why in self.learn(result) {
+            tracing::error!("{why}");
         }
     }
 
@@ -664,7 +673,7 @@ pub fn unparseable(malformed: &crate::message::Malformed) -> Vec<u8> {
         "id": null,
         "error": {
             "code": -32700,
-            "message": format!("once-proxy: the message is not one strict JSON value ({malformed}); it was not forwarded."),
+            "message": format!("once-proxy: the message is not one strict JSON value: {malformed}; it was not forwarded."),
         },
     })
     .to_string()

@@ -112,7 +112,9 @@ where
         .any(|t| t.on_error == crate::policy::OnError::Absent)
     {
         match list_tools(&proxy).await {
-            Ok(result) => proxy.guard.learn(&result),
+            Ok(result) => {
+                proxy.guard.learn(&result);
+            }
             Err(error) => {
                 tracing::warn!(%error, "the upstream's tools could not be listed at start; on_error = \"absent\" applies once a client's listing shows a tool without an outputSchema")
             }
@@ -853,7 +855,7 @@ async fn listing(
     let rewrite = |data: &str| -> Option<String> {
         let mut message = serde_json::from_str::<Value>(data).ok()?;
         if let Some(result) = message.get("result") {
-            proxy.guard.learn(result);
+            proxy.guard.learn_relayed(result);
         }
         let policy = &proxy.guard.policy;
         (policy.annotate && annotate(policy, &mut message)).then(|| message.to_string())

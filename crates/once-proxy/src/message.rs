@@ -30,7 +30,7 @@ pub enum Json {
 
 /// Why bytes are not one strict JSON value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what} (at byte {at})")]
+#[error("{what}, at byte {at}")]
 pub struct Malformed {
     pub what: String,
     pub at: usize,

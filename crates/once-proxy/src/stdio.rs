@@ -347,7 +347,7 @@ async fn read_upstream(
                     .and_then(IdKey::of_value)
                     .is_some_and(|key| item.get("method").is_none() && state.listings.remove(&key));
                 if let Some(result) = item.get("result").filter(|_| listing) {
-                    guard.learn(result);
+                    guard.learn_relayed(result);
                 }
             }
             if rest.len() == items.len() {
@@ -379,7 +379,7 @@ async fn read_upstream(
         drop(state);
         if listing {
             if let Some(result) = message.get("result") {
-                guard.learn(result);
+                guard.learn_relayed(result);
             }
             let mut message = message;
             if guard.policy.annotate && annotate(&guard.policy, &mut message) {
