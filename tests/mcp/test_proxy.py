@@ -404,11 +404,15 @@ def test_a_call_past_its_timeout_is_unknown_and_its_late_answer_reaches_no_other
     assert sorted(o["order_id"] for o in orders.placed()) == ["o-40", "o-41"]
 
 
+# Calls named by their `note` argument, an explicit key, with no intent.
+KEYED_POLICY = POLICY.replace('intent = ["order", "{/order_id}"]\nvolatile = ["note"]', 'key = ["argument:note"]')
+
+
 def test_a_fresh_key_argument_meets_the_fresh_id_guard(orders):
     """A policy naming calls by a key argument (`key = ["argument:note"]`, no intent): a model
     re-issuing a call in flight under a fresh key has a new operation id but the same
     fingerprint, since key arguments leave it, so the fresh-id guard holds it back."""
-    orders.policy.write_text(POLICY.replace('intent = ["order", "{/order_id}"]\nvolatile = ["note"]', 'key = ["argument:note"]'))
+    orders.policy.write_text(KEYED_POLICY)
     orders.hold.touch()
     with orders.raw() as session:
         session.initialize()
@@ -608,6 +612,12 @@ class HttpOrders(Orders):
         )
         self.proxy_port = wait_for("once-proxy", lambda: served_port(self.log, HTTP_SERVING, 0))
 
+    def __enter__(self) -> "HttpOrders":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stack.close()
+
     def start_upstream(self) -> None:
         env = {**os.environ, "ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)}
         self.upstream = self.stack.spawn_logged(
@@ -635,21 +645,15 @@ class HttpOrders(Orders):
 
 @pytest.fixture
 def http_orders(tmp_path, backend):
-    orders = HttpOrders(tmp_path, backend)
-    try:
+    with HttpOrders(tmp_path, backend) as orders:
         yield orders
-    finally:
-        orders.stack.close()
 
 
 @pytest.fixture
 def http_ts_orders(tmp_path, backend):
     """The TypeScript upstream over Streamable HTTP (stateless), the proxy in front of it."""
-    orders = HttpOrders(tmp_path, backend, "typescript")
-    try:
+    with HttpOrders(tmp_path, backend, "typescript") as orders:
         yield orders
-    finally:
-        orders.stack.close()
 
 
 async def test_http_in_front_of_the_typescript_server_a_double_call_runs_once(http_ts_orders):
@@ -804,11 +808,8 @@ def gated_orders(tmp_path, backend, request):
     """Behind a gateway that refuses tool calls after the upstream ran them; the policy's
     on_error either way (it speaks of the tool's errors, not the gateway's)."""
     policy = RECONCILED_POLICY.replace('timeout = "30s"', f'timeout = "30s"\non_error = "{request.param}"')
-    orders = HttpOrders(tmp_path, backend, policy=policy, gateway=True)
-    try:
+    with HttpOrders(tmp_path, backend, policy=policy, gateway=True) as orders:
         yield orders
-    finally:
-        orders.stack.close()
 
 
 async def test_http_a_403_after_the_effect_is_unknown_not_absent(gated_orders):
@@ -825,12 +826,11 @@ async def test_http_a_403_after_the_effect_is_unknown_not_absent(gated_orders):
 @pytest.fixture(params=["stdio", "http"])
 def keyed_orders(tmp_path, backend, request):
     """once-proxy with a policy that names place_order's calls by their `note` argument."""
-    policy = POLICY.replace('intent = ["order", "{/order_id}"]\nvolatile = ["note"]', 'key = ["argument:note"]')
     if request.param == "http":
-        orders = HttpOrders(tmp_path, backend, policy=policy)
+        orders = HttpOrders(tmp_path, backend, policy=KEYED_POLICY)
     else:
         orders = Orders(make_stack(tmp_path, backend, "none", reconcile=False), tmp_path)
-        orders.policy.write_text(policy)
+        orders.policy.write_text(KEYED_POLICY)
     try:
         yield orders
     finally:
@@ -868,11 +868,8 @@ def test_http_absent_for_a_tool_with_an_output_schema_is_refused_at_start(http_o
 @pytest.fixture
 def late_typed_orders(tmp_path, backend):
     """The typed-absent policy, the proxy started before the upstream could be listed."""
-    orders = HttpOrders(tmp_path, backend, policy=TYPED_ABSENT, upstream_first=False)
-    try:
+    with HttpOrders(tmp_path, backend, policy=TYPED_ABSENT, upstream_first=False) as orders:
         yield orders
-    finally:
-        orders.stack.close()
 
 
 async def test_http_absent_is_not_applied_once_a_listing_shows_an_output_schema(late_typed_orders):
@@ -1014,6 +1011,7 @@ def test_http_origin_host_and_size_are_refused_before_the_ledger_is_asked(http_o
     assert request(url, call, {"host": f"evil.example:{port}"})[0] == 421
     assert request(url, call, {"host": "localhost:1"})[0] == 421
     assert request(url, http_call("d-1", note="x" * 2048))[0] == 413
+    assert request(url, call, {"mcp-session-id": "s\xff"})[0] == 400
     assert not received.exists() or received.read_text() == ""
     # The loopback names and an allowed origin are let in (the ledger is down: not performed).
     for headers in ({"origin": f"http://localhost:{port}"}, {"origin": "http://app.example"}, {"host": f"localhost:{port}"}):

@@ -10,7 +10,7 @@ use once_client::mcp::{not_performed, replay_marker, tool_result};
 use once_client::{ClientError, Effect, EffectError, LedgerClient, Outcome, Replay};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::message::{looks, Json};
 use crate::policy::{OnError, Policy, ToolPolicy};
@@ -111,12 +111,18 @@ pub const MAX_BATCH: usize = 100;
 
 /// The first member of `object` whose name looks like one of `names` without being it.
 fn lookalike(object: &Json, names: &[&str]) -> Option<String> {
+    let mut folded: Option<Vec<String>> = None;
     object.members().iter().find_map(|(key, _)| {
+        if names.contains(&key.as_str()) {
+            return None;
+        }
         let seen = looks(key);
+        let folded = folded.get_or_insert_with(|| names.iter().map(|n| looks(n)).collect());
         names
             .iter()
-            .find(|name| *name != key && looks(name) == seen)
-            .map(|name| {
+            .zip(folded.iter())
+            .find(|(_, name)| **name == seen)
+            .map(|(name, _)| {
                 format!(
                     "the name {key:?} is not {name:?}, but a lenient reader takes it for it; \
                      spell it as MCP does"
@@ -240,9 +246,9 @@ impl Guard {
             );
         }
         let arguments = params.and_then(|p| p.get("arguments"));
-        for path in &policy.read {
+        for path in policy.paths_read() {
             let mut at = arguments;
-            for name in path {
+            for name in &path {
                 let Some(object) = at else { break };
                 if let Some(why) = lookalike(object, &[name.as_str()]) {
                     return Seen::Refused(why);
@@ -270,7 +276,12 @@ impl Guard {
                 None | Some(Value::Null) => Listed::Plain,
                 Some(_) => Listed::Validated,
             };
-            let before = listed.insert(name.to_owned(), now);
+            // A listing without the schema does not undo one with it: a server may leave it
+            // out for a client of an older revision, and validate the output all the same.
+            let before = listed.get(name).copied();
+            if before != Some(Listed::Validated) {
+                listed.insert(name.to_owned(), now);
+            }
             let absent = self
                 .policy
                 .guarded(name)
@@ -327,11 +338,10 @@ impl Guard {
         Fut: Future<Output = Upstream>,
     {
         let id = request.get("id").cloned().unwrap_or(Json::Null);
-        let params = request
-            .get("params")
-            .map(Json::to_value)
-            .and_then(|p| p.as_object().cloned())
-            .unwrap_or_default();
+        let params = match request.get("params").map(Json::to_value) {
+            Some(Value::Object(params)) => params,
+            _ => Map::new(),
+        };
         let spec = match policy.spec(tool, &params) {
             Ok(spec) => spec,
             Err(unnamed) => {
@@ -538,12 +548,24 @@ fn reanswered(id: &Json, line: &[u8]) -> Option<Vec<u8>> {
         (None, Some(error)) => ("error", error),
         _ => return None,
     };
+    Some(response(id, member, raw.get().as_bytes()))
+}
+
+/// A JSON-RPC response under `id` (as the client wrote it), whose `member` (`result` or
+/// `error`) is the JSON text `body`, spliced in as it is.
+fn response(id: &Json, member: &str, body: &[u8]) -> Vec<u8> {
     let mut answer = br#"{"jsonrpc":"2.0","id":"#.to_vec();
     answer.extend_from_slice(&id.to_bytes());
     answer.extend_from_slice(format!(r#","{member}":"#).as_bytes());
-    answer.extend_from_slice(raw.get().as_bytes());
+    answer.extend_from_slice(body);
     answer.push(b'}');
-    Some(answer)
+    answer
+}
+
+/// A JSON-RPC error under `id`.
+fn error_response(id: &Json, code: i64, message: String) -> Vec<u8> {
+    let error = json!({"code": code, "message": message});
+    response(id, "error", error.to_string().as_bytes())
 }
 
 /// A replay: the stored result as it was, its marker after its content. A result stored by a
@@ -603,26 +625,18 @@ fn to_value(result: &impl serde::Serialize) -> Value {
 }
 
 fn reply(id: &Json, result: Value) -> Answer {
-    let mut answer = br#"{"jsonrpc":"2.0","id":"#.to_vec();
-    answer.extend_from_slice(&id.to_bytes());
-    answer.extend_from_slice(br#","result":"#);
-    answer.extend_from_slice(result.to_string().as_bytes());
-    answer.push(b'}');
-    Answer::Reply(answer)
+    Answer::Reply(response(id, "result", result.to_string().as_bytes()))
 }
 
 /// The answer to a refused message: an error for each request in it (one, or a batch's), or
 /// nothing when it holds only notifications.
 pub fn refusal(message: &Json, why: &str) -> Option<Vec<u8>> {
     let error = |id: &Json| {
-        let mut answer = br#"{"jsonrpc":"2.0","id":"#.to_vec();
-        answer.extend_from_slice(&id.to_bytes());
-        answer.extend_from_slice(br#","error":"#);
-        let error =
-            json!({"code": -32600, "message": format!("once-proxy: {why}; it was not performed.")});
-        answer.extend_from_slice(error.to_string().as_bytes());
-        answer.push(b'}');
-        answer
+        error_response(
+            id,
+            -32600,
+            format!("once-proxy: {why}; it was not performed."),
+        )
     };
     // A request's id; null for one that cannot be answered under its id (null, an object, one
     // of the proxy's own); none for a notification.
@@ -657,27 +671,23 @@ pub fn refusal(message: &Json, why: &str) -> Option<Vec<u8>> {
 /// The answer to a request refused because its id is in use: under no id, since an answer
 /// under that id would be taken by the client for the answer of its request in flight.
 pub fn refusal_of_id(why: &str) -> Vec<u8> {
-    json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": {"code": -32600, "message": format!("once-proxy: {why}; it was not performed.")},
-    })
-    .to_string()
-    .into_bytes()
+    error_response(
+        &Json::Null,
+        -32600,
+        format!("once-proxy: {why}; it was not performed."),
+    )
 }
 
 /// The answer to bytes that are not one strict JSON value: refused whatever they mention.
 pub fn unparseable(malformed: &crate::message::Malformed) -> Vec<u8> {
-    json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": {
-            "code": -32700,
-            "message": format!("once-proxy: the message is not one strict JSON value: {malformed}; it was not forwarded."),
-        },
-    })
-    .to_string()
-    .into_bytes()
+    error_response(
+        &Json::Null,
+        -32700,
+        format!(
+            "once-proxy: the message is not one strict JSON value: {malformed}; it was not \
+             forwarded."
+        ),
+    )
 }
 
 /// Adds the policy's note to each guarded tool's description in a `tools/list` response.
@@ -976,6 +986,9 @@ mod tests {
             {"name": "typed", "inputSchema": {}, "outputSchema": {"type": "object"}},
         ]}));
         assert_eq!(guard.listed("refund"), Listed::Plain);
+        assert_eq!(guard.listed("typed"), Listed::Validated);
+        // A later listing without the schema (a client of an older revision) changes nothing.
+        guard.learn(&json!({"tools": [{"name": "typed", "inputSchema": {}}]}));
         assert_eq!(guard.listed("typed"), Listed::Validated);
         let misjudged = guard.misjudged();
         assert_eq!(misjudged.len(), 1, "{misjudged:?}");

@@ -127,6 +127,12 @@ where
     let router = axum::Router::new()
         .route("/mcp", axum::routing::any(handle))
         .with_state(proxy.clone());
+    tracing::info!(
+        address = %listener.local_addr()?,
+        upstream = %crate::redacted(proxy.settings.upstream.as_str()),
+        tls = proxy.settings.door.tls(),
+        "once-proxy serving MCP over Streamable HTTP at /mcp"
+    );
     accept(listener, router, stop).await;
     proxy.calls.close();
     if tokio::time::timeout(REPORT_GRACE, proxy.calls.wait())
@@ -237,10 +243,13 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response<B
             "once-proxy: only a POST carries a message",
         );
     }
-    if headers.get_all(SESSION).iter().count() > 1 {
+    // The session a request's ids are kept under is the one the upstream reads: one header,
+    // in visible ASCII.
+    let sessions = headers.get_all(SESSION).iter().collect::<Vec<_>>();
+    if sessions.len() > 1 || sessions.iter().any(|s| s.to_str().is_err()) {
         return status(
             StatusCode::BAD_REQUEST,
-            "once-proxy: a request carries one mcp-session-id",
+            "once-proxy: a request carries at most one mcp-session-id, in visible ASCII",
         );
     }
     let encoded = headers

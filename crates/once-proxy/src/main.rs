@@ -348,10 +348,6 @@ async fn http_proxy(
             );
         }
     }
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|e| anyhow::anyhow!("--listen {address}: {e}"))?;
-    let bound = listener.local_addr()?;
     let mut headers: axum::http::HeaderMap = args.upstream_headers.into_iter().collect();
     if let Some(path) = &args.upstream_headers_file {
         let text = std::fs::read_to_string(path)
@@ -371,6 +367,10 @@ async fn http_proxy(
             headers.insert(name, value);
         }
     }
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| anyhow::anyhow!("--listen {address}: {e}"))?;
+    let bound = listener.local_addr()?;
     let settings = http::Settings {
         door: door::Door::new(
             bound,
@@ -379,20 +379,16 @@ async fn http_proxy(
             &args.allowed_origins,
             token.as_deref(),
         ),
-        upstream: upstream.clone(),
+        upstream,
         headers,
         max_body: args.max_body,
     };
     let served = match tls {
         Some(config) => {
             let listener = once_tls::TlsListener::new(listener, config)?;
-            tracing::info!(address = %bound, upstream = %redacted(upstream.as_str()), tls = true, "once-proxy serving MCP over Streamable HTTP at /mcp");
             http::serve(guard, listener, settings, stopped()).await
         }
-        None => {
-            tracing::info!(address = %bound, upstream = %redacted(upstream.as_str()), tls = false, "once-proxy serving MCP over Streamable HTTP at /mcp");
-            http::serve(guard, listener, settings, stopped()).await
-        }
+        None => http::serve(guard, listener, settings, stopped()).await,
     };
     served.map(|()| 0)
 }

@@ -77,11 +77,6 @@ pub struct ToolPolicy {
     /// Where the forwarded call carries the ledger's provider key for the attempt, so the
     /// provider can dedupe on it and a reconciler can find the effect by it.
     pub provider_key: Option<KeySink>,
-    /// The paths into the arguments that the policy reads (its templates' pointers, volatile
-    /// fields, key arguments, the provider key's argument), each a list of member names; filled
-    /// at load.
-    #[serde(skip)]
-    pub read: Vec<Vec<String>>,
 }
 
 /// Where the proxy puts the attempt's provider key in the call it forwards.
@@ -216,12 +211,11 @@ impl Policy {
 
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         // Templates are parsed here, once: a malformed one refuses the policy.
-        let mut policy: Policy = toml::from_str(text)?;
-        for (tool, guarded) in &mut policy.tools {
+        let policy: Policy = toml::from_str(text)?;
+        for (tool, guarded) in &policy.tools {
             if guarded.intent.as_ref().is_some_and(Vec::is_empty) {
                 anyhow::bail!("tools.{tool}.intent: name at least one part, or leave it out");
             }
-            guarded.read = guarded.paths_read();
         }
         Ok(policy)
     }
@@ -248,7 +242,9 @@ impl ToolPolicy {
         sources.chain(sink)
     }
 
-    fn paths_read(&self) -> Vec<Vec<String>> {
+    /// The paths into the arguments that the policy reads (its templates' pointers, volatile
+    /// fields, key arguments, the provider key's argument), each a list of member names.
+    pub fn paths_read(&self) -> Vec<Vec<String>> {
         let templates = self
             .intent
             .iter()
@@ -435,20 +431,16 @@ impl Template {
 }
 
 /// A number as text in a name, by its value: `42`, `42.0` and `4.2e1` are one number to the
-/// upstreams, so they are one text (`42`); -0 is `0`.
+/// upstreams, so they are one text (`42`, as once-id-v1 writes an integral part); -0 is `0`.
 fn number_text(n: &serde_json::Number) -> String {
-    if let Some(i) = n.as_i64() {
-        return i.to_string();
-    }
-    if let Some(u) = n.as_u64() {
-        return u.to_string();
-    }
     let x = n.as_f64().unwrap_or(f64::NAN);
-    if x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_991.0 {
-        // Integral and within ±2^53−1: exact as an integer.
-        return (x as i64).to_string();
-    }
-    x.to_string()
+    IntentPart::Number(x).render().unwrap_or_else(|_| {
+        if n.is_f64() {
+            x.to_string()
+        } else {
+            n.to_string()
+        }
+    })
 }
 
 fn lookup<'v>(arguments: &'v Value, pointer: &str) -> Result<&'v Value, String> {
@@ -638,9 +630,9 @@ mod tests {
     }
 
     #[test]
-    fn the_paths_a_policy_reads_are_known_at_load() {
+    fn the_paths_a_policy_reads_are_known() {
         let policy = Policy::parse(POLICY).unwrap();
-        let mut read = policy.guarded("issue_refund").unwrap().read.clone();
+        let mut read = policy.guarded("issue_refund").unwrap().paths_read();
         read.sort();
         read.dedup();
         let path = |parts: &[&str]| parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
@@ -656,7 +648,7 @@ mod tests {
         assert!(nested
             .guarded("t")
             .unwrap()
-            .read
+            .paths_read()
             .contains(&path(&["order", "id/x"])));
     }
 

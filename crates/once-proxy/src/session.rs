@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::guard::RESERVED;
+use crate::message::{IdKey, Json};
 
 /// The most requests of one session whose answers may still come: an upstream that never
 /// answers some (a cancelled request, an id it cannot read) cannot make the set grow without
@@ -22,7 +23,6 @@ pub const MAX_IN_FLIGHT: usize = 4096;
 
 /// How many cancelled requests' ids stay refused.
 const MAX_CANCELLED: usize = 1024;
-use crate::message::{IdKey, Json};
 
 /// Makes the ids (and progress tokens) guarded calls travel under upstream: a random prefix
 /// per proxy, under [`RESERVED`], which no client message may use, and a counter.
@@ -37,9 +37,8 @@ impl Minter {
         let mut random = [0u8; 8];
         // Without randomness the prefix is still reserved: only unguessable across proxies.
         let _ = getrandom::getrandom(&mut random);
-        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
         Self {
-            prefix: format!("{RESERVED}{hex}:"),
+            prefix: format!("{RESERVED}{}:", hex::encode(random)),
             next: AtomicU64::new(1),
         }
     }
@@ -108,15 +107,6 @@ impl Session {
             single => (std::slice::from_ref(single), false),
         };
         let mut claimed = HashSet::new();
-        let requests = items
-            .iter()
-            .filter(|i| i.get("method").is_some() && i.get("id").is_some())
-            .count();
-        if self.in_use.len() + requests > MAX_IN_FLIGHT {
-            return Err(format!(
-                "more than {MAX_IN_FLIGHT} requests of this session wait for an answer"
-            ));
-        }
         for item in items {
             if item.get("method").is_none() {
                 continue;
@@ -126,6 +116,11 @@ impl Session {
             if self.in_use.contains(&key) || self.cancelled.contains(&key) || !claimed.insert(key) {
                 return Err(in_use(id));
             }
+        }
+        if self.in_use.len() + claimed.len() > MAX_IN_FLIGHT {
+            return Err(format!(
+                "more than {MAX_IN_FLIGHT} requests of this session wait for an answer"
+            ));
         }
         let mut listings = Vec::new();
         let mut kept = Vec::new();
@@ -142,8 +137,8 @@ impl Session {
             }
             kept.push(item.clone());
         }
+        let claimed: Vec<IdKey> = claimed.into_iter().collect();
         self.in_use.extend(claimed.iter().cloned());
-        let claimed = claimed.into_iter().collect();
         let forwarded = match (batch, kept.len()) {
             (_, 0) => None,
             (true, _) => Some(Json::Array(kept)),
