@@ -1172,3 +1172,234 @@ async fn each_tenant_is_looked_up_with_its_own_credentials(store: Store) {
     }
     assert!(onced.terminate().await.success());
 }
+
+on_both_backends!(a_report_comes_from_the_credential_that_holds_the_attempt);
+
+/// A fencing token is readable by every reader of the operation: another executor key of the
+/// same tenant that read it reports, heartbeats and re-begins in vain, answered as for a token
+/// never issued, and the attempt is still the holder's to settle.
+async fn a_report_comes_from_the_credential_that_holds_the_attempt(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &[]).await;
+    let mut admin = admin_client(&server).await;
+    put_tenant(&mut admin, &admin_key, "acme").await;
+    let holder = create_key(&mut admin, &admin_key, "acme", &["executor"])
+        .await
+        .secret;
+    let other = create_key(&mut admin, &admin_key, "acme", &["executor", "reader"])
+        .await
+        .secret;
+    let mut ledger = server.client().await;
+    let first = begin("refund-1", ARGS);
+    let grant = expect_execute(
+        &ledger
+            .begin(with_key(first.clone(), Some(&holder)))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    // The other key reads the attempt: its token, its attempt id and context.
+    let read = ledger
+        .get_operation(with_key(
+            pb::GetOperationRequest {
+                operation_id: "refund-1".into(),
+                ..Default::default()
+            },
+            Some(&other),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let token = read.operation.as_ref().unwrap().fencing_token;
+    assert_eq!(token, grant.fencing_token);
+
+    // What a token never issued is answered, for comparison.
+    let channel = ledger.clone();
+    let never_issued = |request: tonic::Request<pb::ReportAbsentRequest>| {
+        let mut ledger = channel.clone();
+        async move { ledger.report_absent(request).await.unwrap_err() }
+    };
+    let absent = |token: u64| pb::ReportAbsentRequest {
+        operation_id: "refund-1".into(),
+        fencing_token: token,
+        reason: "declined".into(),
+    };
+    let unissued = never_issued(with_key(absent(token + 1_000), Some(&holder))).await;
+    let refused = |status: &Status| (status.code(), reason(status));
+
+    let forged_absent = ledger
+        .report_absent(with_key(absent(token), Some(&other)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused(&forged_absent), refused(&unissued));
+    let forged_confirm = ledger
+        .confirm(with_key(
+            pb::ConfirmRequest {
+                operation_id: "refund-1".into(),
+                fencing_token: token,
+                result: b"{}".to_vec(),
+                provider_ref: "re_forged".into(),
+            },
+            Some(&other),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused(&forged_confirm), refused(&unissued));
+    let forged_unknown = ledger
+        .report_unknown(with_key(
+            pb::ReportUnknownRequest {
+                operation_id: "refund-1".into(),
+                fencing_token: token,
+                reason: "?".into(),
+            },
+            Some(&other),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused(&forged_unknown), refused(&unissued));
+    let heartbeat = |key: String, token: u64| {
+        let mut ledger = channel.clone();
+        async move {
+            ledger
+                .heartbeat(with_key(
+                    pb::HeartbeatRequest {
+                        operation_id: "refund-1".into(),
+                        fencing_token: token,
+                        lease_ttl: Some(ms(60_000)),
+                    },
+                    Some(&key),
+                ))
+                .await
+        }
+    };
+    let forged_beat = heartbeat(other.clone(), token).await.unwrap_err();
+    let unissued_beat = heartbeat(holder.clone(), token + 1_000).await.unwrap_err();
+    assert_eq!(refused(&forged_beat), refused(&unissued_beat));
+    // The very Begin again, from the other key: not the grant, and no new execution right.
+    let again = ledger
+        .begin(with_key(first.clone(), Some(&other)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision_name(&again), "IN_PROGRESS");
+    let fresh = ledger
+        .begin(with_key(begin("refund-1", ARGS), Some(&other)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision_name(&fresh), "IN_PROGRESS");
+
+    // Nothing changed: still IN_FLIGHT, one event, and the holder's own calls work.
+    let after = ledger
+        .get_operation(with_key(
+            pb::GetOperationRequest {
+                operation_id: "refund-1".into(),
+                ..Default::default()
+            },
+            Some(&other),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let op = after.operation.unwrap();
+    assert_eq!(op.state, pb::OperationState::InFlight as i32);
+    assert_eq!(after.events.len(), 1, "{:?}", after.events);
+    heartbeat(holder.clone(), token)
+        .await
+        .expect("the holder's heartbeat");
+    let regrant = ledger
+        .begin(with_key(first, Some(&holder)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(expect_execute(&regrant).fencing_token, token);
+    ledger
+        .confirm(with_key(
+            pb::ConfirmRequest {
+                operation_id: "refund-1".into(),
+                fencing_token: token,
+                result: b"{}".to_vec(),
+                provider_ref: "re_1".into(),
+            },
+            Some(&holder),
+        ))
+        .await
+        .expect("the holder's confirm");
+    server.stop().await;
+}
+
+/// `--help` shows which variable sets each flag, never the value it has: a database URL carries
+/// a password.
+#[test]
+fn help_never_prints_a_secret_from_the_environment() {
+    for args in [&["--help"][..], &["keys", "--help"], &["tenants", "--help"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+            .args(args)
+            .env(
+                "ONCE_DATABASE_URL",
+                "postgres://once:hunter2@db.internal/once",
+            )
+            .env("ONCE_ADMIN_KEY_FILE", "/run/secrets/hunter2")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {text}");
+        assert!(text.contains("ONCE_DATABASE_URL"), "{args:?}: {text}");
+        assert!(!text.contains("hunter2"), "{args:?}: {text}");
+    }
+}
+
+on_both_backends!(the_first_credential_is_a_conditional_write);
+
+/// Eight keyless callers ask two replicas of an open ledger for a first key at once: exactly one
+/// gets it, the others are told the ledger is closed, and a replica whose credentials were read
+/// long ago (a minute's TTL) mints nothing for a keyless caller once it is.
+async fn the_first_credential_is_a_conditional_write(store: Store) {
+    let db = TestDb::new(store).await;
+    let one = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
+    let two = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
+    let admins = [admin_client(&one).await, admin_client(&two).await];
+    put_tenant(&mut admins[0].clone(), "", "acme").await;
+    let mut racers = Vec::new();
+    for n in 0..8 {
+        let mut admin = admins[n % 2].clone();
+        racers.push(tokio::spawn(async move {
+            admin
+                .create_key(apb::CreateKeyRequest {
+                    tenant: "acme".into(),
+                    name: format!("first-{n}"),
+                    roles: vec!["admin".into()],
+                    certificate_pem: String::new(),
+                })
+                .await
+        }));
+    }
+    let mut won = 0;
+    for racer in racers {
+        match racer.await.unwrap() {
+            Ok(_) => won += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+                assert_eq!(reason(&status), "CREDENTIALS_MISSING");
+            }
+        }
+    }
+    assert_eq!(won, 1, "exactly one first credential");
+    assert_eq!(db.scalar("SELECT count(*) FROM credentials").await, 1);
+    for admin in &admins {
+        let late = admin
+            .clone()
+            .create_key(apb::CreateKeyRequest {
+                tenant: "acme".into(),
+                name: "late".into(),
+                roles: vec!["admin".into()],
+                certificate_pem: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(late.code(), Code::Unauthenticated, "{late:?}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM credentials").await, 1);
+    one.stop().await;
+    two.stop().await;
+}

@@ -75,8 +75,12 @@ fn command(operation_id: &str, tool: &str, fingerprint: u8) -> BeginCommand {
         provider: Some("stripe".into()),
         lookup_hints: None,
         actor: Actor::Executor("conformance".into()),
+        holder: Some(HOLDER.into()),
     }
 }
+
+/// The key id of the credential the suite's attempts are granted to.
+const HOLDER: &str = "0123456789ab";
 
 /// Reads the store's clock (and `id`, unlocked).
 async fn now<B: Backend>(backend: &B) -> Millis {
@@ -335,6 +339,9 @@ async fn attempts_are_found_by_token_for_their_own_operation_only<B: Backend>(ba
         (1, a.fencing_token, "executor:conformance")
     );
     assert_eq!(found.context.session_id.as_deref(), Some("s-1"));
+    // The credential it was granted to, on the attempt and on the operation.
+    assert_eq!(found.holder.as_deref(), Some(HOLDER));
+    assert_eq!(a.holder.as_deref(), Some(HOLDER));
     assert_eq!(
         backend
             .attempt(&mut tx, TENANT, &id("attempt-a"), b.fencing_token)
@@ -1157,6 +1164,7 @@ async fn confirm_unlocked<B: Backend>(
 fn confirm_command(op: &Operation) -> ReportCommand {
     ReportCommand {
         fencing_token: op.fencing_token,
+        holder: op.holder.clone(),
         report: Report::Confirm {
             result: b"done".to_vec(),
             provider_ref: Some("re_1".into()),
@@ -1239,6 +1247,7 @@ async fn a_call_never_holds_two_pooled_connections() {
     // under the lock: the locked path after the read, on a report as on a Begin.
     let absent = ReportCommand {
         fencing_token: op.fencing_token,
+        holder: op.holder.clone(),
         report: Report::Absent {
             reason: "declined".into(),
         },

@@ -76,3 +76,47 @@ async fn acknowledged_confirms_survive_sigkill(store: Store) {
     }
     assert!(restarted.terminate().await.success());
 }
+
+/// The database holds every stored result: its file, and the WAL and shared-memory files SQLite
+/// makes beside it, are readable by their owner only; an existing file others can read is
+/// served, with a warning that names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_files_are_created_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let url = format!("sqlite://{}", path.display());
+    let log = dir.path().join("onced.log");
+    let onced = OncedProcess::spawn(&url, log.clone(), &[]).await;
+    let mut client = onced.client().await;
+    let grant = claim(&mut client, begin("private-1", ARGS)).await;
+    confirm(&mut client, "private-1", grant.fencing_token, b"{}")
+        .await
+        .unwrap();
+    let mode = |suffix: &str| {
+        let file = format!("{}{suffix}", path.display());
+        std::fs::metadata(&file)
+            .unwrap_or_else(|e| panic!("{file}: {e}"))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    for suffix in ["", "-wal", "-shm"] {
+        assert_eq!(mode(suffix), 0o600, "ledger.db{suffix}");
+    }
+    assert!(!onced.log().contains("readable by other users"));
+    onced.terminate().await;
+
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let again = OncedProcess::spawn(&url, dir.path().join("again.log"), &[]).await;
+    let warned = eventually(Duration::from_secs(5), "the warning", || async {
+        let log = again.log();
+        log.contains("readable by other users").then_some(log)
+    })
+    .await;
+    assert!(
+        warned.contains("ledger.db") && warned.contains("644"),
+        "{warned}"
+    );
+    again.terminate().await;
+}

@@ -31,6 +31,8 @@ pub struct Caller {
     pub tenant: String,
     /// The actor recorded for an executor's calls.
     pub actor: Actor,
+    /// The credential presented: an attempt is granted to it, and only it reports for it.
+    pub holder: Holder,
 }
 
 /// A validated Begin and the wait bound that goes with it.
@@ -163,6 +165,7 @@ pub fn begin(
             provider,
             lookup_hints,
             actor: caller.actor.clone(),
+            holder: caller.holder.clone(),
         },
         wait_ms,
     })
@@ -206,6 +209,7 @@ impl ReportRequest for pb::ReportUnknownRequest {
 /// A validated report: the operation it is about and what the attempt says.
 pub fn report(
     req: impl ReportRequest,
+    holder: Holder,
     limits: &Limits,
 ) -> Result<(OperationId, ReportCommand), Invalid> {
     let (operation_id, token, report) = req.into_parts();
@@ -238,20 +242,29 @@ pub fn report(
         id,
         ReportCommand {
             fencing_token,
+            holder,
             report,
         },
     ))
 }
 
-/// A validated heartbeat: operation, fencing token and the lease to extend to.
+/// A validated heartbeat: the operation, and the attempt's lease to extend.
 pub fn heartbeat(
     req: pb::HeartbeatRequest,
+    holder: Holder,
     limits: &Limits,
-) -> Result<(OperationId, FencingToken, i64), Invalid> {
+) -> Result<(OperationId, HeartbeatCommand), Invalid> {
     let id = OperationId::parse("operation_id", &req.operation_id)?;
     let fencing_token = fencing_token(req.fencing_token)?;
-    let ttl = lease_ttl("lease_ttl", req.lease_ttl, limits)?;
-    Ok((id, fencing_token, ttl))
+    let ttl_ms = lease_ttl("lease_ttl", req.lease_ttl, limits)?;
+    Ok((
+        id,
+        HeartbeatCommand {
+            fencing_token,
+            holder,
+            ttl_ms,
+        },
+    ))
 }
 
 pub fn get_operation(req: pb::GetOperationRequest) -> Result<OperationId, Invalid> {

@@ -47,13 +47,14 @@ fn convert(call: Call) -> Result<(), Invalid> {
     let caller = Caller {
         tenant: "default".into(),
         actor: Actor::Executor("test".into()),
+        holder: None,
     };
     match call {
         Call::Begin(r) => begin(r, &caller, &limits).map(drop),
-        Call::Confirm(r) => report(r, &limits).map(drop),
-        Call::Absent(r) => report(r, &limits).map(drop),
-        Call::Unknown(r) => report(r, &limits).map(drop),
-        Call::Heartbeat(r) => heartbeat(r, &limits).map(drop),
+        Call::Confirm(r) => report(r, None, &limits).map(drop),
+        Call::Absent(r) => report(r, None, &limits).map(drop),
+        Call::Unknown(r) => report(r, None, &limits).map(drop),
+        Call::Heartbeat(r) => heartbeat(r, None, &limits).map(drop),
         Call::Get(r) => get_operation(r).map(drop),
         Call::List(r) => list_operations(r).map(drop),
         Call::Resolve(r) => resolve(r, &limits).map(drop),

@@ -185,6 +185,9 @@ pub struct NewCredential {
     pub roles: Roles,
     pub kind: CredentialKind,
     pub secret_hash: SecretHash,
+    /// Created on the word of a caller admitted while the ledger was open (no credential
+    /// stored): stored only while that is still so, and of several such at once, one only.
+    pub while_open: bool,
 }
 
 /// The SHA-256 of a key or of a certificate's DER bytes: what the store keeps and looks up by.

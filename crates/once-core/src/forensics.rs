@@ -294,6 +294,7 @@ mod tests {
             started_at: at,
             lease_deadline: at + 30_000,
             actor: Actor::Executor("refund-mcp".into()),
+            holder: None,
             context,
         }
     }

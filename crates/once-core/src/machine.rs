@@ -136,8 +136,14 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
             (decision, plan)
         }
         // A transport retry of the very Begin that was granted: the same grant again. The
-        // attempt id alone is not enough (a JSON-RPC id is unique only within its session).
-        State::InFlight if op.attempt_id == cmd.attempt_id && op.attempt_context == cmd.context => {
+        // attempt id alone is not enough (a JSON-RPC id is unique only within its session),
+        // and only the credential it was granted to is granted it again: an attempt id is
+        // readable by anyone who may read the operation.
+        State::InFlight
+            if op.attempt_id == cmd.attempt_id
+                && op.attempt_context == cmd.context
+                && may_act_for(&op.holder, &cmd.holder) =>
+        {
             let grant = Grant {
                 attempt: op.attempt,
                 fencing_token: op.fencing_token,
@@ -250,6 +256,7 @@ fn claim_new_life(
         attempt_id: cmd.attempt_id.clone(),
         attempt_context: cmd.context.clone(),
         executor: cmd.actor.clone(),
+        holder: cmd.holder.clone(),
         lease_started_at: now,
         lease_deadline: now + cmd.lease_ttl_ms,
         result: None,
@@ -299,6 +306,7 @@ fn claim_again(
     next.attempt_id = cmd.attempt_id.clone();
     next.attempt_context = cmd.context.clone();
     next.executor = cmd.actor.clone();
+    next.holder = cmd.holder.clone();
     next.lease_started_at = now;
     next.lease_deadline = now + cmd.lease_ttl_ms;
     next.updated_at = now;
@@ -341,6 +349,7 @@ fn granted(
         started_at: op.lease_started_at,
         lease_deadline: op.lease_deadline,
         actor: cmd.actor.clone(),
+        holder: cmd.holder.clone(),
         context: cmd.context.clone(),
     };
     let mut event = NewEvent::transition(
@@ -457,17 +466,26 @@ pub fn report(
     now: Millis,
 ) -> (Result<State, Rejection>, Plan) {
     let token = cmd.fencing_token;
-    if token == op.fencing_token {
-        return latest_attempt_report(op, cmd, now);
-    }
     let lost = Err(Rejection::ExecutionRightLost {
         token,
         latest_attempt: op.attempt,
         latest_token: op.fencing_token,
     });
-    // A token of an earlier life, one never issued, or another operation's: it changes nothing.
-    let Some(attempt) = earlier.filter(|a| a.fencing_token == token && is_token_of_life(token, op))
-    else {
+    if token == op.fencing_token {
+        // From another credential than the attempt's, a report is answered as one with a token
+        // never issued, and changes nothing.
+        if !may_act_for(&op.holder, &cmd.holder) {
+            return (lost, Plan::default());
+        }
+        return latest_attempt_report(op, cmd, now);
+    }
+    // A token of an earlier life, one never issued, another operation's, or another
+    // credential's attempt: it changes nothing.
+    let Some(attempt) = earlier.filter(|a| {
+        a.fencing_token == token
+            && is_token_of_life(token, op)
+            && may_act_for(&a.holder, &cmd.holder)
+    }) else {
         return (lost, Plan::default());
     };
     match &cmd.report {
@@ -807,11 +825,16 @@ fn beside_the_record(op: &Operation, provider_ref: Option<&str>) -> Plan {
 /// new deadline.
 pub fn heartbeat(
     op: &Operation,
-    fencing_token: FencingToken,
-    ttl_ms: i64,
+    cmd: &HeartbeatCommand,
     now: Millis,
 ) -> Result<(Millis, Plan), Rejection> {
-    if fencing_token != op.fencing_token {
+    let HeartbeatCommand {
+        fencing_token,
+        ref holder,
+        ttl_ms,
+    } = *cmd;
+    // Another credential's heartbeat is answered as one with a token never issued.
+    if fencing_token != op.fencing_token || !may_act_for(&op.holder, holder) {
         return Err(Rejection::ExecutionRightLost {
             token: fencing_token,
             latest_attempt: op.attempt,

@@ -25,7 +25,30 @@ fn cmd(attempt_id: &str) -> BeginCommand {
         provider: None,
         lookup_hints: None,
         actor: Actor::Executor("test".into()),
+        holder: holder(HOLDER),
     }
+}
+
+/// The key id of the credential the tests' attempts are granted to.
+const HOLDER: &str = "k1";
+
+fn holder(key_id: &str) -> Holder {
+    Some(key_id.to_owned())
+}
+
+/// A heartbeat from the tests' credential.
+fn beat(
+    op: &Operation,
+    token: FencingToken,
+    ttl_ms: i64,
+    now: Millis,
+) -> Result<(Millis, Plan), Rejection> {
+    let cmd = HeartbeatCommand {
+        fencing_token: token,
+        holder: holder(HOLDER),
+        ttl_ms,
+    };
+    heartbeat(op, &cmd, now)
 }
 
 /// The first fencing token the tests' store hands out; later ones are larger.
@@ -81,6 +104,7 @@ fn report_from(
         op,
         &ReportCommand {
             fencing_token: token,
+            holder: holder(HOLDER),
             report,
         },
         earlier,
@@ -545,7 +569,7 @@ fn a_late_confirm_after_a_later_attempt_ran_is_held_for_an_operator() {
     };
     assert_eq!(decision.name(), "UNKNOWN");
     // Attempt 2's lease is gone.
-    assert!(heartbeat(&held, TOKEN + 1, LEASE, T0 + 41).is_err());
+    assert!(beat(&held, TOKEN + 1, LEASE, T0 + 41).is_err());
     // No ABSENT resolution: an attempt proved the effect.
     assert_eq!(
         resolve(
@@ -670,18 +694,18 @@ fn contradicting_reports_are_refused_unless_they_prove_the_effect() {
 #[test]
 fn heartbeats_extend_only_a_live_lease_and_never_shorten_it() {
     let in_flight = claimed();
-    let (deadline, plan) = heartbeat(&in_flight, TOKEN, LEASE, T0 + 1000).unwrap();
+    let (deadline, plan) = beat(&in_flight, TOKEN, LEASE, T0 + 1000).unwrap();
     assert_eq!(deadline, T0 + 1000 + LEASE);
     assert!(!plan.is_empty());
-    let (deadline, plan) = heartbeat(&in_flight, TOKEN, 10, T0 + 1000).unwrap();
+    let (deadline, plan) = beat(&in_flight, TOKEN, 10, T0 + 1000).unwrap();
     assert_eq!(deadline, in_flight.lease_deadline);
     assert!(plan.is_empty());
     assert_eq!(
-        heartbeat(&in_flight, TOKEN, LEASE, T0 + LEASE).unwrap_err(),
+        beat(&in_flight, TOKEN, LEASE, T0 + LEASE).unwrap_err(),
         Rejection::LeaseExpired { token: TOKEN }
     );
     assert!(matches!(
-        heartbeat(&in_flight, TOKEN + 1, LEASE, T0 + 1),
+        beat(&in_flight, TOKEN + 1, LEASE, T0 + 1),
         Err(Rejection::ExecutionRightLost { .. })
     ));
 }
@@ -766,4 +790,133 @@ fn resolutions_apply_to_the_examined_attempt_of_an_unknown_operation_and_are_ide
         resolve(&unsure, &wrong_number, None, T0 + 30),
         Err(Rejection::AttemptMismatch { .. })
     ));
+}
+
+#[test]
+fn a_report_comes_from_the_credential_that_holds_the_attempt() {
+    let in_flight = claimed();
+    assert_eq!(in_flight.holder, holder(HOLDER));
+    let from_another = |report: Report| ReportCommand {
+        fencing_token: TOKEN,
+        holder: holder("k2"),
+        report,
+    };
+    let lost = Err(Rejection::ExecutionRightLost {
+        token: TOKEN,
+        latest_attempt: 1,
+        latest_token: TOKEN,
+    });
+    for report in [
+        confirm_report(b"r", Some("re_1")),
+        Report::Absent {
+            reason: "no".into(),
+        },
+        Report::Unknown { reason: "?".into() },
+    ] {
+        let (answer, plan) = super::report(&in_flight, &from_another(report), None, T0 + 1);
+        assert_eq!(answer, lost);
+        assert!(
+            plan.is_empty(),
+            "another credential's report changes nothing"
+        );
+    }
+    // Nor from an open ledger's caller, which presents none.
+    let keyless = ReportCommand {
+        holder: None,
+        ..from_another(Report::Absent {
+            reason: "no".into(),
+        })
+    };
+    assert!(super::report(&in_flight, &keyless, None, T0 + 1)
+        .1
+        .is_empty());
+    // An attempt granted to no credential (while the ledger was open, or before holders were
+    // recorded) is any credential's of the tenant to report, as before.
+    let unheld = Operation {
+        holder: None,
+        ..in_flight.clone()
+    };
+    let (answer, _) = super::report(
+        &unheld,
+        &from_another(Report::Absent {
+            reason: "no".into(),
+        }),
+        None,
+        T0 + 1,
+    );
+    assert_eq!(answer, Ok(State::Absent));
+    // Its heartbeat is answered as a token never issued.
+    let beat_from_another = HeartbeatCommand {
+        fencing_token: TOKEN,
+        holder: holder("k2"),
+        ttl_ms: LEASE,
+    };
+    assert!(matches!(
+        heartbeat(&in_flight, &beat_from_another, T0 + 1),
+        Err(Rejection::ExecutionRightLost { .. })
+    ));
+    // The same Begin again (attempt id and context, read from the operation) is granted again
+    // only to the holder: to another credential it is IN_PROGRESS.
+    let mut again = cmd("a1");
+    again.holder = holder("k2");
+    let BeginStep::Decided(decision, plan) = begin(Some(&in_flight), &again, T0 + 1) else {
+        panic!("an IN_FLIGHT operation is decided from its row")
+    };
+    assert_eq!(decision.name(), "IN_PROGRESS");
+    assert!(plan.is_empty());
+    let BeginStep::Decided(decision, _) = begin(Some(&in_flight), &cmd("a1"), T0 + 1) else {
+        panic!()
+    };
+    assert!(matches!(
+        decision,
+        BeginDecision::Execute(Grant {
+            regranted: true,
+            ..
+        })
+    ));
+    // The holder's own report settles it.
+    let (answer, _) = report_by(
+        &in_flight,
+        TOKEN,
+        Report::Absent {
+            reason: "no".into(),
+        },
+        T0 + 2,
+    );
+    assert_eq!(answer, Ok(State::Absent));
+}
+
+#[test]
+fn a_superseded_attempts_confirm_counts_only_from_its_own_credential() {
+    let first = first_attempt();
+    let absent = with_state(
+        &claimed(),
+        Report::Absent {
+            reason: "no".into(),
+        },
+        T0 + 1,
+    );
+    let mut second = cmd("a2");
+    second.holder = holder("k2");
+    let (_, plan) = begin_with(Some(&absent), &second, TOKEN + 1, T0 + 2);
+    let running = written(&plan);
+    assert_eq!(running.holder, holder("k2"));
+    // Attempt 1's token, reported by attempt 2's credential: nothing, not even an anomaly.
+    let forged = ReportCommand {
+        fencing_token: TOKEN,
+        holder: holder("k2"),
+        report: confirm_report(b"r", Some("re_1")),
+    };
+    let (answer, plan) = super::report(&running, &forged, Some(&first), T0 + 3);
+    assert!(matches!(answer, Err(Rejection::ExecutionRightLost { .. })));
+    assert!(plan.is_empty());
+    // From its own credential, it is proof, recorded.
+    let (_, plan) = report_from(
+        &running,
+        TOKEN,
+        Some(&first),
+        confirm_report(b"r", Some("re_1")),
+        T0 + 3,
+    );
+    assert!(!plan.is_empty());
 }

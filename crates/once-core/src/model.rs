@@ -217,6 +217,8 @@ pub struct Operation {
     pub attempt_context: AttemptContext,
     /// Who holds (or last held) the execution right: the actor recorded for the latest attempt.
     pub executor: Actor,
+    /// The credential the latest attempt was granted to: only it reports for the attempt.
+    pub holder: Holder,
     /// When the latest attempt's lease began.
     pub lease_started_at: Millis,
     /// When the latest attempt's lease ends, unless extended by a heartbeat.
@@ -314,7 +316,22 @@ pub struct Attempt {
     pub started_at: Millis,
     pub lease_deadline: Millis,
     pub actor: Actor,
+    /// The credential the attempt was granted to.
+    pub holder: Holder,
     pub context: AttemptContext,
+}
+
+/// The credential an attempt was granted to: its key id, or `None` when it was granted to none
+/// (while the ledger was open, or by a version that did not record it). A fencing token is
+/// readable by anyone who may read the operation, so it proves nothing by itself: only the
+/// holder reports for an attempt granted to a credential, heartbeats its lease or is granted it
+/// again. See [`may_act_for`].
+pub type Holder = Option<String>;
+
+/// Whether a caller presenting `caller` may act for an attempt granted to `holder`: the same
+/// credential, or any caller of the tenant for an attempt granted to none.
+pub fn may_act_for(holder: &Holder, caller: &Holder) -> bool {
+    holder.is_none() || holder == caller
 }
 
 /// The kinds of event in an operation's history.
@@ -497,6 +514,8 @@ pub struct BeginCommand {
     pub provider: Option<String>,
     pub lookup_hints: Option<String>,
     pub actor: Actor,
+    /// The credential the caller presented.
+    pub holder: Holder,
 }
 
 /// The right to perform the effect once.
@@ -585,7 +604,19 @@ impl Report {
 #[derive(Debug, Clone)]
 pub struct ReportCommand {
     pub fencing_token: FencingToken,
+    /// The credential the report came with: it must be the attempt's.
+    pub holder: Holder,
     pub report: Report,
+}
+
+/// A heartbeat from the attempt holding `fencing_token`, asking for its lease to last `ttl_ms`
+/// from now.
+#[derive(Debug, Clone)]
+pub struct HeartbeatCommand {
+    pub fencing_token: FencingToken,
+    /// The credential the heartbeat came with: it must be the attempt's.
+    pub holder: Holder,
+    pub ttl_ms: i64,
 }
 
 /// The settled truth an operator (or reconciler) assigns to an UNKNOWN operation.

@@ -461,6 +461,7 @@ mod tests {
             provider: Some("stripe".into()),
             lookup_hints: Some(r#"{"payment_intent":"pi_1"}"#.into()),
             actor: Actor::Executor("test".into()),
+            holder: None,
         };
         assert_eq!(machine::begin(None, &cmd, T0), BeginStep::Claim);
         let (_, plan) = machine::claim(

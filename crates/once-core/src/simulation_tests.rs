@@ -312,6 +312,7 @@ fn command(
         new_intent,
         provider: Some("stripe".into()),
         lookup_hints: None,
+        holder: None,
     }
 }
 
@@ -464,6 +465,7 @@ fn run(actions: Vec<Action>) {
                     .is_some_and(|row| row.fencing_token == held.token);
                 let cmd = ReportCommand {
                     fencing_token: held.token,
+                    holder: None,
                     report,
                 };
                 let (answer, plan) = store.report(held.op, &cmd);
@@ -524,7 +526,12 @@ fn run(actions: Vec<Action>) {
                 let Some(row) = store.rows.get(&held.op).cloned() else {
                     continue;
                 };
-                if let Ok((_, plan)) = machine::heartbeat(&row, held.token, LEASE, store.now) {
+                let beat = HeartbeatCommand {
+                    fencing_token: held.token,
+                    holder: None,
+                    ttl_ms: LEASE,
+                };
+                if let Ok((_, plan)) = machine::heartbeat(&row, &beat, store.now) {
                     assert_eq!(
                         held.token, row.fencing_token,
                         "only the latest token heartbeats"

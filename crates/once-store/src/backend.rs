@@ -261,7 +261,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn tenants(&self) -> impl Future<Output = Result<Vec<Tenant>, StoreError>> + Send;
 
     /// Stores a credential. [`StoreError::NotFound`] when its tenant does not exist;
-    /// [`StoreError::Duplicate`] when its key id or secret is already stored.
+    /// [`StoreError::Duplicate`] when its key id or secret is already stored, or when it was
+    /// made `while_open` and a credential exists (or another such one won the race to be
+    /// first): the ledger is closed.
     fn create_credential(
         &self,
         credential: &NewCredential,

@@ -353,14 +353,13 @@ impl<B: Backend> Ledger<B> {
         &self,
         tenant: &str,
         id: &OperationId,
-        fencing_token: FencingToken,
-        ttl_ms: i64,
+        cmd: HeartbeatCommand,
     ) -> Result<Millis, StoreError> {
         self.locked(
             "heartbeat",
             tenant,
             id,
-            move |op, now| match machine::heartbeat(op, fencing_token, ttl_ms, now) {
+            move |op, now| match machine::heartbeat(op, &cmd, now) {
                 Ok((deadline, plan)) => (Ok(deadline), plan),
                 Err(rejection) => (Err(rejection.into()), Plan::default()),
             },

@@ -16,7 +16,7 @@ use crate::StoreError;
 
 /// The columns of `operations` a plan writes, in the order [`crate::Store`] binds them. The
 /// key comes first. `version` is not among them: every update bumps it in SQL.
-pub(crate) const WRITTEN_OPERATION_COLUMNS: [&str; 33] = [
+pub(crate) const WRITTEN_OPERATION_COLUMNS: [&str; 35] = [
     "tenant",
     "operation_id",
     "tool",
@@ -31,6 +31,8 @@ pub(crate) const WRITTEN_OPERATION_COLUMNS: [&str; 33] = [
     "session_id",
     "request_id",
     "executor",
+    "holder",
+    "holder_token",
     "lease_started_at",
     "lease_deadline",
     "result",
@@ -120,12 +122,12 @@ pub(crate) static UPDATE_OPERATION: LazyLock<String> = LazyLock::new(|| {
 /// The columns of `attempts` after its key, as [`AttemptRow`] reads them and
 /// [`crate::Store`] writes them.
 pub(crate) const ATTEMPT_COLUMNS: &str = "number, fencing_token, attempt_id, started_at, \
-     lease_deadline, actor, client_name, session_id, request_id";
+     lease_deadline, actor, holder, client_name, session_id, request_id";
 
 pub(crate) static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
     )
 });
 
@@ -177,6 +179,8 @@ pub(crate) struct OperationRow {
     session_id: Option<String>,
     request_id: Option<String>,
     executor: String,
+    holder: Option<String>,
+    holder_token: Option<i64>,
     lease_started_at: i64,
     lease_deadline: i64,
     result: Option<Vec<u8>>,
@@ -217,6 +221,11 @@ impl TryFrom<OperationRow> for Operation {
             attempt_id: row.attempt_id,
             attempt_context: context(row.client_name, row.session_id, row.request_id),
             executor: actor(&row.executor)?,
+            // A holder is the latest attempt's only when written with its token: a writer that
+            // does not know the column leaves the previous attempt's behind.
+            holder: row
+                .holder
+                .filter(|_| row.holder_token == Some(row.fencing_token)),
             lease_started_at: row.lease_started_at,
             lease_deadline: row.lease_deadline,
             result: row.result,
@@ -315,6 +324,7 @@ pub(crate) struct AttemptRow {
     started_at: i64,
     lease_deadline: i64,
     actor: String,
+    holder: Option<String>,
     client_name: Option<String>,
     session_id: Option<String>,
     request_id: Option<String>,
@@ -331,6 +341,7 @@ impl TryFrom<AttemptRow> for Attempt {
             started_at: row.started_at,
             lease_deadline: row.lease_deadline,
             actor: actor(&row.actor)?,
+            holder: row.holder,
             context: context(row.client_name, row.session_id, row.request_id),
         })
     }
@@ -601,6 +612,12 @@ macro_rules! bind_operation {
             .bind(op.attempt_context.session_id.as_deref())
             .bind(op.attempt_context.request_id.as_deref())
             .bind(op.executor.to_string())
+            .bind(op.holder.as_deref())
+            .bind(
+                op.holder
+                    .as_ref()
+                    .map(|_| $crate::rows::token_column(op.fencing_token)),
+            )
             .bind(op.lease_started_at)
             .bind(op.lease_deadline)
             .bind(op.result.as_deref())
@@ -634,6 +651,7 @@ macro_rules! bind_attempt {
             .bind(attempt.started_at)
             .bind(attempt.lease_deadline)
             .bind(attempt.actor.to_string())
+            .bind(attempt.holder.as_deref())
             .bind(attempt.context.client_name.as_deref())
             .bind(attempt.context.session_id.as_deref())
             .bind(attempt.context.request_id.as_deref())
@@ -650,8 +668,8 @@ mod tests {
     fn statements_name_every_written_column_once() {
         let insert = INSERT_OPERATION.as_str();
         let update = UPDATE_OPERATION.as_str();
-        assert!(insert.ends_with("$33)"), "{insert}");
-        assert!(update.contains("lookup_claimed_until = $33,"), "{update}");
+        assert!(insert.ends_with("$35)"), "{insert}");
+        assert!(update.contains("lookup_claimed_until = $35,"), "{update}");
         assert!(
             update.starts_with("UPDATE operations SET tool = $3,"),
             "{update}"

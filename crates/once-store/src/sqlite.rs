@@ -122,9 +122,64 @@ impl Store<Sqlite> {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
+        if creates_a_file(url) {
+            private_file(options.get_filename())?;
+        }
         let pool = open(&options).await?;
         migrate(&pool).await?;
         Ok(Self { pool })
+    }
+}
+
+/// Whether opening `url` may create a database file: not an in-memory database, nor one opened
+/// read-only or immutable.
+fn creates_a_file(url: &str) -> bool {
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    let in_memory = path.ends_with(":memory:");
+    let read_only = query.split('&').any(|pair| {
+        matches!(
+            pair,
+            "mode=memory" | "mode=ro" | "immutable=1" | "immutable=true"
+        )
+    });
+    !in_memory && !read_only
+}
+
+/// Creates the database file readable and writable by its owner only (SQLite gives its WAL and
+/// shared-memory files the same mode), or warns when an existing one is readable by others: it
+/// holds every stored result.
+fn private_file(path: &std::path::Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    if path.as_os_str().is_empty() {
+        return Ok(());
+    }
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    match created {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            let mode = std::fs::metadata(path)
+                .map(|m| m.permissions().mode())
+                .unwrap_or(0);
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    mode = format!("{:o}", mode & 0o777),
+                    "the database file is readable by other users; `chmod 600` it (and its -wal and -shm files)"
+                );
+            }
+            Ok(())
+        }
+        Err(error) => Err(StoreError::Internal(sqlx::Error::Configuration(
+            format!(
+                "cannot create the database file {}: {error}",
+                path.display()
+            )
+            .into(),
+        ))),
     }
 }
 
@@ -170,5 +225,20 @@ async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
             }
             Err(error) => return Err(StoreError::Internal(error.into())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::creates_a_file;
+
+    #[test]
+    fn only_a_writable_file_database_is_created_beforehand() {
+        assert!(creates_a_file("sqlite://once.db"));
+        assert!(creates_a_file("sqlite:///var/lib/once/ledger.db?mode=rwc"));
+        assert!(!creates_a_file("sqlite::memory:"));
+        assert!(!creates_a_file("sqlite://once.db?mode=memory"));
+        assert!(!creates_a_file("sqlite://once.db?cache=shared&mode=ro"));
+        assert!(!creates_a_file("sqlite://once.db?immutable=1"));
     }
 }

@@ -667,10 +667,15 @@ where
     }
 
     async fn create_credential(&self, new: &NewCredential) -> Result<Credential, StoreError> {
-        // Inserted only beside an existing tenant: no row means there is none.
+        // Inserted only beside an existing tenant: no row means there is none. One created
+        // while the ledger was open is inserted only while no credential is stored, and takes
+        // the one `while_open` mark the unique index allows: of concurrent first credentials,
+        // one commits and the others are duplicates.
         let sql = format!(
-            "INSERT INTO credentials (key_id, tenant, name, roles, kind, secret_hash, created_at) \
-             SELECT $1, name, $3, $4, $5, $6, {} FROM tenants WHERE name = $2 \
+            "INSERT INTO credentials \
+             (key_id, tenant, name, roles, kind, secret_hash, created_at, while_open) \
+             SELECT $1, name, $3, $4, $5, $6, {}, $7 FROM tenants WHERE name = $2 \
+             AND ($7 IS NULL OR NOT EXISTS (SELECT 1 FROM credentials)) \
              RETURNING {CREDENTIAL_COLUMNS}",
             D::NOW
         );
@@ -681,9 +686,16 @@ where
             .bind(new.roles.to_string())
             .bind(new.kind.as_str())
             .bind(&new.secret_hash.0[..])
+            .bind(new.while_open.then_some(1_i64))
             .fetch_optional(&self.pool)
             .await?;
-        Credential::try_from(row.ok_or(StoreError::NotFound)?)
+        match row {
+            Some(row) => Credential::try_from(row),
+            None if new.while_open && !self.credentials(None).await?.is_empty() => {
+                Err(StoreError::Duplicate)
+            }
+            None => Err(StoreError::NotFound),
+        }
     }
 
     async fn credentials(&self, tenant: Option<&str>) -> Result<Vec<Credential>, StoreError> {

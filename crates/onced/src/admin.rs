@@ -27,6 +27,8 @@ pub enum AdminError {
     NoTenant(String),
     #[error("no credential with key id {0:?}")]
     NoKey(String),
+    #[error("the ledger is closed: a credential exists, so every caller must present one")]
+    Closed,
     #[error("the operating system gave no random bytes for a key")]
     NoRandomness(#[source] getrandom::Error),
     #[error(transparent)]
@@ -83,12 +85,15 @@ impl<B: Backend> Admin<B> {
     }
 
     /// Creates a key for `tenant` (returned this once), or registers a PEM client certificate.
+    /// `by` says on whose word: a caller admitted while the ledger was open is refused
+    /// ([`AdminError::Closed`]) once any credential exists, and of several at once, all but one.
     pub async fn create_key(
         &self,
         tenant: &str,
         name: &str,
         roles: Roles,
         certificate_pem: Option<&str>,
+        by: Authority,
     ) -> Result<(Credential, Option<ApiKey>), AdminError> {
         check_tenant_name(tenant).map_err(|m| invalid("tenant", m))?;
         if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
@@ -115,6 +120,7 @@ impl<B: Backend> Admin<B> {
                         roles,
                         kind: CredentialKind::Certificate,
                         secret_hash,
+                        while_open: false,
                     },
                     None,
                 )
@@ -124,17 +130,46 @@ impl<B: Backend> Admin<B> {
                 (new_key(&key, tenant, name, roles), Some(key))
             }
         };
-        Ok((self.store(&new).await?, key))
+        Ok((self.store_by(new, by).await?, key))
+    }
+
+    /// Stores `new` on the word of `by`. The operator's word (the CLI, the bootstrap file)
+    /// stands even when the ledger closed meanwhile; an open ledger's caller's does not.
+    async fn store_by(
+        &self,
+        mut new: NewCredential,
+        by: Authority,
+    ) -> Result<Credential, AdminError> {
+        new.while_open = match by {
+            Authority::OpenLedger => true,
+            Authority::Operator => self.keys(None).await?.is_empty(),
+        };
+        match self.store(&new).await {
+            Err(AdminError::Store(StoreError::Duplicate)) if new.while_open => {
+                let stored = self.keys(None).await?;
+                if stored.iter().any(|c| c.key_id == new.key_id) {
+                    return Err(AdminError::Store(StoreError::Duplicate));
+                }
+                match by {
+                    Authority::OpenLedger => Err(AdminError::Closed),
+                    Authority::Operator => {
+                        new.while_open = false;
+                        self.store(&new).await
+                    }
+                }
+            }
+            stored => stored,
+        }
     }
 
     /// Stores the bootstrap admin key, once: a key already stored (even revoked) stays as it is,
     /// and `tenant` is created only if it does not exist.
     pub async fn bootstrap(&self, key: &ApiKey, tenant: &str) -> Result<(), AdminError> {
         let new = new_key(key, tenant, "bootstrap-admin", Roles::of([Role::Admin]));
-        let stored = match self.store(&new).await {
+        let stored = match self.store_by(new.clone(), Authority::Operator).await {
             Err(AdminError::NoTenant(_)) => {
                 self.put_tenant(tenant, None, None).await?;
-                self.store(&new).await
+                self.store_by(new.clone(), Authority::Operator).await
             }
             stored => stored,
         };
@@ -193,7 +228,17 @@ fn new_key(key: &ApiKey, tenant: &str, name: &str, roles: Roles) -> NewCredentia
         roles,
         kind: CredentialKind::Key,
         secret_hash: key.hash(),
+        while_open: false,
     }
+}
+
+/// On whose word a credential is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// Whoever runs the ledger: the CLI on its database, the bootstrap key file.
+    Operator,
+    /// A caller the admin API admitted while no credential existed.
+    OpenLedger,
 }
 
 /// The `once.admin.v1.Admin` gRPC service.
@@ -219,6 +264,7 @@ fn refused(error: AdminError) -> Status {
         }
         AdminError::NoTenant(_) => status::not_found("TENANT_NOT_FOUND", &error.to_string()),
         AdminError::NoKey(_) => status::not_found("KEY_NOT_FOUND", &error.to_string()),
+        AdminError::Closed => status::unauthenticated("CREDENTIALS_MISSING", &error.to_string()),
         AdminError::Store(StoreError::Duplicate) => status::already_exists(
             "CREDENTIAL_EXISTS",
             "that certificate (or key) is already registered; revoke it to register it again under a new id",
@@ -268,12 +314,16 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
         request: Request<pb::CreateKeyRequest>,
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
         let admin = self.access.admit(&request, Allowed::ADMIN).await?;
+        let by = match admin.credential {
+            Some(_) => Authority::Operator,
+            None => Authority::OpenLedger,
+        };
         let req = request.into_inner();
         let roles = convert::roles(&req.roles).map_err(status::invalid)?;
         let pem = Some(req.certificate_pem.as_str()).filter(|p| !p.is_empty());
         let (credential, key) = self
             .admin
-            .create_key(&req.tenant, &req.name, roles, pem)
+            .create_key(&req.tenant, &req.name, roles, pem, by)
             .await
             .map_err(refused)?;
         self.access.changed();

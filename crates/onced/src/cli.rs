@@ -104,7 +104,13 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
                 })
                 .transpose()?;
             let (credential, key) = admin
-                .create_key(&tenant, &name, Roles::of(roles), pem.as_deref())
+                .create_key(
+                    &tenant,
+                    &name,
+                    Roles::of(roles),
+                    pem.as_deref(),
+                    crate::admin::Authority::Operator,
+                )
                 .await?;
             if json {
                 let mut shown = credential_json(&credential);

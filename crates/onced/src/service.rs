@@ -117,6 +117,7 @@ fn caller(principal: &Principal, client_name: Option<&str>) -> Caller {
     Caller {
         tenant: principal.tenant.clone(),
         actor: principal.executor(client_name),
+        holder: principal.holder(),
     }
 }
 
@@ -193,12 +194,12 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let principal = self.access.admit(&request, Allowed::SETTLE).await?;
-        let (id, token, ttl) =
-            convert::heartbeat(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        let (id, cmd) = convert::heartbeat(request.into_inner(), principal.holder(), &self.limits)
+            .map_err(status::invalid)?;
         tracing::Span::current().record("once.operation_id", id.as_str());
         let deadline = self
             .ledger
-            .heartbeat(&principal.tenant, &id, token, ttl)
+            .heartbeat(&principal.tenant, &id, cmd)
             .await
             .map_err(status::store)?;
         Ok(Response::new(pb::HeartbeatResponse {
@@ -349,8 +350,8 @@ impl<B: Backend> LedgerService<B> {
         request: Request<R>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let principal = self.access.admit(&request, Allowed::SETTLE).await?;
-        let (id, cmd) =
-            convert::report(request.into_inner(), &self.limits).map_err(status::invalid)?;
+        let (id, cmd) = convert::report(request.into_inner(), principal.holder(), &self.limits)
+            .map_err(status::invalid)?;
         let span = tracing::Span::current();
         span.record("once.operation_id", id.as_str());
         span.record(

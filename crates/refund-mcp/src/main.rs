@@ -20,6 +20,7 @@ pub struct Args {
     #[arg(
         long,
         env = "REFUND_MCP_LEDGER",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:50051"
     )]
     ledger: String,
@@ -28,13 +29,14 @@ pub struct Args {
     #[arg(long, env = "ONCE_LEDGER_KEY", hide_env_values = true)]
     ledger_key: Option<String>,
     /// A PEM file of certificate authorities to trust for an `https://` ledger (a private CA).
-    #[arg(long, env = "REFUND_MCP_LEDGER_CA")]
+    #[arg(long, env = "REFUND_MCP_LEDGER_CA", hide_env_values = true)]
     ledger_ca: Option<std::path::PathBuf>,
     /// For a ledger that verifies client certificates (mTLS): this server's PEM certificate
     /// (with --ledger-client-key).
     #[arg(
         long,
         env = "REFUND_MCP_LEDGER_CLIENT_CERT",
+        hide_env_values = true,
         requires = "ledger_client_key"
     )]
     ledger_client_cert: Option<std::path::PathBuf>,
@@ -42,6 +44,7 @@ pub struct Args {
     #[arg(
         long,
         env = "REFUND_MCP_LEDGER_CLIENT_KEY",
+        hide_env_values = true,
         requires = "ledger_client_cert"
     )]
     ledger_client_key: Option<std::path::PathBuf>,
@@ -49,11 +52,12 @@ pub struct Args {
     #[arg(
         long,
         env = "REFUND_MCP_PROVIDER",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:12111"
     )]
     provider: String,
     /// Serve Streamable HTTP on this address instead of stdio.
-    #[arg(long, env = "REFUND_MCP_HTTP")]
+    #[arg(long, env = "REFUND_MCP_HTTP", hide_env_values = true)]
     http: Option<std::net::SocketAddr>,
     /// The lease each refund attempt holds while it calls the provider.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -63,7 +67,12 @@ pub struct Args {
     provider_timeout: Duration,
     /// This instance's name: the client name in the ledger's attempt log when the MCP client
     /// gives none, and in logs.
-    #[arg(long, env = "REFUND_MCP_INSTANCE", default_value = "refund-mcp")]
+    #[arg(
+        long,
+        env = "REFUND_MCP_INSTANCE",
+        hide_env_values = true,
+        default_value = "refund-mcp"
+    )]
     instance: String,
     /// How long a refund call waits for the same refund in progress elsewhere.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
