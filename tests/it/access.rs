@@ -1173,6 +1173,44 @@ async fn each_tenant_is_looked_up_with_its_own_credentials(store: Store) {
     assert!(onced.terminate().await.success());
 }
 
+/// An operation as `key` reads it.
+async fn read_as(
+    ledger: &mut LedgerClient<Channel>,
+    key: &str,
+    id: &str,
+) -> pb::GetOperationResponse {
+    ledger
+        .get_operation(with_key(
+            pb::GetOperationRequest {
+                operation_id: id.into(),
+                ..Default::default()
+            },
+            Some(key),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn confirm_of(token: u64, provider_ref: &str) -> pb::ConfirmRequest {
+    pb::ConfirmRequest {
+        operation_id: "refund-1".into(),
+        fencing_token: token,
+        result: b"{}".to_vec(),
+        provider_ref: provider_ref.into(),
+    }
+}
+
+/// A keyless caller's request for an admin key of `acme`.
+fn first_key(name: &str) -> apb::CreateKeyRequest {
+    apb::CreateKeyRequest {
+        tenant: "acme".into(),
+        name: name.into(),
+        roles: vec!["admin".into()],
+        certificate_pem: String::new(),
+    }
+}
+
 on_both_backends!(a_report_comes_from_the_credential_that_holds_the_attempt);
 
 /// A fencing token is readable by every reader of the operation: another executor key of the
@@ -1199,17 +1237,7 @@ async fn a_report_comes_from_the_credential_that_holds_the_attempt(store: Store)
             .into_inner(),
     );
     // The other key reads the attempt: its token, its attempt id and context.
-    let read = ledger
-        .get_operation(with_key(
-            pb::GetOperationRequest {
-                operation_id: "refund-1".into(),
-                ..Default::default()
-            },
-            Some(&other),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let read = read_as(&mut ledger, &other, "refund-1").await;
     let token = read.operation.as_ref().unwrap().fencing_token;
     assert_eq!(token, grant.fencing_token);
 
@@ -1233,15 +1261,7 @@ async fn a_report_comes_from_the_credential_that_holds_the_attempt(store: Store)
         .unwrap_err();
     assert_eq!(refused(&forged_absent), refused(&unissued));
     let forged_confirm = ledger
-        .confirm(with_key(
-            pb::ConfirmRequest {
-                operation_id: "refund-1".into(),
-                fencing_token: token,
-                result: b"{}".to_vec(),
-                provider_ref: "re_forged".into(),
-            },
-            Some(&other),
-        ))
+        .confirm(with_key(confirm_of(token, "re_forged"), Some(&other)))
         .await
         .unwrap_err();
     assert_eq!(refused(&forged_confirm), refused(&unissued));
@@ -1290,17 +1310,7 @@ async fn a_report_comes_from_the_credential_that_holds_the_attempt(store: Store)
     assert_eq!(decision_name(&fresh), "IN_PROGRESS");
 
     // Nothing changed: still IN_FLIGHT, one event, and the holder's own calls work.
-    let after = ledger
-        .get_operation(with_key(
-            pb::GetOperationRequest {
-                operation_id: "refund-1".into(),
-                ..Default::default()
-            },
-            Some(&other),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let after = read_as(&mut ledger, &other, "refund-1").await;
     let op = after.operation.unwrap();
     assert_eq!(op.state, pb::OperationState::InFlight as i32);
     assert_eq!(after.events.len(), 1, "{:?}", after.events);
@@ -1314,15 +1324,7 @@ async fn a_report_comes_from_the_credential_that_holds_the_attempt(store: Store)
         .into_inner();
     assert_eq!(expect_execute(&regrant).fencing_token, token);
     ledger
-        .confirm(with_key(
-            pb::ConfirmRequest {
-                operation_id: "refund-1".into(),
-                fencing_token: token,
-                result: b"{}".to_vec(),
-                provider_ref: "re_1".into(),
-            },
-            Some(&holder),
-        ))
+        .confirm(with_key(confirm_of(token, "re_1"), Some(&holder)))
         .await
         .expect("the holder's confirm");
     server.stop().await;
@@ -1364,14 +1366,7 @@ async fn the_first_credential_is_a_conditional_write(store: Store) {
     for n in 0..8 {
         let mut admin = admins[n % 2].clone();
         racers.push(tokio::spawn(async move {
-            admin
-                .create_key(apb::CreateKeyRequest {
-                    tenant: "acme".into(),
-                    name: format!("first-{n}"),
-                    roles: vec!["admin".into()],
-                    certificate_pem: String::new(),
-                })
-                .await
+            admin.create_key(first_key(&format!("first-{n}"))).await
         }));
     }
     let mut won = 0;
@@ -1389,12 +1384,7 @@ async fn the_first_credential_is_a_conditional_write(store: Store) {
     for admin in &admins {
         let late = admin
             .clone()
-            .create_key(apb::CreateKeyRequest {
-                tenant: "acme".into(),
-                name: "late".into(),
-                roles: vec!["admin".into()],
-                certificate_pem: String::new(),
-            })
+            .create_key(first_key("late"))
             .await
             .unwrap_err();
         assert_eq!(late.code(), Code::Unauthenticated, "{late:?}");
