@@ -4,7 +4,7 @@
 use once_core::machine::{self, Guard, Plan, Write};
 use once_core::reconcile::Lookup;
 use once_core::*;
-use once_store::{Backend, StoreError};
+use once_store::{Backend, Probe, StoreError};
 
 /// Defines `name::sqlite` and `name::postgres` from `async fn name<B: Backend>(backend: B)`.
 macro_rules! conformance {
@@ -685,9 +685,11 @@ async fn lists_page_in_creation_order_without_results<B: Backend>(backend: B) {
 }
 
 async fn the_store_answers_pings<B: Backend>(backend: B) {
-    backend.ping().await.unwrap();
+    for probe in [Probe::Write, Probe::Room] {
+        backend.ping(probe).await.unwrap();
+    }
     backend.close().await;
-    assert!(backend.ping().await.unwrap_err().is_retryable());
+    assert!(backend.ping(Probe::Write).await.unwrap_err().is_retryable());
 }
 
 /// SQLite serialises the guard with its write lock, so it takes a token only for a claim that

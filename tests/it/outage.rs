@@ -14,8 +14,6 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use tonic_health::pb::health_check_response::ServingStatus;
-
 use crate::support::*;
 
 /// A TCP proxy that can cut every connection and refuse new ones.
@@ -149,15 +147,6 @@ async fn end_sessions(db: &TestDb) {
     .await;
 }
 
-async fn health_is(addr: SocketAddr, status: ServingStatus) {
-    eventually(
-        Duration::from_secs(10),
-        &format!("health to say {status:?}"),
-        || async move { (ledger_health(addr).await == status).then_some(()) },
-    )
-    .await;
-}
-
 /// Begins until the ledger answers (it may take a reconnection), and checks it refused as a
 /// retryable outage, never INTERNAL.
 async fn refused_as_unavailable(client: &mut Grpc, id: &str) {
@@ -267,21 +256,6 @@ async fn a_heartbeat_outlasts_a_database_failover_shorter_than_its_lease() {
     let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds, ["CLAIMED", "CONFIRMED"]);
     ledger.stop().await;
-}
-
-async fn ledger_health(addr: SocketAddr) -> ServingStatus {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let reply = tonic_health::pb::health_client::HealthClient::new(channel)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "once.ledger.v1.Ledger".into(),
-        })
-        .await
-        .unwrap();
-    ServingStatus::try_from(reply.into_inner().status).unwrap()
 }
 
 /// Just enough URL parsing for the test's own PostgreSQL URLs.

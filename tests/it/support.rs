@@ -9,6 +9,7 @@ use std::time::Duration;
 use once_api::pb::ledger_client::LedgerClient;
 pub use once_testkit::*;
 use tonic::transport::Channel;
+pub use tonic_health::pb::health_check_response::ServingStatus;
 
 /// An `onced` process started from the built binary.
 pub struct OncedProcess {
@@ -69,11 +70,34 @@ impl OncedProcess {
         env: &[(&str, &str)],
         ready: impl FnOnce(SocketAddr) -> tonic::transport::Endpoint,
     ) -> Self {
+        Self::launch_under(&[], url, log, extra, env, ready).await
+    }
+
+    /// Starts `onced` through the command `wrapper` (`unshare` and a shell that mounts a small
+    /// filesystem first, say), which is given onced's path and arguments after its own and
+    /// must exec them.
+    pub async fn launch_under(
+        wrapper: &[&str],
+        url: &str,
+        log: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        ready: impl FnOnce(SocketAddr) -> tonic::transport::Endpoint,
+    ) -> Self {
         // On port 0, learning the port from the log: a port picked in advance could be taken
         // meanwhile (an outgoing connection's local port is drawn from the same range).
         let log_path = log;
         let log = std::fs::File::create(&log_path).expect("log file");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+        let onced = env!("CARGO_BIN_EXE_onced");
+        let (program, prefix) = match wrapper {
+            [] => (onced, &[][..]),
+            [program, prefix @ ..] => (*program, prefix),
+        };
+        let mut command = tokio::process::Command::new(program);
+        if !wrapper.is_empty() {
+            command.args(prefix).arg(onced);
+        }
+        let mut child = command
             .args(["--database-url", url, "--listen", "127.0.0.1:0"])
             .args(TEST_FLAGS)
             .args(extra)
@@ -117,9 +141,14 @@ impl OncedProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
     /// Sends SIGHUP: re-read the TLS files.
     pub fn hang_up(&self) {
-        let pid = self.child.id().expect("running").to_string();
+        let pid = self.pid().to_string();
         let sent = std::process::Command::new("kill")
             .args(["-HUP", &pid])
             .status()
@@ -134,7 +163,7 @@ impl OncedProcess {
 
     /// SIGTERM, then waits for the exit status.
     pub async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().expect("running").to_string();
+        let pid = self.pid().to_string();
         let sent = std::process::Command::new("kill")
             .args(["-TERM", &pid])
             .status()
@@ -148,4 +177,30 @@ impl OncedProcess {
         .await
         .expect("wait for onced")
     }
+}
+
+/// What the ledger's health service says of the ledger at `addr`.
+pub async fn ledger_health(addr: SocketAddr) -> ServingStatus {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let reply = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "once.ledger.v1.Ledger".into(),
+        })
+        .await
+        .unwrap();
+    ServingStatus::try_from(reply.into_inner().status).unwrap()
+}
+
+/// Waits until the ledger's health service says `status`.
+pub async fn health_is(addr: SocketAddr, status: ServingStatus) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("health to say {status:?}"),
+        || async move { (ledger_health(addr).await == status).then_some(()) },
+    )
+    .await;
 }

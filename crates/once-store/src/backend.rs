@@ -371,9 +371,24 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The store's clock.
     fn clock(&self) -> impl Future<Output = Result<Millis, StoreError>> + Send;
 
-    /// Checks that the database answers and accepts writes.
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Checks that the database answers and accepts writes, as hard as `probe` says.
+    fn ping(&self, probe: Probe) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Closes the pool: waits for checked-out connections to return, then closes them.
     fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// How hard a health check tries the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// It answers and commits a write.
+    Write,
+    /// It also commits a write of [`Probe::ROOM`] bytes: asked once the disk refused a write,
+    /// until one this large commits.
+    Room,
+}
+
+impl Probe {
+    /// How much a [`Probe::Room`] writes: sixteen of the largest results a call may store.
+    pub const ROOM: usize = 1 << 20;
 }

@@ -91,6 +91,9 @@ pub trait Dialect: Database {
     /// How many rows a statement wrote.
     fn rows_affected(result: &Self::QueryResult) -> u64;
 
-    /// Checks that the database answers and accepts writes.
-    fn ping(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Checks that the database answers and accepts writes, as hard as `probe` says.
+    fn ping(
+        pool: &Pool<Self>,
+        probe: crate::Probe,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -41,6 +41,19 @@ impl StoreError {
         matches!(self, StoreError::Unavailable(_) | StoreError::ReadOnly)
     }
 
+    /// Whether the database's storage refused the write: a full disk, an I/O error, memory, a
+    /// file that cannot be written or opened (not another writer's lock).
+    pub fn is_storage_failure(&self) -> bool {
+        let StoreError::Unavailable(sqlx::Error::Database(db)) = self else {
+            return false;
+        };
+        db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+            && db
+                .code()
+                .and_then(|code| code.parse::<i32>().ok())
+                .is_some_and(|code| SQLITE_STORAGE.contains(&(code & 0xff)))
+    }
+
     /// The same error for another caller it befell (every write of a batch whose commit
     /// failed): the same variant, so the same answer, with the database's text.
     pub fn again(&self) -> StoreError {
@@ -161,6 +174,9 @@ pub const SQLITE_CODES: &[(i32, Meaning, &str)] = &[
     (14, Meaning::Unavailable, "SQLITE_CANTOPEN"),
     (15, Meaning::Unavailable, "SQLITE_PROTOCOL: a locking race"),
 ];
+
+/// The SQLite primary codes of a storage that refused: NOMEM, READONLY, IOERR, FULL, CANTOPEN.
+const SQLITE_STORAGE: [i32; 5] = [7, 8, 10, 13, 14];
 
 /// The meaning of a PostgreSQL SQLSTATE.
 pub fn postgres_meaning(sqlstate: &str) -> Meaning {

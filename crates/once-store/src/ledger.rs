@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tracing::Instrument as _;
 
 use crate::writer::{over_tx, TxFuture, Writer};
-use crate::{Backend, StoreError, Unlocked, Written};
+use crate::{Backend, Probe, StoreError, Unlocked, Written};
 
 /// The most duplicates of one operation [`Ledger::explain`] reads: the latest, so an operation
 /// replayed without end still answers GetOperation in one small message.
@@ -580,9 +580,20 @@ impl<B: Backend> Ledger<B> {
         }
     }
 
-    /// Whether the database answers.
+    /// Whether the database answers and commits a write; once its storage refused a write,
+    /// whether it commits a large one ([`Probe::Room`]), until one does.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.backend.ping().await
+        let refused = self.writer.as_ref().and_then(Writer::refused);
+        let probe = if refused.is_some() {
+            Probe::Room
+        } else {
+            Probe::Write
+        };
+        self.backend.ping(probe).await?;
+        if let (Some(writer), Some(seen)) = (&self.writer, refused) {
+            writer.room_again(seen);
+        }
+        Ok(())
     }
 
     /// Deletes events older than `age_ms`, in batches of `batch`, and the duplicates recorded

@@ -136,7 +136,9 @@ impl Dialect for Postgres {
         result.rows_affected()
     }
 
-    async fn ping(pool: &Pool<Self>) -> Result<(), StoreError> {
+    /// PostgreSQL reports its own disk: a write it cannot make fails with the server's error,
+    /// and the connection stays usable, so [`crate::Probe::Room`] asks nothing more.
+    async fn ping(pool: &Pool<Self>, _probe: crate::Probe) -> Result<(), StoreError> {
         // A standby or a demoted primary answers, but cannot record anything.
         let (in_recovery, read_only): (bool, String) =
             sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")

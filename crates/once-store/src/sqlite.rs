@@ -12,7 +12,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Pool, Sqlite, Transaction};
+use sqlx::{Pool, Sqlite, Transaction, TransactionManager as _};
 
 use std::sync::LazyLock;
 
@@ -105,8 +105,26 @@ impl Dialect for Sqlite {
         result.rows_affected()
     }
 
-    async fn ping(pool: &Pool<Self>) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(pool).await?;
+    /// A write committed to the file: one that is rolled back never reaches the disk, so it
+    /// would prove only that the write lock can be taken, and a full disk or a failing device
+    /// would still read as serving. The write leaves every value as it was. A
+    /// [`crate::Probe::Room`] then commits a row of that many bytes and deletes it again:
+    /// small writes may still fit in space a refused one left behind.
+    async fn ping(pool: &Pool<Self>, probe: crate::Probe) -> Result<(), StoreError> {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("UPDATE fencing_tokens SET last = last WHERE id = 1")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        if probe == crate::Probe::Room {
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            sqlx::query("INSERT OR REPLACE INTO disk_room (id, room) VALUES (1, zeroblob($1))")
+                .bind(crate::Probe::ROOM as i64)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            sqlx::query("DELETE FROM disk_room").execute(pool).await?;
+        }
         Ok(())
     }
 }
@@ -193,6 +211,7 @@ async fn open(options: &SqliteConnectOptions) -> Result<SqlitePool, StoreError> 
         // each use would only add a round trip to sqlx's worker thread to every call.
         let opened = SqlitePoolOptions::new()
             .test_before_acquire(false)
+            .after_release(|conn, _| Box::pin(still_usable(conn)))
             .max_connections(8)
             .acquire_timeout(BUSY_TIMEOUT)
             .connect_with(options.clone())
@@ -207,6 +226,21 @@ async fn open(options: &SqliteConnectOptions) -> Result<SqlitePool, StoreError> 
             Err(error) => return Err(error),
         }
     }
+}
+
+/// Whether a connection coming back to the pool may be handed out again. SQLite rolls a
+/// transaction back itself when a write fails for want of disk, memory or a working device;
+/// the rollback sqlx then runs fails, the connection goes on believing it is inside a
+/// transaction, and every `BEGIN` on it would fail until a restart. Such a connection is
+/// closed instead, and the pool opens a new one.
+async fn still_usable(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    type Transactions = <Sqlite as sqlx::Database>::TransactionManager;
+    if Transactions::get_transaction_depth(conn) == 0 {
+        return Ok(true);
+    }
+    // Runs the rollback queued when the transaction was dropped.
+    sqlx::Connection::ping(conn).await?;
+    Ok(Transactions::get_transaction_depth(conn) == 0)
 }
 
 /// Applies pending migrations. SQLite has no lock that spans the migrator's transactions, so
@@ -230,7 +264,28 @@ async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::creates_a_file;
+    use super::*;
+
+    /// What SQLite does itself when a write fails for want of disk (the transaction ends under
+    /// sqlx, whose rollback then fails), done by hand to more connections than the pool holds:
+    /// every write transaction after it still begins.
+    #[tokio::test]
+    async fn a_connection_whose_transaction_sqlite_ended_is_not_pooled_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ended.db").display());
+        let store = SqliteBackend::connect(&url).await.unwrap();
+        for round in 0..20 {
+            let mut tx = Sqlite::begin_write(store.pool())
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await.unwrap();
+            drop(tx);
+            tokio::task::yield_now().await;
+        }
+        Sqlite::ping(store.pool(), crate::Probe::Write)
+            .await
+            .unwrap();
+    }
 
     #[test]
     fn only_a_writable_file_database_is_created_beforehand() {

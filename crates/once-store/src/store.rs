@@ -1026,8 +1026,8 @@ where
         Ok(now)
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        D::ping(&self.pool).await
+    async fn ping(&self, probe: crate::Probe) -> Result<(), StoreError> {
+        D::ping(&self.pool, probe).await
     }
 
     async fn close(&self) {

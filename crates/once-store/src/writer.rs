@@ -12,6 +12,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -47,6 +49,8 @@ trait Job<Tx>: Send {
 /// A write that ran, waiting for the batch's commit.
 trait Ran: Send {
     fn failed(&self) -> bool;
+    /// Its own error, when it failed.
+    fn error(&self) -> Option<&StoreError>;
     /// Answers its caller: its own error, or its value once `committed`.
     fn answer(self: Box<Self>, committed: Result<(), &StoreError>);
 }
@@ -92,6 +96,10 @@ impl<T: Send> Ran for Outcome<T> {
         self.result.is_err()
     }
 
+    fn error(&self) -> Option<&StoreError> {
+        self.result.as_ref().err()
+    }
+
     fn answer(self: Box<Self>, committed: Result<(), &StoreError>) {
         let answer = match (self.result, committed) {
             (Err(error), _) => Err(error),
@@ -105,12 +113,30 @@ impl<T: Send> Ran for Outcome<T> {
 /// The queue to a ledger's writer task. Cheap to clone; the task ends when every clone is gone.
 pub(crate) struct Writer<B: Backend> {
     queue: mpsc::Sender<Box<dyn Job<B::Tx>>>,
+    refusals: Arc<Refusals>,
+}
+
+/// Writes the database's storage refused (a full disk, a failing device), for the health
+/// check: how many, and how many of them a later check found room for again.
+#[derive(Debug, Default)]
+struct Refusals {
+    seen: AtomicU64,
+    cleared: AtomicU64,
+}
+
+impl Refusals {
+    fn note(&self, error: &StoreError) {
+        if error.is_storage_failure() {
+            self.seen.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<B: Backend> Clone for Writer<B> {
     fn clone(&self) -> Self {
         Self {
             queue: self.queue.clone(),
+            refusals: self.refusals.clone(),
         }
     }
 }
@@ -127,8 +153,21 @@ impl<B: Backend> Writer<B> {
     /// Starts the writer task of `backend`.
     pub(crate) fn spawn(backend: B) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        tokio::spawn(write_batches(backend, jobs));
-        Self { queue }
+        let refusals = Arc::<Refusals>::default();
+        tokio::spawn(write_batches(backend, jobs, refusals.clone()));
+        Self { queue, refusals }
+    }
+
+    /// Whether the storage refused a write since a check last found room: the count of
+    /// refusals to pass to [`Writer::room_again`] when one does.
+    pub(crate) fn refused(&self) -> Option<u64> {
+        let seen = self.refusals.seen.load(Ordering::Relaxed);
+        (seen != self.refusals.cleared.load(Ordering::Relaxed)).then_some(seen)
+    }
+
+    /// A check found room for writes again after the first `seen` refusals.
+    pub(crate) fn room_again(&self, seen: u64) {
+        self.refusals.cleared.fetch_max(seen, Ordering::Relaxed);
     }
 
     /// Runs `work` in the next batch's transaction and answers once that has committed.
@@ -154,14 +193,22 @@ impl<B: Backend> Writer<B> {
 /// The writer task: a batch of whatever is queued, in one transaction, until the queue closes.
 /// Each batch runs as a task of its own, so a write that panics fails its batch (dropped
 /// uncommitted, its callers answered with an error) and the writer goes on.
-async fn write_batches<B: Backend>(backend: B, mut jobs: mpsc::Receiver<Box<dyn Job<B::Tx>>>) {
+async fn write_batches<B: Backend>(
+    backend: B,
+    mut jobs: mpsc::Receiver<Box<dyn Job<B::Tx>>>,
+    refusals: Arc<Refusals>,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
         batch.retain(|job| job.wanted());
         if batch.is_empty() {
             continue;
         }
-        let written = tokio::spawn(write_batch(backend.clone(), std::mem::take(&mut batch)));
+        let written = tokio::spawn(write_batch(
+            backend.clone(),
+            std::mem::take(&mut batch),
+            refusals.clone(),
+        ));
         if let Err(error) = written.await {
             tracing::error!(%error, "a batch of writes failed without an answer; none of it was applied");
         }
@@ -169,10 +216,15 @@ async fn write_batches<B: Backend>(backend: B, mut jobs: mpsc::Receiver<Box<dyn 
 }
 
 /// One batch in one transaction.
-async fn write_batch<B: Backend>(backend: B, batch: Vec<Box<dyn Job<B::Tx>>>) {
+async fn write_batch<B: Backend>(
+    backend: B,
+    batch: Vec<Box<dyn Job<B::Tx>>>,
+    refusals: Arc<Refusals>,
+) {
     let mut tx = match backend.begin_write().await {
         Ok(tx) => tx,
         Err(error) => {
+            refusals.note(&error);
             for job in batch {
                 job.fail(error.again());
             }
@@ -203,7 +255,13 @@ async fn write_batch<B: Backend>(backend: B, batch: Vec<Box<dyn Job<B::Tx>>>) {
                 backend.release_savepoint(&mut tx).await
             };
             if let Err(error) = closed {
-                broken = Some(error);
+                // The database rolled the whole transaction back itself (a full disk, an I/O
+                // error) and took the savepoint with it: nothing of the batch is applied, and
+                // the write's own error says why.
+                broken = Some(match outcome.error() {
+                    Some(cause) if cause.is_retryable() => cause.again(),
+                    _ => error,
+                });
             }
         }
         ran.push(outcome);
@@ -214,7 +272,13 @@ async fn write_batch<B: Backend>(backend: B, batch: Vec<Box<dyn Job<B::Tx>>>) {
         None if !shared && ran.iter().all(|r| r.failed()) => Ok(()),
         None => backend.commit(tx).await,
     };
+    if let Err(error) = &committed {
+        refusals.note(error);
+    }
     for outcome in ran {
+        if let Some(error) = outcome.error() {
+            refusals.note(error);
+        }
         outcome.answer(committed.as_ref().map(|_| ()));
     }
 }

@@ -87,8 +87,9 @@ pub async fn retention<B: Backend>(
     .await;
 }
 
-/// Reports the ledger NOT_SERVING while the database does not answer, so load balancers and
-/// orchestrators send calls to a replica that can serve them.
+/// Reports the ledger NOT_SERVING while the database does not answer or cannot write (see
+/// [`Ledger::ping`]), so load balancers and orchestrators send calls to a replica that can
+/// serve them.
 pub async fn health<B: Backend>(
     ledger: Ledger<B>,
     reporter: tonic_health::server::HealthReporter,
@@ -99,23 +100,29 @@ pub async fn health<B: Backend>(
     let serving = AtomicBool::new(true);
     let (ledger, reporter, serving, metrics) = (&ledger, &reporter, &serving, &metrics);
     every(interval, &stop, || async move {
-        let up = ledger.ping().await.is_ok();
+        let checked = ledger.ping().await;
+        let up = checked.is_ok();
         metrics.store_up(up);
         if serving.swap(up, Ordering::Relaxed) != up {
-            announce::<B>(reporter, up).await;
+            announce::<B>(reporter, checked.err()).await;
         }
     })
     .await;
 }
 
-/// Tells the health service, and the log, that the ledger serves (`up`) or does not.
-async fn announce<B: Backend>(reporter: &tonic_health::server::HealthReporter, up: bool) {
-    let status = if up {
-        tracing::info!("database answers again: serving");
-        tonic_health::ServingStatus::Serving
-    } else {
-        tracing::warn!("database does not answer: not serving");
+/// Tells the health service, and the log, that the ledger serves, or does not for `failed`.
+async fn announce<B: Backend>(
+    reporter: &tonic_health::server::HealthReporter,
+    failed: Option<once_store::StoreError>,
+) {
+    let up = failed.is_none();
+    let status = if let Some(error) = failed {
+        let cause = std::error::Error::source(&error).map_or_else(String::new, ToString::to_string);
+        tracing::warn!(%error, cause, "the database does not answer or cannot write: not serving");
         tonic_health::ServingStatus::NotServing
+    } else {
+        tracing::info!("the database answers and writes again: serving");
+        tonic_health::ServingStatus::Serving
     };
     if up {
         reporter
