@@ -1393,3 +1393,267 @@ async fn the_first_credential_is_a_conditional_write(store: Store) {
     one.stop().await;
     two.stop().await;
 }
+
+/// Opens a WatchOperations stream of the caller's tenant with `key`, from now.
+async fn watch_with(
+    ledger: &LedgerClient<Channel>,
+    key: &str,
+) -> Result<tonic::Streaming<pb::WatchOperationsResponse>, Status> {
+    ledger
+        .clone()
+        .watch_operations(with_key(pb::WatchOperationsRequest::default(), Some(key)))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+on_both_backends!(revocation_ends_open_streams);
+
+/// A WatchOperations stream checks again, at least every `--credential-ttl`, that its key still
+/// admits it: revoked by another process, the key's stream ends UNAUTHENTICATED, while another
+/// key's stream goes on.
+async fn revocation_ends_open_streams(store: Store) {
+    use pb::watch_operations_response::Item;
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &["--credential-ttl", "200ms"]).await;
+    let ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    put_tenant(&mut admin, &admin_key, "acme").await;
+    let doomed = create_key(&mut admin, &admin_key, "acme", &["reader"]).await;
+    let kept = create_key(&mut admin, &admin_key, "acme", &["reader"]).await;
+    let executor = create_key(&mut admin, &admin_key, "acme", &["executor"])
+        .await
+        .secret;
+    let mut doomed_stream = watch_with(&ledger, &doomed.secret).await.unwrap();
+    let mut kept_stream = watch_with(&ledger, &kept.secret).await.unwrap();
+    for stream in [&mut doomed_stream, &mut kept_stream] {
+        let first = stream.message().await.unwrap().unwrap().item;
+        assert!(matches!(first, Some(Item::CaughtUpTo(_))), "{first:?}");
+    }
+
+    let key_id = doomed.key.unwrap().key_id;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+        .args(["--database-url", &db.url, "keys", "revoke", &key_id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ended = within(
+        Duration::from_secs(10),
+        "the revoked key's stream to end",
+        async {
+            loop {
+                match doomed_stream.message().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => panic!("the stream ended without a status"),
+                    Err(status) => return status,
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        (ended.code(), reason(&ended)),
+        (Code::Unauthenticated, "CREDENTIALS_REVOKED".to_owned())
+    );
+
+    ledger
+        .clone()
+        .begin(with_key(begin("after-revocation", ARGS), Some(&executor)))
+        .await
+        .unwrap();
+    within(
+        Duration::from_secs(10),
+        "the other key's stream to carry the next event",
+        async {
+            loop {
+                if let Some(Item::Event(event)) = kept_stream.message().await.unwrap().unwrap().item
+                {
+                    if event.operation_id == "after-revocation" {
+                        return;
+                    }
+                }
+            }
+        },
+    )
+    .await;
+    server.stop().await;
+}
+
+on_both_backends!(watch_slots_are_held_per_tenant_and_per_key);
+
+/// A replica's watch slots are shared out: one key holds at most `--max-watchers-per-key`,
+/// one tenant at most `--max-watchers-per-tenant`, so a tenant that opens all it may leaves
+/// slots of `--max-watchers` to another; a closed stream gives its slots back.
+async fn watch_slots_are_held_per_tenant_and_per_key(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(
+        &db,
+        &[
+            "--max-watchers",
+            "3",
+            "--max-watchers-per-tenant",
+            "2",
+            "--max-watchers-per-key",
+            "1",
+        ],
+    )
+    .await;
+    let ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    let mut keys = Vec::new();
+    for tenant in ["acme", "globex"] {
+        put_tenant(&mut admin, &admin_key, tenant).await;
+        for _ in 0..3 {
+            keys.push(
+                create_key(&mut admin, &admin_key, tenant, &["reader"])
+                    .await
+                    .secret,
+            );
+        }
+    }
+    let (acme, globex) = keys.split_at(3);
+    let refused_for = |refused: Result<_, Status>, flag: &str| {
+        let Err(status) = refused else {
+            panic!("{flag}: a stream beyond it was opened");
+        };
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert_eq!(reason(&status), "TOO_MANY_WATCHERS");
+        assert!(
+            status.message().contains(&format!("({flag})")),
+            "{flag}: {}",
+            status.message()
+        );
+    };
+
+    let _first = watch_with(&ledger, &acme[0]).await.unwrap();
+    refused_for(
+        watch_with(&ledger, &acme[0]).await,
+        "--max-watchers-per-key",
+    );
+    let second = watch_with(&ledger, &acme[1]).await.unwrap();
+    refused_for(
+        watch_with(&ledger, &acme[2]).await,
+        "--max-watchers-per-tenant",
+    );
+    let _globex = watch_with(&ledger, &globex[0]).await.unwrap();
+    refused_for(watch_with(&ledger, &globex[1]).await, "--max-watchers");
+
+    drop(second);
+    eventually(
+        Duration::from_secs(10),
+        "a closed stream's slots to come back",
+        || async { watch_with(&ledger, &globex[1]).await.ok() },
+    )
+    .await;
+    server.stop().await;
+}
+
+on_both_backends!(a_report_that_settles_nothing_is_charged_to_the_rate);
+
+/// Reports and heartbeats are free of the rate only when they settle something: ones naming an
+/// operation that does not exist, or another key's attempt, are charged to the key's rate and
+/// refused once it is spent, while the key's own report still settles its attempt.
+async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &[]).await;
+    let mut ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    admin
+        .put_tenant(with_key(
+            apb::PutTenantRequest {
+                name: "slow".into(),
+                max_in_flight: 0,
+                requests_per_second: 1,
+            },
+            Some(&admin_key),
+        ))
+        .await
+        .unwrap();
+    let prober = create_key(&mut admin, &admin_key, "slow", &["executor"])
+        .await
+        .secret;
+    let holder = create_key(&mut admin, &admin_key, "slow", &["executor"])
+        .await
+        .secret;
+    let grant = expect_execute(
+        &ledger
+            .begin(with_key(begin("slow-held", ARGS), Some(&holder)))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    let own = expect_execute(
+        &ledger
+            .begin(with_key(begin("slow-own", ARGS), Some(&prober)))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+
+    // Back to back, the key's one request a second is spent within a few of them.
+    let confirm_as = |operation_id: &str, token: u64| pb::ConfirmRequest {
+        operation_id: operation_id.into(),
+        ..confirm_of(token, "re_probe")
+    };
+    let mut answers = Vec::new();
+    for n in 0..10 {
+        let refused = match n % 3 {
+            0 => ledger
+                .confirm(with_key(
+                    confirm_as("slow-held", grant.fencing_token),
+                    Some(&prober),
+                ))
+                .await
+                .map(drop),
+            1 => ledger
+                .confirm(with_key(
+                    confirm_as(&format!("slow-missing-{n}"), 7),
+                    Some(&prober),
+                ))
+                .await
+                .map(drop),
+            _ => ledger
+                .heartbeat(with_key(
+                    pb::HeartbeatRequest {
+                        operation_id: "slow-held".into(),
+                        fencing_token: grant.fencing_token,
+                        ..Default::default()
+                    },
+                    Some(&prober),
+                ))
+                .await
+                .map(drop),
+        };
+        answers.push(reason(&refused.expect_err("settles nothing")));
+    }
+    assert!(answers.iter().any(|r| r == "RATE_LIMITED"), "{answers:?}");
+    assert!(
+        answers.iter().all(|r| [
+            "RATE_LIMITED",
+            "EXECUTION_RIGHT_LOST",
+            "OPERATION_NOT_FOUND"
+        ]
+        .contains(&r.as_str())),
+        "{answers:?}"
+    );
+    // Its own report settles its attempt, rate spent or not; the other key's attempt is as it
+    // was, and its holder settles it.
+    let settled = ledger
+        .confirm(with_key(
+            confirm_as("slow-own", own.fencing_token),
+            Some(&prober),
+        ))
+        .await
+        .expect("a report that settles is never refused for the rate");
+    assert_eq!(
+        settled.into_inner().state,
+        pb::OperationState::Confirmed as i32
+    );
+    ledger
+        .confirm(with_key(
+            confirm_as("slow-held", grant.fencing_token),
+            Some(&holder),
+        ))
+        .await
+        .expect("the holder settles its attempt");
+    server.stop().await;
+}

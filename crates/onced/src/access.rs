@@ -36,8 +36,12 @@ pub struct Principal {
     pub tenant: String,
     /// The credential it presented; `None` while the ledger is open.
     pub credential: Option<Credential>,
+    /// The hash of what it presented, to check again that it still admits it.
+    presented: Option<Presented>,
     /// Its tenant's cap on IN_FLIGHT operations.
     pub max_in_flight: Option<i64>,
+    /// Its tenant's request rate, per credential.
+    requests_per_second: Option<i64>,
 }
 
 impl Principal {
@@ -45,7 +49,9 @@ impl Principal {
         Principal {
             tenant: DEFAULT_TENANT.to_owned(),
             credential: None,
+            presented: None,
             max_in_flight: None,
+            requests_per_second: None,
         }
     }
 
@@ -78,6 +84,18 @@ impl Principal {
     }
 }
 
+/// The hash of a presented secret, which its `Debug` does not show.
+#[derive(Clone)]
+struct Presented(SecretHash, CredentialKind);
+
+impl std::fmt::Debug for Presented {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Presented")
+            .field(&self.1)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Which roles may make a call (any one of them suffices), and whether the call counts against
 /// its credential's request rate.
 #[derive(Debug, Clone, Copy)]
@@ -89,7 +107,8 @@ pub struct Allowed {
 impl Allowed {
     pub const EXECUTOR: Allowed = Allowed::limited(&[Role::Executor]);
     /// Reports and heartbeats settle or keep alive an effect already under way: refusing one
-    /// would turn a known outcome UNKNOWN, so they never count against the rate.
+    /// would turn a known outcome UNKNOWN, so they count against the rate only when they
+    /// settled nothing ([`Access::charge`]).
     pub const SETTLE: Allowed = Allowed {
         roles: &[Role::Executor],
         rate_limited: false,
@@ -230,20 +249,7 @@ impl<B: Backend> Access<B> {
             return Ok(Principal::open());
         }
         let (hash, kind) = presented(request)?;
-        let Some((credential, tenant)) = credentials.by_hash.get(&hash).cloned() else {
-            return Err(status::unknown_credential());
-        };
-        // A certificate is public: it identifies a caller only when the handshake proved the
-        // caller holds its private key, never when its bytes arrive as a bearer token.
-        if credential.kind != kind {
-            return Err(status::unknown_credential());
-        }
-        if credential.revoked_at.is_some() {
-            return Err(status::unauthenticated(
-                "CREDENTIALS_REVOKED",
-                "the credential was revoked; ask for a new one",
-            ));
-        }
+        let (credential, tenant) = standing(&credentials, &hash, kind)?;
         if !allowed.roles.iter().any(|r| credential.roles.contains(*r)) {
             return Err(status::permission_denied(
                 &allowed.describe(),
@@ -256,8 +262,41 @@ impl<B: Backend> Access<B> {
         Ok(Principal {
             tenant: tenant.name,
             max_in_flight: tenant.max_in_flight,
+            requests_per_second: tenant.requests_per_second,
             credential: Some(credential),
+            presented: Some(Presented(hash, kind)),
         })
+    }
+
+    /// Charges a call admitted free of the rate ([`Allowed::SETTLE`]) that settled nothing (it
+    /// named an operation or attempt that does not exist, or is not the caller's) to its
+    /// credential's rate: refused once the rate is spent, so such calls cannot flood the store.
+    pub fn charge(&self, principal: &Principal) -> Result<(), Status> {
+        match (&principal.credential, principal.requests_per_second) {
+            (Some(credential), Some(rate)) => self.take_token(&credential.key_id, rate),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the credential `principal` was admitted with admits it still, as the
+    /// credentials were last read (again once older than the TTL): for a stream, which
+    /// outlives its admission. A caller admitted while the ledger was open is refused once it
+    /// has closed.
+    pub async fn still_admits(&self, principal: &Principal) -> Result<(), Status> {
+        let credentials = self.credentials().await.map_err(status::store)?;
+        match &principal.presented {
+            Some(Presented(hash, kind)) => standing(&credentials, hash, *kind).map(drop),
+            None if credentials.open() => Ok(()),
+            None => Err(status::unauthenticated(
+                "CREDENTIALS_MISSING",
+                "this ledger requires a credential now: send `authorization: Bearer <API key>` or a client certificate",
+            )),
+        }
+    }
+
+    /// How long what was read of the credentials is trusted.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
     }
 
     /// Admits a read of a tenant's operations and says whose: the caller's own tenant when the
@@ -269,15 +308,27 @@ impl<B: Backend> Access<B> {
         request: &Request<T>,
         allowed: Allowed,
     ) -> Result<String, Status> {
+        Ok(self.admit_reader(request, allowed).await?.1)
+    }
+
+    /// [`Access::admit_read`], with the caller it admitted.
+    pub async fn admit_reader<T: TenantRead>(
+        &self,
+        request: &Request<T>,
+        allowed: Allowed,
+    ) -> Result<(Principal, String), Status> {
         let named = request.get_ref().tenant();
         if named.is_empty() {
-            return Ok(self.admit(request, allowed).await?.tenant);
+            let principal = self.admit(request, allowed).await?;
+            let tenant = principal.tenant.clone();
+            return Ok((principal, tenant));
         }
         let principal = self.admit(request, Allowed::ANY).await?;
         let roles = principal.credential.as_ref().map(|c| c.roles);
         let holds = |role: Role| roles.is_none_or(|held| held.contains(role));
         if named == principal.tenant && allowed.roles.iter().any(|r| holds(*r)) {
-            return Ok(principal.tenant);
+            let tenant = principal.tenant.clone();
+            return Ok((principal, tenant));
         }
         if !holds(Role::Admin) {
             let held = roles.map_or_else(|| "every role".to_owned(), |r| r.to_string());
@@ -285,7 +336,7 @@ impl<B: Backend> Access<B> {
         }
         once_core::access::check_tenant_name(named)
             .map_err(|message| status::invalid(once_core::Invalid::new("tenant", message)))?;
-        Ok(named.to_owned())
+        Ok((principal, named.to_owned()))
     }
 
     /// Refuses a Begin that would start a new execution while its tenant holds its cap of
@@ -374,6 +425,29 @@ impl<B: Backend> Access<B> {
             .insert(tenant.to_owned(), (Instant::now(), count));
         Ok(count)
     }
+}
+
+/// The credential and tenant of a secret's hash, if it admits anyone.
+fn standing(
+    credentials: &Credentials,
+    hash: &SecretHash,
+    kind: CredentialKind,
+) -> Result<(Credential, Tenant), Status> {
+    let Some((credential, tenant)) = credentials.by_hash.get(hash).cloned() else {
+        return Err(status::unknown_credential());
+    };
+    // A certificate is public: it identifies a caller only when the handshake proved the
+    // caller holds its private key, never when its bytes arrive as a bearer token.
+    if credential.kind != kind {
+        return Err(status::unknown_credential());
+    }
+    if credential.revoked_at.is_some() {
+        return Err(status::unauthenticated(
+            "CREDENTIALS_REVOKED",
+            "the credential was revoked; ask for a new one",
+        ));
+    }
+    Ok((credential, tenant))
 }
 
 /// Every credential in the store.

@@ -148,6 +148,24 @@ pub struct Config {
     )]
     pub max_watchers: usize,
 
+    /// The most WatchOperations streams this replica serves at once to one tenant's callers.
+    #[arg(
+        long,
+        env = "ONCE_MAX_WATCHERS_PER_TENANT",
+        hide_env_values = true,
+        default_value_t = 64
+    )]
+    pub max_watchers_per_tenant: usize,
+
+    /// The most WatchOperations streams this replica serves at once to one credential.
+    #[arg(
+        long,
+        env = "ONCE_MAX_WATCHERS_PER_KEY",
+        hide_env_values = true,
+        default_value_t = 16
+    )]
+    pub max_watchers_per_key: usize,
+
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless given). Metrics are also
     /// pushed over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(long, env = "ONCE_METRICS_LISTEN", hide_env_values = true)]

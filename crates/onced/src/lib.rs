@@ -148,7 +148,14 @@ async fn serve<B: Backend>(
             stop_watchers.cancel();
         }
     };
-    let feed = watch::Feed::new(config.max_watchers, stop_watchers.clone());
+    let feed = watch::Feed::new(
+        watch::WatcherLimits {
+            replica: config.max_watchers,
+            tenant: config.max_watchers_per_tenant,
+            key: config.max_watchers_per_key,
+        },
+        stop_watchers.clone(),
+    );
     let (recorder, duplicates) = duplicates::Recorder::new();
     let service = LedgerService::new(
         ledger.clone(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use once_api::convert::{self, Caller, ReportRequest};
 use once_api::pb;
 use once_core::Limits;
-use once_store::{Backend, Ledger};
+use once_store::{Backend, Ledger, StoreError};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -197,11 +197,11 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let (id, cmd) = convert::heartbeat(request.into_inner(), principal.holder(), &self.limits)
             .map_err(status::invalid)?;
         tracing::Span::current().record("once.operation_id", id.as_str());
-        let deadline = self
-            .ledger
-            .heartbeat(&principal.tenant, &id, cmd)
-            .await
-            .map_err(status::store)?;
+        let deadline = self.ledger.heartbeat(&principal.tenant, &id, cmd).await;
+        if deadline.as_ref().is_err_and(settled_nothing) {
+            self.access.charge(&principal)?;
+        }
+        let deadline = deadline.map_err(status::store)?;
         Ok(Response::new(pb::HeartbeatResponse {
             lease_deadline: Some(convert::timestamp(deadline)),
         }))
@@ -283,12 +283,17 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::WatchOperationsRequest>,
     ) -> Result<Response<Self::WatchOperationsStream>, Status> {
-        let tenant = self.access.admit_read(&request, Allowed::READ).await?;
+        let watcher = self.access.admit_reader(&request, Allowed::READ).await?;
         let (start, filter) =
             convert::watch_operations(request.into_inner()).map_err(status::invalid)?;
         let (stream, after) = self
             .feed
-            .watch(self.ledger.backend().clone(), tenant, start, filter)
+            .watch(
+                (self.ledger.backend().clone(), self.access.clone()),
+                watcher,
+                start,
+                filter,
+            )
             .await?;
         let mut response = Response::new(ReceiverStream::new(stream));
         response
@@ -362,9 +367,25 @@ impl<B: Backend> LedgerService<B> {
         self.settled.notify();
         self.metrics
             .reported(report_kind(&cmd.report), report_outcome(&state));
+        if state.as_ref().is_err_and(settled_nothing) {
+            self.access.charge(&principal)?;
+        }
         let state = state.map_err(status::store)?;
         Ok(Response::new(pb::ReportResponse {
             state: convert::state_to_pb(state) as i32,
         }))
     }
+}
+
+/// Whether a report or heartbeat that failed so named nothing it may act on: an operation that
+/// does not exist, an attempt that is not the latest or not the caller's, a lease that ended.
+fn settled_nothing(error: &StoreError) -> bool {
+    use once_core::Rejection;
+    matches!(
+        error,
+        StoreError::NotFound
+            | StoreError::Rejected(
+                Rejection::ExecutionRightLost { .. } | Rejection::LeaseExpired { .. }
+            )
+    )
 }

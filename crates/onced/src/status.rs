@@ -118,11 +118,17 @@ fn lookup_in_progress() -> Status {
 }
 
 /// The replica already streams to as many watchers as it may.
-pub fn too_many_watchers() -> Status {
+/// A watch beyond the limit `flag` sets.
+pub fn too_many_watchers(flag: &str) -> Status {
+    let whose = match flag {
+        "--max-watchers-per-tenant" => "to this tenant",
+        "--max-watchers-per-key" => "to this credential",
+        _ => "in all",
+    };
     status(
         Code::ResourceExhausted,
         "TOO_MANY_WATCHERS",
-        "this replica streams to as many watchers as it may (--max-watchers); try another replica or later".into(),
+        format!("this replica streams {whose} to as many watchers as it may ({flag}); close one, or try another replica or later"),
         vec![],
     )
 }

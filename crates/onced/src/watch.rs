@@ -8,6 +8,12 @@
 //! case an announcement was lost or nothing can announce (another process on a SQLite file).
 //! It announces this replica's commits to the others.
 //!
+//! Watchers hold slots: the replica's (`--max-watchers`), and within them their tenant's and
+//! their credential's (`--max-watchers-per-tenant`, `--max-watchers-per-key`), so no tenant or
+//! key can take every stream a replica serves. A stream checks again, at least every
+//! `--credential-ttl`, that its credential still admits it, and ends UNAUTHENTICATED once it
+//! does not (revoked, or a ledger that closed under a caller admitted while it was open).
+//!
 //! Each watcher has a task of its own that reads its tenant's events from the store, a page at
 //! a time, up to the watermark, and sends them into a small bounded channel: a slow watcher
 //! holds at most one page and the channel, and the store is not read for it until it takes
@@ -15,7 +21,8 @@
 //! watermark never passes an event still to be committed) and repeats nothing (sequences only
 //! grow).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use once_api::convert::{self, WatchStart};
@@ -27,6 +34,7 @@ use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use crate::access::{Access, Principal};
 use crate::status;
 
 /// Events read from the store per page for one watcher.
@@ -63,18 +71,94 @@ pub struct Feed {
     /// Asks the feed to read the frontier now: a watcher starting from now wants a fresh mark.
     wake: Arc<Notify>,
     watchers: Arc<Semaphore>,
+    limits: WatcherLimits,
+    /// Streams held by each tenant and each credential.
+    held: Arc<Mutex<HashMap<Holder, usize>>>,
     /// Ends every stream when the server shuts down, so draining does not wait for watchers.
     stop: CancellationToken,
 }
 
+/// How many streams a replica serves at once: in all, to one tenant, to one credential.
+#[derive(Debug, Clone, Copy)]
+pub struct WatcherLimits {
+    pub replica: usize,
+    pub tenant: usize,
+    pub key: usize,
+}
+
+/// Who holds a stream's slots beside the replica.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Holder {
+    Tenant(String),
+    Key(String),
+}
+
+/// A stream's slots, given back when it ends.
+struct Slots {
+    _replica: OwnedSemaphorePermit,
+    holders: Vec<Holder>,
+    held: Arc<Mutex<HashMap<Holder, usize>>>,
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().expect("not poisoned");
+        for holder in &self.holders {
+            if let Some(count) = held.get_mut(holder) {
+                *count -= 1;
+                if *count == 0 {
+                    held.remove(holder);
+                }
+            }
+        }
+    }
+}
+
 impl Feed {
-    pub fn new(max_watchers: usize, stop: CancellationToken) -> Self {
+    pub fn new(limits: WatcherLimits, stop: CancellationToken) -> Self {
         Self {
             marks: Arc::new(watch::Sender::new(Mark::default())),
             wake: Arc::default(),
-            watchers: Arc::new(Semaphore::new(max_watchers)),
+            watchers: Arc::new(Semaphore::new(limits.replica)),
+            limits,
+            held: Arc::default(),
             stop,
         }
+    }
+
+    /// Takes the slots a stream for `principal` holds, or says which limit it is at.
+    fn slots(&self, principal: &Principal) -> Result<Slots, Status> {
+        let mut holders = vec![(
+            Holder::Tenant(principal.tenant.clone()),
+            self.limits.tenant,
+            "--max-watchers-per-tenant",
+        )];
+        if let Some(credential) = &principal.credential {
+            holders.push((
+                Holder::Key(credential.key_id.clone()),
+                self.limits.key,
+                "--max-watchers-per-key",
+            ));
+        }
+        let mut held = self.held.lock().expect("not poisoned");
+        for (holder, limit, flag) in &holders {
+            if held.get(holder).copied().unwrap_or(0) >= *limit {
+                return Err(status::too_many_watchers(flag));
+            }
+        }
+        let replica = self
+            .watchers
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| status::too_many_watchers("--max-watchers"))?;
+        for (holder, _, _) in &holders {
+            *held.entry(holder.clone()).or_default() += 1;
+        }
+        Ok(Slots {
+            _replica: replica,
+            holders: holders.into_iter().map(|(holder, _, _)| holder).collect(),
+            held: self.held.clone(),
+        })
     }
 
     /// Follows the store's watermark and announces this replica's commits until `stop`.
@@ -160,20 +244,16 @@ impl Feed {
         }
     }
 
-    /// Starts a watcher's stream: its tenant's events `filter` wants, from `start`. Returns
-    /// the stream and the sequence it starts after.
+    /// Starts the stream of `watcher`, admitted by `access`: `tenant`'s events `filter` wants,
+    /// from `start`. Returns the stream and the sequence it starts after.
     pub async fn watch<B: Backend>(
         &self,
-        backend: B,
-        tenant: String,
+        (backend, access): (B, Access<B>),
+        (watcher, tenant): (Principal, String),
         start: WatchStart,
         filter: WatchFilter,
     ) -> Result<(Receiver, i64), Status> {
-        let permit = self
-            .watchers
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| status::too_many_watchers())?;
+        let slots = self.slots(&watcher)?;
         let mut marks = self.marks.subscribe();
         // A fresh reading, so that "from now" is now and a resumed stream starts at once.
         self.wake.notify_one();
@@ -188,6 +268,7 @@ impl Feed {
             WatchStart::Now => marks.borrow_and_update().newest,
         };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let recheck = tokio::time::Instant::now() + access.ttl();
         let stream = Stream {
             backend,
             tenant,
@@ -196,7 +277,10 @@ impl Feed {
             marks,
             sender,
             stop: self.stop.clone(),
-            _permit: permit,
+            access,
+            watcher,
+            recheck,
+            _slots: slots,
         };
         tokio::spawn(stream.run());
         Ok((receiver, cursor))
@@ -216,8 +300,12 @@ struct Stream<B> {
     marks: watch::Receiver<Mark>,
     sender: mpsc::Sender<Result<pb::WatchOperationsResponse, Status>>,
     stop: CancellationToken,
-    /// Counts the watcher against the replica's limit while the stream lasts.
-    _permit: OwnedSemaphorePermit,
+    access: Access<B>,
+    watcher: Principal,
+    /// When to check again that the watcher's credential still admits it.
+    recheck: tokio::time::Instant,
+    /// Counts the watcher against the limits while the stream lasts.
+    _slots: Slots,
 }
 
 /// The watcher has gone: nothing more to send.
@@ -244,8 +332,14 @@ impl<B: Backend> Stream<B> {
         }
         let mut keepalive = tokio::time::Instant::now() + KEEPALIVE;
         loop {
+            if let Err(refused) = self.still_admitted().await {
+                return self.end(refused).await;
+            }
             let reached = self.marks.borrow_and_update().reached;
             while self.cursor < reached {
+                if let Err(refused) = self.still_admitted().await {
+                    return self.end(refused).await;
+                }
                 let page = self
                     .backend
                     .watch_events(&self.tenant, (self.cursor, reached), &self.filter, PAGE)
@@ -295,12 +389,23 @@ impl<B: Backend> Stream<B> {
                     }
                 }
                 _ = tokio::time::sleep_until(keepalive) => {}
+                _ = tokio::time::sleep_until(self.recheck) => {}
                 _ = self.sender.closed() => return Err(Gone),
                 _ = self.stop.cancelled() => {
                     return self.end(status::shutting_down(self.cursor)).await
                 }
             }
         }
+    }
+
+    /// Checks, once `recheck` has come, that the watcher's credential still admits it.
+    async fn still_admitted(&mut self) -> Result<(), Status> {
+        let now = tokio::time::Instant::now();
+        if now < self.recheck {
+            return Ok(());
+        }
+        self.recheck = now + self.access.ttl();
+        self.access.still_admits(&self.watcher).await
     }
 
     /// Why a watch resuming after `after` cannot go on, if retention deleted events after it.
