@@ -95,7 +95,7 @@ fn find(keys: &[(&'static str, String)], role: &str) -> String {
 
 /// A ledger that requires credentials, bootstrapped with an admin key from a file.
 async fn guarded_ledger(db: &TestDb, extra: &[&str]) -> (TestLedger, String) {
-    let admin_key = format!("test-admin-{}", "9f".repeat(20));
+    let admin_key = strong_key("test-admin");
     let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
     let mut flags = vec!["--admin-key-file", file.to_str().unwrap()];
     flags.extend_from_slice(extra);
@@ -1656,4 +1656,63 @@ async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Store) {
         .await
         .expect("the holder settles its attempt");
     server.stop().await;
+}
+
+on_both_backends!(a_bootstrap_key_is_strong_and_its_id_shows_nothing_of_it);
+
+/// A bootstrap admin key that could be guessed is refused at start, with the rule it failed and
+/// never the key; a strong one is stored under a random key id, neither part of the key nor of
+/// its hash, and starting again with it changes nothing.
+async fn a_bootstrap_key_is_strong_and_its_id_shows_nothing_of_it(store: Store) {
+    let db = TestDb::new(store).await;
+    let onced = |env: &[(&str, &str)], args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+            .args(["--database-url", &db.url])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    for weak in [
+        "hunter2hunter2hunter2hunter2hunter2hunter2".to_owned(),
+        format!("test-admin-{}", "9f".repeat(20)),
+        "0123456789abcdef".repeat(4),
+    ] {
+        let out = onced(&[("ONCE_ADMIN_KEY", &weak)], &["--listen", "127.0.0.1:0"]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{weak}: {said}");
+        assert!(
+            said.contains("words or a pattern") || said.contains("bits"),
+            "{weak}: {said}"
+        );
+        assert!(!said.contains(&weak), "the refusal shows the key: {said}");
+    }
+
+    let key = strong_key("prod-admin");
+    let file = write_file(&db.scratch_dir(), "admin.key", &key);
+    for start in ["first", "again"] {
+        let ledger = OncedProcess::spawn(
+            &db.url,
+            db.scratch_dir().join(format!("{start}.log")),
+            &["--admin-key-file", file.to_str().unwrap()],
+        )
+        .await;
+        assert!(ledger.terminate().await.success());
+    }
+    let out = onced(&[], &["keys", "list", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|k| k["key_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 1, "stored once: {listed}");
+    let hash = once_core::access::SecretHash::of(key.as_bytes()).short_hex();
+    assert!(
+        ids[0].len() == 12 && !key.contains(ids[0]) && !hash.contains(ids[0]),
+        "{} of {key} (hash {hash})",
+        ids[0]
+    );
 }

@@ -115,7 +115,7 @@ async fn client_certificates_stand_in_for_keys(store: Store) {
     let server_ca = Authority::new("server CA");
     let client_ca = Authority::new("client CA");
     let (cert, key) = server_ca.issue("localhost");
-    let admin_key = format!("tls-admin-{}", "7e".repeat(20));
+    let admin_key = strong_key("tls-admin");
     let flags = [
         "--tls-cert".to_owned(),
         write_file(&dir, "cert.pem", &cert).display().to_string(),

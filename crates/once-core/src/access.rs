@@ -217,17 +217,79 @@ impl fmt::Debug for SecretHash {
 #[derive(Clone, PartialEq, Eq)]
 pub struct ApiKey {
     secret: String,
-    /// Supplied from outside rather than generated: its id comes from its hash, never from
-    /// its text, which may not carry an id.
-    supplied: bool,
+    /// Its key id: random, and never derived from the secret.
+    id: String,
 }
 
 /// The prefix of every key the ledger generates, so secret scanners and people recognise one.
 pub const API_KEY_PREFIX: &str = "once_";
 
-/// Fewest characters a key may have: a generated key has 32 random bytes; a key supplied by
-/// whoever runs the ledger (the bootstrap admin key) must have at least 128 bits in hex.
-pub const MIN_KEY_CHARS: usize = 32;
+/// Fewest bits a key supplied from outside must carry by its length and alphabet: 32 random
+/// bytes' worth (64 hex digits, 43 base64 characters).
+pub const MIN_KEY_BITS: f64 = 256.0;
+/// Fewest different characters a supplied key must have.
+const MIN_DISTINCT: usize = 10;
+
+/// Refuses a key supplied from outside (the bootstrap admin key) that could be guessed. It
+/// checks the key's shape, not its origin: its length times the bits of its alphabet — 16
+/// symbols when it is hex digits of one case, else 10 for digits, 26 for each case of letters
+/// and 32 for anything else, summed over the classes it uses — must reach [`MIN_KEY_BITS`];
+/// it must have digits or letters of both cases (letters of one case alone are the shape of
+/// words), at least 10 different characters, none making up more than a quarter of it; and it
+/// must not be one shorter text repeated. Random bytes in hex or base64 pass; words, a
+/// pattern or a short key do not.
+pub fn check_key_strength(secret: &str) -> Result<(), String> {
+    const ADVICE: &str = "use 32 random bytes, e.g. `openssl rand -hex 32`";
+    let chars: Vec<char> = secret.chars().collect();
+    if chars.is_empty() || chars.iter().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "an API key is one word, with no spaces or control characters: {ADVICE}"
+        ));
+    }
+    let has = |test: fn(&char) -> bool| chars.iter().any(test);
+    let (digits, lower, upper) = (
+        has(char::is_ascii_digit),
+        has(char::is_ascii_lowercase),
+        has(char::is_ascii_uppercase),
+    );
+    let other = has(|c| !c.is_ascii_alphanumeric());
+    let hex = chars.iter().all(char::is_ascii_hexdigit) && !(lower && upper);
+    let alphabet = if hex {
+        16
+    } else {
+        [(digits, 10), (lower, 26), (upper, 26), (other, 32)]
+            .iter()
+            .filter(|(used, _)| *used)
+            .map(|(_, size)| size)
+            .sum()
+    };
+    let bits = chars.len() as f64 * f64::from(alphabet).log2();
+    if bits < MIN_KEY_BITS {
+        return Err(format!(
+            "an API key of {} characters from an alphabet of {alphabet} carries at most {bits:.0} bits; at least {MIN_KEY_BITS:.0} are needed: {ADVICE}",
+            chars.len()
+        ));
+    }
+    let mut counts = std::collections::HashMap::new();
+    for c in &chars {
+        *counts.entry(c).or_insert(0usize) += 1;
+    }
+    let most = counts.values().copied().max().unwrap_or(0);
+    let repeated = (1..=chars.len() / 2).any(|period| {
+        chars
+            .iter()
+            .enumerate()
+            .all(|(i, c)| *c == chars[i % period])
+    });
+    // Letters of one case and no digit is the shape of words, whatever their length.
+    let words = !(digits || (lower && upper));
+    if words || counts.len() < MIN_DISTINCT || most * 4 > chars.len() || repeated {
+        return Err(format!(
+            "an API key must not be words or a pattern: it needs digits or letters of both cases, at least {MIN_DISTINCT} different characters, none more than a quarter of it, and not one text repeated: {ADVICE}"
+        ));
+    }
+    Ok(())
+}
 
 impl ApiKey {
     /// A new key from 32 random bytes (`random`), with a 12-hex-digit key id from 6 more.
@@ -239,38 +301,25 @@ impl ApiKey {
                 hex::encode(id),
                 hex::encode(secret)
             ),
-            supplied: false,
+            id: hex::encode(id),
         }
     }
 
-    /// A key supplied from outside (the bootstrap key), checked for length.
-    pub fn supplied(secret: String) -> Result<Self, String> {
+    /// A key supplied from outside (the bootstrap key), checked for strength
+    /// ([`check_key_strength`]), with a key id drawn from `random`: nothing of the key, not even
+    /// a hash of it, shows in listings, logs or recorded actors.
+    pub fn supplied(secret: String, random: [u8; 6]) -> Result<Self, String> {
         let secret = secret.trim().to_owned();
-        if secret.len() < MIN_KEY_CHARS
-            || secret.chars().any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(format!(
-                "an API key must be at least {MIN_KEY_CHARS} characters with no spaces (e.g. 32 random bytes in hex)"
-            ));
-        }
+        check_key_strength(&secret)?;
         Ok(ApiKey {
             secret,
-            supplied: true,
+            id: hex::encode(random),
         })
     }
 
-    /// The key id a generated key carries; a supplied key's id comes from its hash.
+    /// The key's id: a generated key carries it; a supplied one was given it at random.
     pub fn key_id(&self) -> String {
-        let generated = Some(self.secret.as_str())
-            .filter(|_| !self.supplied)
-            .and_then(|s| s.strip_prefix(API_KEY_PREFIX))
-            .and_then(|rest| rest.split_once('_'))
-            .map(|(id, _)| id)
-            .filter(|id| id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()));
-        match generated {
-            Some(id) => id.to_owned(),
-            None => self.hash().short_hex()[..12].to_owned(),
-        }
+        self.id.clone()
     }
 
     pub fn hash(&self) -> SecretHash {
@@ -315,16 +364,65 @@ mod tests {
         assert_ne!(key.hash(), ApiKey::generate([8; 38]).hash());
     }
 
+    /// Hex of 32 bytes from a fixed, well-mixed sequence.
+    fn random_hex(seed: u64) -> String {
+        let mut state = seed;
+        (0..32)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                format!("{:02x}", (state >> 56) as u8)
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_supplied_key_must_be_long_enough() {
-        assert!(ApiKey::supplied("short".into()).is_err());
-        let key = ApiKey::supplied(format!("{}\n", "ab".repeat(16))).unwrap();
-        assert_eq!(key.expose(), "ab".repeat(16));
-        assert_eq!(key.key_id().len(), 12);
-        // A supplied key shaped like a generated one still gets its id from its hash, so no
-        // part of its text reaches a listing or a log.
-        let lookalike = ApiKey::supplied(format!("once_0123456789ab_{}", "cd".repeat(16))).unwrap();
-        assert_ne!(lookalike.key_id(), "0123456789ab");
+    fn a_supplied_key_carries_32_random_bytes_worth() {
+        for strong in [
+            random_hex(1),
+            random_hex(2).to_uppercase(),
+            // `openssl rand -base64 32`
+            "q3V0+Xk2cR9tYb1LmN8pZ4wE7sJ0uH6gA5fD2oK1iC8=".to_owned(),
+            format!("prod-admin-{}", random_hex(3)),
+        ] {
+            assert!(check_key_strength(&strong).is_ok(), "{strong}");
+        }
+        for (weak, why) in [
+            ("short", "bits"),
+            (&random_hex(4)[..60], "bits"),
+            (&"ab".repeat(40), "pattern"),
+            (&format!("test-admin-{}", "9f".repeat(20)), "pattern"),
+            (&"0123456789abcdef".repeat(5), "pattern"),
+            (
+                "correct-horse-battery-staple-correct-horse-battery",
+                "pattern",
+            ),
+            (&format!("{} {}", random_hex(5), random_hex(6)), "spaces"),
+        ] {
+            let refused = check_key_strength(weak).expect_err(weak);
+            let said = match why {
+                "bits" => "bits",
+                "pattern" => "words or a pattern",
+                _ => "no spaces",
+            };
+            assert!(refused.contains(said), "{weak}: {refused}");
+            assert!(
+                !refused.contains(weak),
+                "the refusal repeats the key: {refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_supplied_key_gets_a_random_id_that_shows_nothing_of_it() {
+        let secret = format!("once_0123456789ab_{}", random_hex(7));
+        let key = ApiKey::supplied(format!("{secret}\n"), [0xa5; 6]).unwrap();
+        assert_eq!(key.expose(), secret);
+        assert_eq!(key.key_id(), "a5a5a5a5a5a5");
+        assert!(!secret.contains(&key.key_id()));
+        assert!(!key.hash().short_hex().contains(&key.key_id()));
+        assert!(ApiKey::supplied("short".into(), [0; 6]).is_err());
     }
 
     #[test]

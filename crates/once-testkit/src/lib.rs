@@ -371,6 +371,16 @@ impl Drop for TestLedger {
     }
 }
 
+/// A key to bootstrap a ledger with: `label`, then 64 random hex digits (as strong as
+/// `openssl rand -hex 32`, which the ledger requires of a supplied key).
+pub fn strong_key(label: &str) -> String {
+    format!(
+        "{label}-{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
 /// Writes `contents` to `name` in `dir` whole: written under another name, then renamed, so a
 /// server re-reading the file never sees half of it.
 pub fn write_file(dir: &std::path::Path, name: &str, contents: &str) -> PathBuf {

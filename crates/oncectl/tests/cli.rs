@@ -737,7 +737,7 @@ async fn settings_come_from_flags_the_environment_and_a_profile_file() {
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
     let dir = db.scratch_dir();
-    let admin_key = format!("oncectl-admin-{}", "7c".repeat(20));
+    let admin_key = strong_key("oncectl-admin");
     let key_file = write_file(&dir, "admin.key", &format!("{admin_key}\n"));
     let ca_file = write_file(&dir, "ca.pem", &cert);
     // Self-signed: the certificate is its own authority.
@@ -822,7 +822,7 @@ async fn settings_come_from_flags_the_environment_and_a_profile_file() {
 
 async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
     let db = TestDb::new(store).await;
-    let admin_key = format!("oncectl-admin-{}", "5e".repeat(20));
+    let admin_key = strong_key("oncectl-admin");
     let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
     let ledger = TestLedger::spawn_with(&db, &["--admin-key-file", file.to_str().unwrap()]).await;
     let admin = [("ONCE_KEY", admin_key.as_str())];

@@ -103,7 +103,11 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (dir, url) = args.run.database()?;
-    let admin_key = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
+    let admin_key = format!(
+        "bench-admin-{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
     let key_file = dir.path().join("admin.key");
     std::fs::write(&key_file, &admin_key)?;
     let config = onced::Config::try_parse_from([

@@ -162,8 +162,9 @@ impl<B: Backend> Admin<B> {
         }
     }
 
-    /// Stores the bootstrap admin key, once: a key already stored (even revoked) stays as it is,
-    /// and `tenant` is created only if it does not exist.
+    /// Stores the bootstrap admin key, once: a key already stored (even revoked, and under
+    /// whatever id it was given then) stays as it is, and `tenant` is created only if it does
+    /// not exist.
     pub async fn bootstrap(&self, key: &ApiKey, tenant: &str) -> Result<(), AdminError> {
         let new = new_key(key, tenant, "bootstrap-admin", Roles::of([Role::Admin]));
         let stored = match self.store_by(new.clone(), Authority::Operator).await {
@@ -179,13 +180,14 @@ impl<B: Backend> Admin<B> {
                 Ok(())
             }
             Err(AdminError::Store(StoreError::Duplicate)) => {
-                let revoked = self
-                    .keys(Some(tenant))
-                    .await?
-                    .into_iter()
-                    .any(|c| c.key_id == new.key_id && c.revoked_at.is_some());
-                if revoked {
-                    tracing::warn!(key_id = %new.key_id, "the bootstrap admin key is revoked; it stays revoked");
+                let stored = self.backend.all_credentials().await?;
+                let revoked = stored
+                    .iter()
+                    .find(|(hash, _, _)| *hash == new.secret_hash)
+                    .map(|(_, credential, _)| credential)
+                    .filter(|credential| credential.revoked_at.is_some());
+                if let Some(credential) = revoked {
+                    tracing::warn!(key_id = %credential.key_id, "the bootstrap admin key is revoked; it stays revoked");
                 }
                 Ok(())
             }

@@ -314,7 +314,10 @@ impl Config {
             (None, Some(key)) => key,
             (None, None) => return Ok(None),
         };
-        once_core::access::ApiKey::supplied(supplied)
+        let mut id = [0u8; 6];
+        getrandom::getrandom(&mut id)
+            .map_err(|e| ConfigError::AdminKey(format!("no randomness for its key id: {e}")))?;
+        once_core::access::ApiKey::supplied(supplied, id)
             .map(Some)
             .map_err(ConfigError::AdminKey)
     }
