@@ -662,3 +662,93 @@ async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: S
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The metrics listener obeys the rule of the gRPC one: beyond loopback it needs a bearer token
+/// (or `--insecure`), a weak token is refused at start, and with a token a scrape without it is
+/// answered 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_is_closed_beyond_loopback() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let dir = db.scratch_dir();
+    let refused = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+            .args(["--database-url", &db.url, "--listen", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = refused(&["--metrics-listen", "0.0.0.0:0"]);
+    assert!(
+        said.contains("0.0.0.0:0") && said.contains("--metrics-token-file"),
+        "{said}"
+    );
+    let weak = write_file(&dir, "weak.token", "metrics-metrics-metrics-metrics");
+    let said = refused(&[
+        "--metrics-listen",
+        "0.0.0.0:0",
+        "--metrics-token-file",
+        weak.to_str().unwrap(),
+    ]);
+    assert!(said.contains("a metrics token"), "{said}");
+
+    let token = strong_key("scrape");
+    let file = write_file(&dir, "metrics.token", &format!("{token}\n"));
+    let onced = OncedProcess::spawn(
+        &db.url,
+        dir.join("onced.log"),
+        &[
+            "--metrics-listen",
+            "0.0.0.0:0",
+            "--metrics-token-file",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let port = eventually(
+        Duration::from_secs(10),
+        "onced to say where it serves metrics",
+        || async { announced_address(&onced.log(), "serving Prometheus metrics") },
+    )
+    .await
+    .port();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let scrape = |bearer: Option<String>| {
+        let url = url.clone();
+        async move {
+            let mut request = reqwest::Client::new().get(url);
+            if let Some(bearer) = bearer {
+                request = request.bearer_auth(bearer);
+            }
+            request.send().await.unwrap()
+        }
+    };
+    for wrong in [
+        None,
+        Some(strong_key("scrape")),
+        Some(token[..20].to_owned()),
+    ] {
+        let answer = scrape(wrong.clone()).await;
+        assert_eq!(
+            answer.status(),
+            reqwest::StatusCode::UNAUTHORIZED,
+            "{wrong:?}"
+        );
+        assert!(answer.headers().contains_key("www-authenticate"));
+    }
+    let answer = scrape(Some(token.clone())).await;
+    assert_eq!(answer.status(), reqwest::StatusCode::OK);
+    assert!(answer.text().await.unwrap().contains("once_store_up"));
+    assert!(onced.terminate().await.success());
+    assert!(!onced_logs_contain(&dir, &token));
+}
+
+/// Whether any log in `dir` holds `text`.
+fn onced_logs_contain(dir: &Path, text: &str) -> bool {
+    std::fs::read_dir(dir).unwrap().flatten().any(|entry| {
+        std::fs::read_to_string(entry.path()).is_ok_and(|log| {
+            entry.path().extension().is_some_and(|e| e == "log") && log.contains(text)
+        })
+    })
+}

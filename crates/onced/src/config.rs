@@ -171,6 +171,12 @@ pub struct Config {
     #[arg(long, env = "ONCE_METRICS_LISTEN", hide_env_values = true)]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// A file holding the bearer token every scrape must send (`Authorization: Bearer
+    /// <token>`; Prometheus: `authorization: { credentials_file: … }`). Needed to serve metrics
+    /// beyond loopback, unless --insecure.
+    #[arg(long, env = "ONCE_METRICS_TOKEN_FILE", hide_env_values = true)]
+    pub metrics_token_file: Option<PathBuf>,
+
     /// How often the gauges read from the database (open operations, UNKNOWN ages) are
     /// refreshed, while metrics are on.
     #[arg(long, env = "ONCE_METRICS_INTERVAL", hide_env_values = true, default_value = "15s", value_parser = humantime::parse_duration)]
@@ -220,6 +226,17 @@ pub enum ConfigError {
     Exposed {
         listen: SocketAddr,
         why: &'static str,
+    },
+    #[error(
+        "refusing to serve metrics on {listen} without a token: anyone who reaches it could \
+         read the ledger's tools, volumes and errors. Serve them on loopback, give \
+         --metrics-token-file, or pass --insecure"
+    )]
+    MetricsExposed { listen: SocketAddr },
+    #[error("--metrics-token-file {}: {message}", path.display())]
+    MetricsToken {
+        path: std::path::PathBuf,
+        message: String,
     },
     #[error("--config {}: cannot read it", path.display())]
     ReadReconcilers {
@@ -320,6 +337,36 @@ impl Config {
         once_core::access::ApiKey::supplied(supplied, id)
             .map(Some)
             .map_err(ConfigError::AdminKey)
+    }
+
+    /// The token metrics scrapes must send, read from `--metrics-token-file` and held to the
+    /// strength of a supplied key; refuses to serve metrics beyond loopback without one,
+    /// unless `--insecure`.
+    pub fn metrics_token(&self) -> Result<Option<String>, ConfigError> {
+        let token = match &self.metrics_token_file {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+                        path: path.clone(),
+                        source,
+                    })?;
+                let token = text.trim().to_owned();
+                once_core::access::check_key_strength(&token).map_err(|message| {
+                    ConfigError::MetricsToken {
+                        path: path.clone(),
+                        message: message.replacen("an API key", "a metrics token", 1),
+                    }
+                })?;
+                Some(token)
+            }
+            None => None,
+        };
+        match self.metrics_listen {
+            Some(listen) if !listen.ip().is_loopback() && token.is_none() && !self.insecure => {
+                Err(ConfigError::MetricsExposed { listen })
+            }
+            _ => Ok(token),
+        }
     }
 
     /// Refuses to expose an unprotected ledger beyond loopback, unless `--insecure`.

@@ -85,6 +85,7 @@ async fn serve<B: Backend>(
         true => Ledger::new(backend.clone()).observed(metrics.clone()),
         false => Ledger::new(backend.clone()),
     };
+    let metrics_token = config.metrics_token()?;
     let metrics_listener = match config.metrics_listen {
         Some(address) => {
             let prometheus = once_telemetry::prometheus().context(
@@ -222,6 +223,7 @@ async fn serve<B: Backend>(
         tokio::spawn(telemetry::serve_metrics(
             listener,
             prometheus,
+            metrics_token.map(|token| once_core::access::SecretHash::of(token.as_bytes())),
             stop_sweepers.clone(),
         ))
     });

@@ -613,17 +613,34 @@ fn server_error(code: i32) -> bool {
     )
 }
 
-/// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop`.
+/// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop`; with `token` (the
+/// hash of the bearer token), only to scrapes that send it, others answered 401.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     prometheus: once_telemetry::Prometheus,
+    token: Option<once_core::access::SecretHash>,
     stop: CancellationToken,
 ) {
-    use axum::http::{header, StatusCode};
+    use axum::http::{header, HeaderMap, StatusCode};
     use axum::response::IntoResponse;
-    let scrape = move || {
+    let scrape = move |headers: HeaderMap| {
         let prometheus = prometheus.clone();
         async move {
+            // Compared by hash, so the time taken says nothing of how much of it matched.
+            let sent = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, sent)| once_core::access::SecretHash::of(sent.trim().as_bytes()));
+            if token.is_some_and(|token| sent != Some(token)) {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer realm=\"metrics\"")],
+                    "this endpoint needs `Authorization: Bearer <the --metrics-token-file token>`\n",
+                )
+                    .into_response();
+            }
             match prometheus.render() {
                 Ok(text) => (
                     [(
