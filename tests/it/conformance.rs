@@ -588,9 +588,17 @@ async fn sweeps_see_only_expired_leases_and_settled_rows_past_retention<B: Backe
     let mut unknown = in_state(&backend, "sweep-unknown", 6, State::Unknown, 0).await;
     unknown.expires_at = Some(0);
     overwrite(&backend, &unknown).await;
-    assert_eq!(backend.delete_expired(1).await.unwrap(), 1, "in batches");
-    assert_eq!(backend.delete_expired(10).await.unwrap(), 1);
-    assert_eq!(backend.delete_expired(10).await.unwrap(), 0);
+    // An ABSENT row past retention stays, as a tombstone, for the provider key window.
+    let window = 3_600_000;
+    assert_eq!(
+        backend.delete_expired(1, window).await.unwrap(),
+        1,
+        "in batches"
+    );
+    assert_eq!(backend.delete_expired(10, window).await.unwrap(), 0);
+    assert!(stored_or_not(&backend, "sweep-old-absent").await);
+    assert_eq!(backend.delete_expired(10, 0).await.unwrap(), 1);
+    assert_eq!(backend.delete_expired(10, 0).await.unwrap(), 0);
     for (kept, present) in [
         ("sweep-old-confirmed", false),
         ("sweep-old-absent", false),
@@ -880,7 +888,7 @@ async fn delete_settled_or_not<B: Backend>(backend: &B, operation_id: &str) {
     overwrite(backend, &settled).await;
     let mut deleted = 0;
     while stored_or_not(backend, operation_id).await {
-        deleted += backend.delete_expired(100).await.unwrap();
+        deleted += backend.delete_expired(100, 0).await.unwrap();
         assert!(deleted <= 100, "{operation_id} is deleted by retention");
     }
 }

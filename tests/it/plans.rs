@@ -30,6 +30,7 @@ fn sweep_binds(binds: SweepBinds) -> Vec<Bound> {
     use Bound::*;
     match binds {
         SweepBinds::Limit => vec![Int(LIMIT)],
+        SweepBinds::LimitThenAge => vec![Int(LIMIT), Int(AGE_MS)],
         SweepBinds::AgeThenLimit => vec![Int(AGE_MS), Int(LIMIT)],
         SweepBinds::TenantReconcilerLimit => vec![Text("default"), Text("stripe"), Int(LIMIT)],
     }

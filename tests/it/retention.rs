@@ -10,6 +10,7 @@ on_both_backends!(
     confirmed_past_retention_executes_again,
     sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest,
     caller_may_ask_for_longer_retention,
+    a_life_that_ended_absent_hands_its_provider_key_to_the_next,
 );
 
 async fn confirmed_past_retention_executes_again(store: Store) {
@@ -75,6 +76,8 @@ async fn sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest(store:
             "50ms",
             "--event-retention",
             "1h",
+            "--provider-key-window",
+            "1ms",
         ],
     )
     .await;
@@ -150,5 +153,85 @@ async fn caller_may_ask_for_longer_retention(store: Store) {
         .unwrap()
         .into_inner();
     assert_eq!(expect_replay(&replay).result, b"kept");
+    ledger.stop().await;
+}
+
+/// An operation that ended ABSENT outlives its retention as a tombstone (the provider key
+/// window, 24 hours by default), and its next life takes over its provider key: an attempt of
+/// the old life that stalled and refunds late is deduplicated by the provider, so the refund
+/// happens once.
+async fn a_life_that_ended_absent_hands_its_provider_key_to_the_next(store: Store) {
+    let db = TestDb::new(store).await;
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    let ledger = TestLedger::spawn_with(
+        &db,
+        &[
+            "--retention-explicit",
+            "50ms",
+            "--retention-sweep-interval",
+            "50ms",
+            "--event-retention",
+            "1h",
+        ],
+    )
+    .await;
+    let mut client = ledger.client().await;
+    // An attempt that stalls before it refunds; its life ends ABSENT meanwhile.
+    let stalled = claim(&mut client, begin("tomb-1", ARGS)).await;
+    report_absent(&mut client, "tomb-1", stalled.fencing_token)
+        .await
+        .unwrap();
+    // Settled after it, with the same retention: once the sweeper deleted this one, it has
+    // passed the ABSENT operation's retention too.
+    let canary = claim(&mut client, begin("tomb-canary", ARGS)).await;
+    confirm(&mut client, "tomb-canary", canary.fencing_token, b"{}")
+        .await
+        .unwrap();
+    let rows = |id: &'static str| {
+        let db = &db;
+        async move {
+            db.scalar(&format!(
+                "SELECT count(*) FROM operations WHERE operation_id = '{id}'"
+            ))
+            .await
+        }
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the sweeper to pass the retention",
+        || async { (rows("tomb-canary").await == 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(rows("tomb-1").await, 1, "the ABSENT operation is kept");
+
+    let next = claim(&mut client, begin("tomb-1", ARGS)).await;
+    assert_eq!(next.attempt, 1, "a new life");
+    assert!(next.fencing_token > stalled.fencing_token);
+    assert_eq!(next.provider_key, stalled.provider_key);
+    // Both refund under the key they were given: the provider makes one refund.
+    for key in [&next.provider_key, &stalled.provider_key] {
+        let refunded = reqwest::Client::new()
+            .post(format!("{provider}/v1/refunds"))
+            .header("Idempotency-Key", key.as_str())
+            .form(&[
+                ("payment_intent", "pi_tomb"),
+                ("amount", "500"),
+                ("currency", "eur"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert!(refunded.status().is_success(), "{refunded:?}");
+    }
+    let stats: serde_json::Value = reqwest::get(format!("{provider}/_fakepay/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["refunds"], 1, "{stats}");
+    confirm(&mut client, "tomb-1", next.fencing_token, b"{}")
+        .await
+        .unwrap();
     ledger.stop().await;
 }

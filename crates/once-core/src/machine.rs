@@ -261,7 +261,8 @@ fn claim_new_life(
         lease_deadline: now + cmd.lease_ttl_ms,
         result: None,
         provider_ref: None,
-        provider_key: provider_key(&cmd.tenant, &cmd.operation_id, token),
+        provider_key: inherited_key(previous, cmd)
+            .unwrap_or_else(|| provider_key(&cmd.tenant, &cmd.operation_id, token)),
         provider: cmd.provider.clone(),
         lookup_hints: cmd.lookup_hints.clone(),
         retention_ms: cmd.retention_ms,
@@ -289,6 +290,18 @@ fn claim_new_life(
     let (decision, mut plan) = granted(State::Absent, write, cmd, details);
     plan.new_life = previous.is_some();
     (decision, plan)
+}
+
+/// The provider key a new life takes over from the life before it: one that ended ABSENT (its
+/// tombstone) for the same intent. Nothing happened under that key as far as the ledger knows,
+/// so reusing it is safe, and an attempt of that life that stalled and runs late is then
+/// deduplicated by the provider instead of making a second effect. A life that ended
+/// CONFIRMED, or another intent under the same id, gets a key of its own: the provider would
+/// answer it with the earlier effect, or refuse other parameters under a used key.
+fn inherited_key(previous: Option<&Operation>, cmd: &BeginCommand) -> Option<String> {
+    previous
+        .filter(|p| p.state == State::Absent && p.fingerprint == cmd.fingerprint)
+        .map(|p| p.provider_key.clone())
 }
 
 /// A new attempt after an ABSENT outcome: same life, same provider key, a new fencing token.

@@ -290,6 +290,41 @@ fn decision_table() {
     }
 }
 
+/// A life that ended ABSENT hands its provider key to the next life of the same intent, so a
+/// stalled attempt of the old life is deduplicated by the provider; a life that ended
+/// CONFIRMED, or another intent under the id, gets a key of its own.
+#[test]
+fn a_life_that_ended_absent_hands_its_provider_key_to_the_next() {
+    let in_flight = claimed();
+    let after = T0 + 10 + RETENTION;
+    let gone = with_state(&in_flight, absent(), T0 + 10);
+    let (BeginDecision::Execute(next), plan) =
+        begin_with(Some(&gone), &cmd("a2"), TOKEN + 50, after)
+    else {
+        panic!()
+    };
+    assert!(plan.new_life);
+    assert_eq!((next.attempt, next.fencing_token), (1, TOKEN + 50));
+    assert_eq!(next.provider_key, in_flight.provider_key);
+
+    let mut other_intent = cmd("a2");
+    other_intent.fingerprint = fp(9);
+    let (BeginDecision::Execute(other), _) =
+        begin_with(Some(&gone), &other_intent, TOKEN + 51, after)
+    else {
+        panic!()
+    };
+    assert_ne!(other.provider_key, in_flight.provider_key);
+
+    let done = confirmed(&in_flight, T0 + 10);
+    let (BeginDecision::Execute(reborn), _) =
+        begin_with(Some(&done), &cmd("a2"), TOKEN + 52, after)
+    else {
+        panic!()
+    };
+    assert_ne!(reborn.provider_key, in_flight.provider_key);
+}
+
 #[test]
 fn same_attempt_gets_the_same_grant_and_a_new_life_a_new_token_and_provider_key() {
     let in_flight = claimed();

@@ -241,8 +241,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
         before_due: bool,
     ) -> impl Future<Output = Result<Option<(Operation, Lookup)>, StoreError>> + Send;
 
-    /// Deletes up to `limit` settled operations past retention; returns how many.
-    fn delete_expired(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Deletes up to `limit` settled operations past retention, an ABSENT one only once
+    /// `absent_kept_ms` have passed since it settled; returns how many.
+    fn delete_expired(
+        &self,
+        limit: u32,
+        absent_kept_ms: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Deletes up to `limit` events older than `age_ms`; returns how many.
     fn delete_events_older_than(

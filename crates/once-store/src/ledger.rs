@@ -569,10 +569,16 @@ impl<B: Backend> Ledger<B> {
     }
 
     /// Deletes settled operations past retention, in batches of `batch`, until none is left.
-    pub async fn sweep_retention(&self, batch: u32) -> Result<u64, StoreError> {
+    /// One that ended ABSENT is kept, expired, until `absent_kept_ms` after it settled: the
+    /// tombstone that hands its provider key to the next life.
+    pub async fn sweep_retention(
+        &self,
+        batch: u32,
+        absent_kept_ms: i64,
+    ) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
-            let deleted = self.backend.delete_expired(batch).await?;
+            let deleted = self.backend.delete_expired(batch, absent_kept_ms).await?;
             total += deleted;
             if deleted < u64::from(batch) {
                 return Ok(total);

@@ -76,11 +76,15 @@ fn delete_older_sql<D: Dialect>(table: &str, key: &str) -> String {
 /// re-checked and kept.
 fn delete_expired_sql<D: Dialect>() -> String {
     let now = now_once::<D>();
+    // An ABSENT operation stays, as a tombstone, until `$2` ms after it settled.
+    let gone = format!(
+        "state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
+         AND (state = 'CONFIRMED' OR updated_at <= {now} - $2)"
+    );
     format!(
-        "DELETE FROM operations WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
+        "DELETE FROM operations WHERE {gone} \
          AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
-         WHERE state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
-         ORDER BY expires_at LIMIT $1)"
+         WHERE {gone} ORDER BY expires_at LIMIT $1)"
     )
 }
 
@@ -163,6 +167,8 @@ pub fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
 pub enum SweepBinds {
     /// `$1`, a limit.
     Limit,
+    /// `$1`, a limit; `$2`, an age in ms.
+    LimitThenAge,
     /// `$1`, an age in ms; `$2`, a limit.
     AgeThenLimit,
     /// `$1`, a tenant; `$2`, a reconciler; `$3`, a limit.
@@ -174,7 +180,11 @@ pub enum SweepBinds {
 /// the table).
 pub fn sweep_statements<D: Dialect>() -> Vec<(&'static str, String, SweepBinds)> {
     vec![
-        ("retention", delete_expired_sql::<D>(), SweepBinds::Limit),
+        (
+            "retention",
+            delete_expired_sql::<D>(),
+            SweepBinds::LimitThenAge,
+        ),
         (
             "events",
             delete_older_sql::<D>("events", "sequence"),
@@ -609,10 +619,11 @@ where
         Ok(Some((op, lookup)))
     }
 
-    async fn delete_expired(&self, limit: u32) -> Result<u64, StoreError> {
+    async fn delete_expired(&self, limit: u32, absent_kept_ms: i64) -> Result<u64, StoreError> {
         let sql = delete_expired_sql::<D>();
         let deleted = sqlx::query(&sql)
             .bind(i64::from(limit))
+            .bind(absent_kept_ms)
             .execute(&self.pool)
             .await?;
         Ok(D::rows_affected(&deleted))

@@ -115,6 +115,12 @@ pub struct Config {
     #[arg(long, env = "ONCE_MAX_RETENTION", hide_env_values = true, default_value = "30days", value_parser = humantime::parse_duration)]
     pub max_retention: Duration,
 
+    /// How long an operation that ended ABSENT is kept at least, past its own retention, as
+    /// the tombstone that hands its provider key to the next life: as long as providers
+    /// remember an idempotency key (Stripe: 24 hours).
+    #[arg(long, env = "ONCE_PROVIDER_KEY_WINDOW", hide_env_values = true, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub provider_key_window: Duration,
+
     /// How long events are kept.
     #[arg(long, env = "ONCE_EVENT_RETENTION", hide_env_values = true, default_value = "30days", value_parser = humantime::parse_duration)]
     pub event_retention: Duration,

@@ -214,7 +214,7 @@ async fn serve<B: Backend>(
         tokio::spawn(sweeper::retention(
             ledger.clone(),
             config.retention_sweep_interval,
-            config.event_retention,
+            (config.provider_key_window, config.event_retention),
             stop_sweepers.clone(),
         )),
     ];

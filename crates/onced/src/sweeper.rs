@@ -64,17 +64,19 @@ pub async fn leases<B: Backend>(ledger: Ledger<B>, interval: Duration, stop: Can
     .await;
 }
 
-/// Deletes settled operations past retention and events past `event_retention`.
+/// Deletes settled operations past retention (an ABSENT one no sooner than
+/// `provider_key_window` after it settled) and events past `event_retention`.
 pub async fn retention<B: Backend>(
     ledger: Ledger<B>,
     interval: Duration,
-    event_retention: Duration,
+    (provider_key_window, event_retention): (Duration, Duration),
     stop: CancellationToken,
 ) {
-    let event_age_ms = i64::try_from(event_retention.as_millis()).unwrap_or(i64::MAX);
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let (window_ms, event_age_ms) = (ms(provider_key_window), ms(event_retention));
     let ledger = &ledger;
     every(interval, &stop, || async move {
-        let deleted = ledger.sweep_retention(RETENTION_BATCH).await;
+        let deleted = ledger.sweep_retention(RETENTION_BATCH, window_ms).await;
         let done = |deleted| tracing::info!(deleted, "settled operations past retention deleted");
         logged(deleted, done, "retention");
         let deleted = ledger.sweep_events(event_age_ms, RETENTION_BATCH).await;
