@@ -877,3 +877,91 @@ async fn a_storm_of_waiting_begins_is_one_lookup(store: Store) {
     );
     ledger.stop().await;
 }
+
+on_both_backends!(
+    a_lookup_finding_another_object_of_a_confirmed_operation_records_double_execution
+);
+
+/// A lookup is under way when the attempt's late Confirm settles the operation with another
+/// provider object than the one the lookup then finds: two effects. The truth on record (the
+/// attempt's) is kept, and the second object is recorded as DOUBLE_EXECUTION, not dropped.
+async fn a_lookup_finding_another_object_of_a_confirmed_operation_records_double_execution(
+    store: Store,
+) {
+    // The workers wait an hour: only the RPC looks anything up.
+    let setup = setup_with(store, "0s", "1h").await;
+    let outcome = run_refund(&setup, "o-dx", Some("commit_then_drop")).await;
+    let Outcome::Ambiguous { operation_id, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let mut grpc = setup.ledger.client().await;
+    let token = get(&mut grpc, &operation_id)
+        .await
+        .operation
+        .unwrap()
+        .fencing_token;
+    // Lookups take 1.5 s (the reconciler gives them 2 s).
+    set_faults(&setup, json!({ "delay_ms": 1500 })).await;
+    let reconcile = tokio::spawn({
+        let mut grpc = grpc.clone();
+        let operation_id = operation_id.clone();
+        async move {
+            grpc.reconcile(pb::ReconcileRequest { operation_id })
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    });
+    let lookups = || async {
+        let stats: serde_json::Value = reqwest::get(format!("{}/_fakepay/stats", setup.provider))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        stats["lookups"].as_u64().unwrap()
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the lookup to be under way",
+        || async { (lookups().await >= 1).then_some(()) },
+    )
+    .await;
+    grpc.confirm(pb::ConfirmRequest {
+        operation_id: operation_id.clone(),
+        fencing_token: token,
+        result: b"{}".to_vec(),
+        provider_ref: "re_other".into(),
+    })
+    .await
+    .expect("the late confirm settles it");
+    let answer = within(Duration::from_secs(10), "the lookup to end", reconcile)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (answer.verdict, answer.state),
+        (
+            pb::OperationState::Confirmed as i32,
+            pb::OperationState::Confirmed as i32
+        )
+    );
+    let history = get(&mut grpc, &operation_id).await;
+    assert_eq!(
+        history.operation.unwrap().provider_ref,
+        "re_other",
+        "the truth on record stays"
+    );
+    let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
+    let confirmed = kinds.iter().position(|k| *k == "CONFIRMED");
+    let doubled = kinds.iter().position(|k| *k == "DOUBLE_EXECUTION");
+    assert!(
+        matches!((confirmed, doubled), (Some(c), Some(d)) if c < d),
+        "{kinds:?}"
+    );
+    let reason = &history.events[doubled.unwrap()].reason;
+    assert!(
+        reason.contains("re_other") && reason.contains("re_"),
+        "{reason}"
+    );
+    setup.ledger.stop().await;
+}

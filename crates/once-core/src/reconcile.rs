@@ -146,8 +146,10 @@ pub enum Applied {
 /// A lookup found this life's effect at the provider, but the operation moved on while it
 /// looked. ABSENT becomes CONFIRMED, recording the contradiction; an attempt running now may
 /// perform the effect again, so an IN_FLIGHT operation is held for an operator, with the found
-/// effect as its proof. Another attempt's UNKNOWN, or a settled operation, is left as it is (the
-/// next lookup judges an UNKNOWN one again).
+/// effect as its proof. A CONFIRMED operation whose effect on record is another provider object
+/// keeps its truth, and the second object is recorded as DOUBLE_EXECUTION. Another attempt's
+/// UNKNOWN, or a CONFIRMED operation holding this very object (or none to compare), is left as
+/// it is (the next lookup judges an UNKNOWN one again).
 fn proven_after_all(
     op: &Operation,
     actor: &Actor,
@@ -198,7 +200,31 @@ fn proven_after_all(
                 ),
             )],
         ),
-        State::Unknown | State::Confirmed => return (Applied::Stale, Plan::default()),
+        State::Confirmed => {
+            let plan = match op.provider_ref.as_deref() {
+                Some(on_record) if on_record != provider_ref => Plan {
+                    events: vec![NewEvent::anomaly(
+                        op,
+                        EventKind::DoubleExecution,
+                        op.attempt,
+                        actor.clone(),
+                        format!("ref:{provider_ref}"),
+                    )
+                    .because(format!(
+                        "the provider holds {provider_ref} besides {on_record}, the effect on record: the effect happened twice"
+                    ))
+                    .with_details(json!({
+                        "evidence": evidence,
+                        "provider_ref": provider_ref,
+                        "on_record": on_record,
+                    }))],
+                    ..Plan::default()
+                },
+                _ => Plan::default(),
+            };
+            return (Applied::Stale, plan);
+        }
+        State::Unknown => return (Applied::Stale, Plan::default()),
     };
     let effect = (result, Some(provider_ref.to_owned()));
     let mut next = proven(op, to, source, effect, None, now);
@@ -755,6 +781,30 @@ mod tests {
         // A miss, though, says nothing about what changed.
         let (applied, _) = judge(&absent_now, &lookup, &absent(), EXPIRED + SETTLE);
         assert_eq!(applied, Applied::Stale);
+    }
+
+    /// A late confirm settled the operation while a lookup ran, and the lookup found another
+    /// provider object: two effects, recorded, and the truth on record kept. The same object
+    /// again, or a confirm with no object to compare, is no second effect.
+    #[test]
+    fn a_lookup_finding_another_object_for_a_confirmed_operation_records_double_execution() {
+        let op = unknown();
+        let lookup = claimed(&op, EXPIRED + SETTLE);
+        let mut confirmed = op.clone();
+        confirmed.state = State::Confirmed;
+        confirmed.provider_ref = Some("re_late".into());
+        confirmed.version += 1;
+        let (applied, plan) = judge(&confirmed, &lookup, &found("re_1"), EXPIRED + SETTLE);
+        assert_eq!(applied, Applied::Stale);
+        assert!(plan.operation.is_none(), "CONFIRMED never changes");
+        let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::DoubleExecution]);
+        assert!(plan.events[0].reason.as_deref().unwrap().contains("re_1"));
+        for same in [Some("re_1"), None] {
+            confirmed.provider_ref = same.map(str::to_owned);
+            let (_, plan) = judge(&confirmed, &lookup, &found("re_1"), EXPIRED + SETTLE);
+            assert!(plan.is_empty(), "{same:?}");
+        }
     }
 
     #[test]

@@ -605,7 +605,12 @@ fn run(actions: Vec<Action>) {
                 let (applied, plan) =
                     reconcile::apply_verdict(&row, &lookup, &verdict, &policy(), 0.0, store.now);
                 if applied == Applied::Stale {
-                    assert!(plan.is_empty());
+                    // It changes nothing; at most it records a second provider object found
+                    // for a CONFIRMED operation.
+                    assert!(plan.operation.is_none() && plan.attempt.is_none());
+                    assert!(plan.events.iter().all(|e| {
+                        e.kind == EventKind::DoubleExecution && row.state == State::Confirmed
+                    }));
                 }
                 if let (reconcile::Verdict::Absent { .. }, Applied::Judged(State::Absent)) =
                     (&verdict, applied)
