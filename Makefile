@@ -1,5 +1,5 @@
 # Each target is one command a person could type.
-.PHONY: run test build bench bench-proxy fmt lint demo model-long fuzz-proxy
+.PHONY: run test build bench bench-proxy fmt lint demo model-long fuzz fuzz-proxy
 
 VENV := .venv
 # The TypeScript MCP server once-proxy is tested in front of, and its packages (npm, Node 20).
@@ -43,6 +43,14 @@ bench-proxy: $(VENV)/installed
 # The model-based test of the core for a long run: a million random call sequences.
 model-long:
 	PROPTEST_CASES=1000000 cargo test --release -p once-core simulation
+
+# Every decoder that faces the network under the fuzz harness for a long run (make test runs 256
+# cases of each): the gRPC request conversions from arbitrary bytes and from odd fields,
+# canonical JSON and tool arguments, operation ids and once-id intent parts, the proxy's policy
+# and the reconciler configuration, and the proxy's reading of client messages. A failing case
+# is kept under proptest-regressions/ and runs first ever after.
+fuzz:
+	PROPTEST_CASES=200000 cargo test --release -p once-core -p once-api -p once-reconcile -p once-proxy fuzz
 
 # The proxy's message inspection under the fuzz harness for a long run (make test runs 2,000
 # cases): no input both reaches the upstream as a guarded call and skips the ledger.

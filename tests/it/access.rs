@@ -1562,7 +1562,7 @@ async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Store) {
             apb::PutTenantRequest {
                 name: "slow".into(),
                 max_in_flight: 0,
-                requests_per_second: 1,
+                requests_per_second: 3,
             },
             Some(&admin_key),
         ))
@@ -1584,6 +1584,33 @@ async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Store) {
     let own = expect_execute(
         &ledger
             .begin(with_key(begin("slow-own", ARGS), Some(&prober)))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    // An attempt the prober gave up (ABSENT) and began again: its late confirm will be
+    // recorded, so it settles something.
+    let superseded = expect_execute(
+        &ledger
+            .begin(with_key(begin("slow-twice", ARGS), Some(&prober)))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    ledger
+        .report_absent(with_key(
+            pb::ReportAbsentRequest {
+                operation_id: "slow-twice".into(),
+                fencing_token: superseded.fencing_token,
+                reason: "declined".into(),
+            },
+            Some(&prober),
+        ))
+        .await
+        .unwrap();
+    expect_execute(
+        &ledger
+            .begin(with_key(begin("slow-twice", ARGS), Some(&prober)))
             .await
             .unwrap()
             .into_inner(),
@@ -1635,6 +1662,15 @@ async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Store) {
         .contains(&r.as_str())),
         "{answers:?}"
     );
+    // A superseded attempt's late confirm is recorded: it is free, and answered as it is.
+    let late = ledger
+        .confirm(with_key(
+            confirm_as("slow-twice", superseded.fencing_token),
+            Some(&prober),
+        ))
+        .await
+        .expect_err("the attempt's right is lost");
+    assert_eq!(reason(&late), "EXECUTION_RIGHT_LOST");
     // Its own report settles its attempt, rate spent or not; the other key's attempt is as it
     // was, and its holder settles it.
     let settled = ledger

@@ -7,6 +7,8 @@
 pub mod admin;
 pub mod codec;
 pub mod convert;
+#[cfg(test)]
+mod fuzz_tests;
 
 /// The response header of WatchOperations naming the sequence the stream starts after, so a
 /// watch from now that breaks before its first message resumes there.

@@ -232,7 +232,7 @@ const MIN_DISTINCT: usize = 10;
 
 /// Refuses a key supplied from outside (the bootstrap admin key) that could be guessed. It
 /// checks the key's shape, not its origin: its length times the bits of its alphabet — 16
-/// symbols when it is hex digits of one case, else 10 for digits, 26 for each case of letters
+/// symbols when it is hex digits of one case (not digits alone), else 10 for digits, 26 for each case of letters
 /// and 32 for anything else, summed over the classes it uses — must reach [`MIN_KEY_BITS`];
 /// it must have digits or letters of both cases (letters of one case alone are the shape of
 /// words), at least 10 different characters, none making up more than a quarter of it; and it
@@ -253,7 +253,10 @@ pub fn check_key_strength(secret: &str) -> Result<(), String> {
         has(char::is_ascii_uppercase),
     );
     let other = has(|c| !c.is_ascii_alphanumeric());
-    let hex = chars.iter().all(char::is_ascii_hexdigit) && !(lower && upper);
+    // Hex digits of one case, with a letter among them: digits alone are decimal.
+    let hex = chars.iter().all(char::is_ascii_hexdigit)
+        && chars.iter().any(char::is_ascii_alphabetic)
+        && !(lower && upper);
     let alphabet = if hex {
         16
     } else {
@@ -391,6 +394,11 @@ mod tests {
         for (weak, why) in [
             ("short", "bits"),
             (&random_hex(4)[..60], "bits"),
+            // 64 decimal digits carry 213 bits, not 256.
+            (
+                "3141592653589793238462643383279502884197169399375105820974944592",
+                "bits",
+            ),
             (&"ab".repeat(40), "pattern"),
             (&format!("test-admin-{}", "9f".repeat(20)), "pattern"),
             (&"0123456789abcdef".repeat(5), "pattern"),

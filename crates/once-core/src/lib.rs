@@ -19,6 +19,8 @@ pub mod reconcile;
 pub mod stats;
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod simulation_tests;
 
 pub use error::{Field, Invalid};

@@ -358,6 +358,63 @@ fn build(
 mod tests {
     use super::*;
 
+    /// `base` with a few characters replaced, deleted or inserted, or any text at all.
+    fn mutated(base: &'static str) -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let edit = (any::<prop::sample::Index>(), any::<char>(), 0..3u8);
+        prop_oneof![
+            prop::collection::vec(edit, 0..6).prop_map(move |edits| {
+                let mut chars: Vec<char> = base.chars().collect();
+                for (at, c, how) in edits {
+                    let i = at
+                        .index(chars.len().max(1))
+                        .min(chars.len().saturating_sub(1));
+                    match how {
+                        0 if !chars.is_empty() => chars[i] = c,
+                        1 if !chars.is_empty() => {
+                            chars.remove(i);
+                        }
+                        _ => chars.insert(i, c),
+                    }
+                }
+                chars.into_iter().collect()
+            }),
+            any::<String>(),
+        ]
+    }
+
+    const CONFIG: &str = r#"
+        [reconciliation]
+        interval = "250ms"
+        max_backoff = "1m"
+        claim = "30s"
+
+        [[reconciler]]
+        name = "payments"
+        kind = "stripe"
+        endpoint = "http://127.0.0.1:12111"
+        api_key_env = "PAYMENTS_KEY"
+        settle_time = "2s"
+        tenants = ["acme"]
+
+        [[reconciler]]
+        name = "orders"
+        kind = "http"
+        endpoint = "https://orders.example/lookup"
+        timeout = "2s"
+    "#;
+
+    proptest::proptest! {
+        /// The reconciler file, mangled: read or refused with a reason, never a panic, and
+        /// never a secret from the environment in the refusal.
+        #[test]
+        fn fuzz_config_parse_accepts_or_refuses(text in mutated(CONFIG)) {
+            if let Err(error) = parse(&text, |_| Some("sk_test_secret".to_owned())) {
+                proptest::prop_assert!(!error.to_string().contains("sk_test_secret"));
+            }
+        }
+    }
+
     #[test]
     fn parses_reconcilers_with_credentials_from_the_environment() {
         let text = r#"

@@ -285,9 +285,25 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ReportCommand,
     ) -> Result<State, StoreError> {
-        self.report_in_store(tenant, id, cmd)
+        self.report_noting(tenant, id, cmd).await.0
+    }
+
+    /// [`Ledger::report`], and whether the report wrote anything: a refused one may still
+    /// record what it proves (a superseded attempt's confirm).
+    pub async fn report_noting(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        cmd: &ReportCommand,
+    ) -> (Result<State, StoreError>, bool) {
+        match self
+            .report_in_store(tenant, id, cmd)
             .instrument(self.span("report"))
             .await
+        {
+            Ok((answer, wrote)) => (answer, wrote),
+            Err(error) => (Err(error), false),
+        }
     }
 
     async fn report_in_store(
@@ -295,13 +311,13 @@ impl<B: Backend> Ledger<B> {
         tenant: &str,
         id: &OperationId,
         cmd: &ReportCommand,
-    ) -> Result<State, StoreError> {
+    ) -> Result<(Result<State, StoreError>, bool), StoreError> {
         let fencing_token = cmd.fencing_token;
-        let answered = |answer: Result<State, machine::Rejection>, life: FencingToken| {
+        let answered = |answer: Result<State, machine::Rejection>, life: FencingToken, wrote| {
             if answer.is_err() && fencing_token < life {
                 tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report from an earlier life of the operation");
             }
-            Ok(answer?)
+            Ok((answer.map_err(StoreError::from), wrote))
         };
         // Where the backend can check a decision as it writes it: decided from a lock-free
         // read, and written in one statement if the operation has not changed since.
@@ -315,17 +331,17 @@ impl<B: Backend> Ledger<B> {
                 let (answer, plan) = machine::report(&op, cmd, None, now);
                 let life = op.life;
                 if plan.is_empty() {
-                    return answered(answer, life);
+                    return answered(answer, life, false);
                 }
                 let held = (&mut conn, waited);
                 if self.write_unlocked(held, Some(op), None, plan, now).await? {
-                    return answered(answer, life);
+                    return answered(answer, life, true);
                 }
             }
         }
         let backend = self.backend.clone();
         let (tenant_owned, id_owned, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());
-        let (answer, life) = self
+        let answer = self
             .write(move |tx| {
                 Box::pin(async move {
                     let key = (tenant_owned.as_str(), &id_owned);
@@ -341,11 +357,12 @@ impl<B: Backend> Ledger<B> {
                     let (answer, plan) = machine::report(&op, &cmd, earlier.as_ref(), now);
                     let life = op.life;
                     let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
-                    Ok(((answer, life), wrote))
+                    Ok(((answer, life, wrote.is_some()), wrote))
                 })
             })
             .await?;
-        answered(answer, life)
+        let (answer, life, wrote) = answer;
+        answered(answer, life, wrote)
     }
 
     /// Extends a live lease; returns the new deadline.

@@ -371,8 +371,8 @@ impl Drop for TestLedger {
     }
 }
 
-/// A key to bootstrap a ledger with: `label`, then 64 random hex digits (as strong as
-/// `openssl rand -hex 32`, which the ledger requires of a supplied key).
+/// A key to bootstrap a ledger with: `label`, then 64 hex digits of two random UUIDs (244
+/// random bits; shaped as the ledger requires of a supplied key).
 pub fn strong_key(label: &str) -> String {
     format!(
         "{label}-{}{}",

@@ -210,7 +210,12 @@ impl<B: Backend> Access<B> {
 
     /// The credentials, read again if they are older than the TTL.
     async fn credentials(&self) -> Result<Arc<Credentials>, StoreError> {
-        let fresh = |c: &Credentials| c.read_at.is_some_and(|at| at.elapsed() < self.inner.ttl);
+        self.credentials_within(self.inner.ttl).await
+    }
+
+    /// The credentials, read again if they are older than `max_age`.
+    async fn credentials_within(&self, max_age: Duration) -> Result<Arc<Credentials>, StoreError> {
+        let fresh = |c: &Credentials| c.read_at.is_some_and(|at| at.elapsed() < max_age);
         let current = self.current();
         if fresh(&current) {
             return Ok(current);
@@ -279,11 +284,15 @@ impl<B: Backend> Access<B> {
     }
 
     /// Whether the credential `principal` was admitted with admits it still, as the
-    /// credentials were last read (again once older than the TTL): for a stream, which
-    /// outlives its admission. A caller admitted while the ledger was open is refused once it
-    /// has closed.
+    /// credentials were read at most half the TTL ago: for a stream, which outlives its
+    /// admission and checks every half TTL ([`Access::recheck_every`]), so a revocation ends it
+    /// within the TTL. A caller admitted while the ledger was open is refused once it has
+    /// closed.
     pub async fn still_admits(&self, principal: &Principal) -> Result<(), Status> {
-        let credentials = self.credentials().await.map_err(status::store)?;
+        let credentials = self
+            .credentials_within(self.recheck_every())
+            .await
+            .map_err(status::store)?;
         match &principal.presented {
             Some(Presented(hash, kind)) => standing(&credentials, hash, *kind).map(drop),
             None if credentials.open() => Ok(()),
@@ -294,9 +303,10 @@ impl<B: Backend> Access<B> {
         }
     }
 
-    /// How long what was read of the credentials is trusted.
-    pub fn ttl(&self) -> Duration {
-        self.inner.ttl
+    /// How often a stream checks that its credential still admits it: half the TTL, so that
+    /// with a reading at most as old, a revocation is seen within the TTL.
+    pub fn recheck_every(&self) -> Duration {
+        self.inner.ttl / 2
     }
 
     /// Admits a read of a tenant's operations and says whose: the caller's own tenant when the

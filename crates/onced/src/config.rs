@@ -82,7 +82,8 @@ pub struct Config {
     pub tls_reload_interval: Duration,
 
     /// A file holding the admin API key to store at start (also ONCE_ADMIN_KEY, the key
-    /// itself). Stored once, as a hash, for tenant `default`; at least 32 characters.
+    /// itself). Stored once, as a hash, for tenant `default`; 32 random bytes' worth, e.g.
+    /// `openssl rand -hex 32`.
     #[arg(long, env = "ONCE_ADMIN_KEY_FILE", hide_env_values = true)]
     pub admin_key_file: Option<PathBuf>,
 

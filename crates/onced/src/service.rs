@@ -363,11 +363,16 @@ impl<B: Backend> LedgerService<B> {
             "once.fencing_token",
             i64::try_from(cmd.fencing_token.get()).unwrap_or(i64::MAX),
         );
-        let state = self.ledger.report(&principal.tenant, &id, &cmd).await;
+        let (state, wrote) = self
+            .ledger
+            .report_noting(&principal.tenant, &id, &cmd)
+            .await;
         self.settled.notify();
         self.metrics
             .reported(report_kind(&cmd.report), report_outcome(&state));
-        if state.as_ref().is_err_and(settled_nothing) {
+        // A refused report that recorded something (a superseded attempt's confirm) settled
+        // something: it is free, and its answer stands.
+        if !wrote && state.as_ref().is_err_and(settled_nothing) {
             self.access.charge(&principal)?;
         }
         let state = state.map_err(status::store)?;

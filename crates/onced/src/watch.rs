@@ -268,7 +268,7 @@ impl Feed {
             WatchStart::Now => marks.borrow_and_update().newest,
         };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
-        let recheck = tokio::time::Instant::now() + access.ttl();
+        let recheck = tokio::time::Instant::now() + access.recheck_every();
         let stream = Stream {
             backend,
             tenant,
@@ -404,7 +404,7 @@ impl<B: Backend> Stream<B> {
         if now < self.recheck {
             return Ok(());
         }
-        self.recheck = now + self.access.ttl();
+        self.recheck = now + self.access.recheck_every();
         self.access.still_admits(&self.watcher).await
     }
 
@@ -425,10 +425,18 @@ impl<B: Backend> Stream<B> {
         }
     }
 
-    /// Ends the stream with `status`, if the watcher has room for it: a stalled watcher must
-    /// not hold a shutting-down server open.
+    /// Ends the stream with `status`. A watcher behind on its stream still learns why it ended
+    /// (a revocation, say) once it takes what it was sent, unless it takes nothing for a
+    /// keepalive period or the server stops: a stalled watcher must not hold a shutting-down
+    /// server open.
     async fn end(&self, status: Status) -> Result<(), Gone> {
-        let _ = self.sender.try_send(Err(status));
+        if let Err(mpsc::error::TrySendError::Full(status)) = self.sender.try_send(Err(status)) {
+            tokio::select! {
+                _ = self.sender.send(status) => {}
+                _ = tokio::time::sleep(KEEPALIVE) => {}
+                _ = self.stop.cancelled() => {}
+            }
+        }
         Ok(())
     }
 }
