@@ -233,7 +233,11 @@ impl<B: Backend> Reconciliation<B> {
             .build()
             .expect("an HTTP client with default settings");
         let (this, http) = (&self, &http);
-        sweeper::every(self.settings.interval, &stop, || async move {
+        // The first round one interval after start, as every other: the interval is the pace
+        // of lookups from the start, so a ledger told to look up rarely (or, with a long
+        // interval, only when asked) does not look up as it starts.
+        let first = tokio::time::Instant::now() + self.settings.interval;
+        sweeper::every_from(first, self.settings.interval, &stop, || async move {
             // Rounds follow one another while there is a full batch of work.
             while this.round(http).await == LOOKUP_CONCURRENCY {}
         })

@@ -20,14 +20,28 @@ const LEASE_BATCH: u32 = 500;
 /// Rows deleted per statement by the retention sweeper.
 const RETENTION_BATCH: u32 = 1000;
 
-/// Runs `round` every `interval` until `stop`: the loop every sweeper is. A round that
-/// overruns delays the next rather than bunching them up; `stop` ends a round midway.
-pub async fn every<F, R>(interval: Duration, stop: &CancellationToken, mut round: F)
+/// Runs `round` every `interval` until `stop`, the first at once: the loop every sweeper is. A
+/// round that overruns delays the next rather than bunching them up; `stop` ends a round
+/// midway.
+pub async fn every<F, R>(interval: Duration, stop: &CancellationToken, round: F)
 where
     F: FnMut() -> R,
     R: Future<Output = ()>,
 {
-    let mut ticks = tokio::time::interval(interval);
+    every_from(tokio::time::Instant::now(), interval, stop, round).await;
+}
+
+/// [`every`], the first round at `first`.
+pub async fn every_from<F, R>(
+    first: tokio::time::Instant,
+    interval: Duration,
+    stop: &CancellationToken,
+    mut round: F,
+) where
+    F: FnMut() -> R,
+    R: Future<Output = ()>,
+{
+    let mut ticks = tokio::time::interval_at(first, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
