@@ -48,7 +48,8 @@ fn call_binds(binds: CallBinds) -> Vec<Bound> {
     }
 }
 
-/// Rows of every swept table, none of them due for a sweep.
+/// Rows of every swept table, none of them due for a sweep (ABSENT ones past their retention,
+/// but kept as tombstones).
 const ROWS: i64 = 20_000;
 
 async fn fill_with_rows_not_due(db: &TestDb) {
@@ -72,6 +73,7 @@ async fn fill_with_rows_not_due(db: &TestDb) {
     for sql in [
         operation("CONFIRMED", ", expires_at", &format!(", {far}")),
         operation("IN_FLIGHT", "", ""),
+        operation("ABSENT", ", expires_at", &format!(", {}", now - 1)),
         operation(
             "UNKNOWN",
             ", provider, reconcile_next_at, unknown_since",

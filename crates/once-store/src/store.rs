@@ -71,20 +71,29 @@ fn delete_older_sql<D: Dialect>(table: &str, key: &str) -> String {
     )
 }
 
-/// Deletes up to `$1` settled operations past their expiry. The state and expiry conditions
+/// Deletes up to `$1` CONFIRMED operations past their expiry. The state and expiry conditions
 /// are repeated on the outer DELETE so that a row a concurrent Begin just claimed again is
 /// re-checked and kept.
 fn delete_expired_sql<D: Dialect>() -> String {
     let now = now_once::<D>();
-    // An ABSENT operation stays, as a tombstone, until `$2` ms after it settled.
-    let gone = format!(
-        "state IN ('CONFIRMED', 'ABSENT') AND expires_at <= {now} \
-         AND (state = 'CONFIRMED' OR updated_at <= {now} - $2)"
-    );
+    let gone = format!("state = 'CONFIRMED' AND expires_at <= {now}");
     format!(
         "DELETE FROM operations WHERE {gone} \
          AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
          WHERE {gone} ORDER BY expires_at LIMIT $1)"
+    )
+}
+
+/// Up to `$1` ABSENT operations past retention whose tombstone has been kept `$2` ms since
+/// they settled, oldest settled first (by their own index, so the tombstones still kept are
+/// not read), with the conditions re-checked on the outer DELETE as above.
+fn delete_tombstones_sql<D: Dialect>() -> String {
+    let now = now_once::<D>();
+    let gone = format!("state = 'ABSENT' AND updated_at <= {now} - $2 AND expires_at <= {now}");
+    format!(
+        "DELETE FROM operations WHERE {gone} \
+         AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
+         WHERE {gone} ORDER BY updated_at LIMIT $1)"
     )
 }
 
@@ -180,9 +189,10 @@ pub enum SweepBinds {
 /// the table).
 pub fn sweep_statements<D: Dialect>() -> Vec<(&'static str, String, SweepBinds)> {
     vec![
+        ("retention", delete_expired_sql::<D>(), SweepBinds::Limit),
         (
-            "retention",
-            delete_expired_sql::<D>(),
+            "tombstones",
+            delete_tombstones_sql::<D>(),
             SweepBinds::LimitThenAge,
         ),
         (
@@ -620,13 +630,21 @@ where
     }
 
     async fn delete_expired(&self, limit: u32, absent_kept_ms: i64) -> Result<u64, StoreError> {
-        let sql = delete_expired_sql::<D>();
-        let deleted = sqlx::query(&sql)
+        let confirmed = sqlx::query(&delete_expired_sql::<D>())
             .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        let confirmed = D::rows_affected(&confirmed);
+        let room = u64::from(limit).saturating_sub(confirmed);
+        if room == 0 {
+            return Ok(confirmed);
+        }
+        let absent = sqlx::query(&delete_tombstones_sql::<D>())
+            .bind(i64::try_from(room).unwrap_or(i64::MAX))
             .bind(absent_kept_ms)
             .execute(&self.pool)
             .await?;
-        Ok(D::rows_affected(&deleted))
+        Ok(confirmed + D::rows_affected(&absent))
     }
 
     async fn delete_events_older_than(&self, age_ms: i64, limit: u32) -> Result<u64, StoreError> {
