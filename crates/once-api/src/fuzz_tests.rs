@@ -26,7 +26,7 @@ fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         "[a-z0-9_:.-]{0,24}",
         any::<String>(),
-        "[{}\\[\\]\":,0-9a-z. e+-]{0,40}",
+        once_core::fuzzing::near_json(),
         Just(String::new()),
         "x{200,300}",
     ]

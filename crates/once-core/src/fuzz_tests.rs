@@ -4,63 +4,11 @@
 //! `proptest-regressions/` and runs first ever after.
 
 use proptest::prelude::*;
-use serde_json::Value;
 
+use crate::fuzzing::{json_value, near_json};
 use crate::identity::{CanonicalArguments, OperationId};
 use crate::jcs;
 use crate::once_id::{self, IntentPart};
-
-/// Any JSON value, a few levels deep, with the numbers and strings that trouble encoders.
-pub(crate) fn json_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        any::<f64>()
-            .prop_filter("JSON holds finite numbers", |f| f.is_finite())
-            .prop_map(Value::from),
-        prop_oneof![
-            Just(9_007_199_254_740_992.0),
-            Just(-0.0),
-            Just(1e21),
-            Just(5e-324)
-        ]
-        .prop_map(Value::from),
-        "\\PC{0,12}".prop_map(Value::String),
-        "[\\u{0}-\\u{1f}\"\\\\\u{2028}\u{fffd}]{0,4}".prop_map(Value::String),
-    ];
-    leaf.prop_recursive(4, 48, 6, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::btree_map("\\PC{0,8}", inner, 0..6)
-                .prop_map(|members| Value::Object(members.into_iter().collect())),
-        ]
-    })
-}
-
-/// A text near JSON: a value's text with a few characters replaced, deleted or inserted.
-pub(crate) fn near_json() -> impl Strategy<Value = String> {
-    let edit = (any::<prop::sample::Index>(), any::<char>(), 0..3u8);
-    (json_value(), prop::collection::vec(edit, 0..4)).prop_map(|(value, edits)| {
-        let mut chars: Vec<char> = value.to_string().chars().collect();
-        for (at, c, how) in edits {
-            if chars.is_empty() {
-                chars.push(c);
-                continue;
-            }
-            let i = at.index(chars.len());
-            match how {
-                0 => chars[i] = c,
-                1 => {
-                    chars.remove(i);
-                }
-                _ => chars.insert(i, c),
-            }
-        }
-        chars.into_iter().collect()
-    })
-}
 
 /// Any text a caller could send: near JSON, or anything at all.
 fn sent() -> impl Strategy<Value = String> {

@@ -20,6 +20,8 @@ pub mod stats;
 
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 #[cfg(test)]
 mod simulation_tests;
 

@@ -468,30 +468,6 @@ mod tests {
             .unwrap()
     }
 
-    /// `base` with a few characters replaced, deleted or inserted, or any text at all.
-    fn mutated(base: &'static str) -> impl proptest::strategy::Strategy<Value = String> {
-        use proptest::prelude::*;
-        let edit = (any::<prop::sample::Index>(), any::<char>(), 0..3u8);
-        prop_oneof![
-            prop::collection::vec(edit, 0..6).prop_map(move |edits| {
-                let mut chars: Vec<char> = base.chars().collect();
-                for (at, c, how) in edits {
-                    let i = at
-                        .index(chars.len().max(1))
-                        .min(chars.len().saturating_sub(1));
-                    match how {
-                        0 if !chars.is_empty() => chars[i] = c,
-                        1 if !chars.is_empty() => {
-                            chars.remove(i);
-                        }
-                        _ => chars.insert(i, c),
-                    }
-                }
-                chars.into_iter().collect()
-            }),
-            any::<String>(),
-        ]
-    }
 
     const POLICY: &str = r#"
         status_tool = "get_refund_status"
@@ -506,7 +482,7 @@ mod tests {
     proptest::proptest! {
         /// The policy file, mangled: read or refused with a reason, never a panic.
         #[test]
-        fn fuzz_policy_parse_accepts_or_refuses(text in mutated(POLICY)) {
+        fn fuzz_policy_parse_accepts_or_refuses(text in once_core::fuzzing::mangled(POLICY)) {
             let _ = Policy::parse(&text);
         }
     }

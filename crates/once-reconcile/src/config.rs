@@ -358,30 +358,6 @@ fn build(
 mod tests {
     use super::*;
 
-    /// `base` with a few characters replaced, deleted or inserted, or any text at all.
-    fn mutated(base: &'static str) -> impl proptest::strategy::Strategy<Value = String> {
-        use proptest::prelude::*;
-        let edit = (any::<prop::sample::Index>(), any::<char>(), 0..3u8);
-        prop_oneof![
-            prop::collection::vec(edit, 0..6).prop_map(move |edits| {
-                let mut chars: Vec<char> = base.chars().collect();
-                for (at, c, how) in edits {
-                    let i = at
-                        .index(chars.len().max(1))
-                        .min(chars.len().saturating_sub(1));
-                    match how {
-                        0 if !chars.is_empty() => chars[i] = c,
-                        1 if !chars.is_empty() => {
-                            chars.remove(i);
-                        }
-                        _ => chars.insert(i, c),
-                    }
-                }
-                chars.into_iter().collect()
-            }),
-            any::<String>(),
-        ]
-    }
 
     const CONFIG: &str = r#"
         [reconciliation]
@@ -408,7 +384,7 @@ mod tests {
         /// The reconciler file, mangled: read or refused with a reason, never a panic, and
         /// never a secret from the environment in the refusal.
         #[test]
-        fn fuzz_config_parse_accepts_or_refuses(text in mutated(CONFIG)) {
+        fn fuzz_config_parse_accepts_or_refuses(text in once_core::fuzzing::mangled(CONFIG)) {
             if let Err(error) = parse(&text, |_| Some("sk_test_secret".to_owned())) {
                 proptest::prop_assert!(!error.to_string().contains("sk_test_secret"));
             }
