@@ -468,7 +468,6 @@ mod tests {
             .unwrap()
     }
 
-
     const POLICY: &str = r#"
         status_tool = "get_refund_status"
         [tools.issue_refund]

@@ -358,12 +358,10 @@ fn build(
 mod tests {
     use super::*;
 
-
     const CONFIG: &str = r#"
         [reconciliation]
         interval = "250ms"
         max_backoff = "1m"
-        claim = "30s"
 
         [[reconciler]]
         name = "payments"
@@ -371,13 +369,6 @@ mod tests {
         endpoint = "http://127.0.0.1:12111"
         api_key_env = "PAYMENTS_KEY"
         settle_time = "2s"
-        tenants = ["acme"]
-
-        [[reconciler]]
-        name = "orders"
-        kind = "http"
-        endpoint = "https://orders.example/lookup"
-        timeout = "2s"
     "#;
 
     proptest::proptest! {
@@ -393,18 +384,7 @@ mod tests {
 
     #[test]
     fn parses_reconcilers_with_credentials_from_the_environment() {
-        let text = r#"
-            [reconciliation]
-            interval = "250ms"
-            max_backoff = "1m"
-
-            [[reconciler]]
-            name = "payments"
-            kind = "stripe"
-            endpoint = "http://127.0.0.1:12111"
-            api_key_env = "PAYMENTS_KEY"
-            settle_time = "2s"
-        "#;
+        let text = CONFIG;
         let parsed = parse(text, |name| {
             (name == "PAYMENTS_KEY").then(|| "sk_test_secret".to_owned())
         })
