@@ -7,6 +7,7 @@ use once_api::admin_pb::admin_client::AdminClient;
 use once_api::admin_pb::{self as apb};
 use once_api::pb;
 use once_api::pb::ledger_client::LedgerClient;
+use once_core::access::LEDGER_TENANT;
 use prost::Message;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -21,7 +22,7 @@ enum Who {
     Stranger,
     /// A key of tenant `acme` that was revoked.
     Revoked,
-    /// A key of tenant `globex` with one role.
+    /// A key of tenant `globex` with one role (`admin`: a key of the ledger's tenant).
     Other(&'static str),
 }
 
@@ -103,8 +104,12 @@ async fn guarded_ledger(db: &TestDb, extra: &[&str]) -> (TestLedger, String) {
 }
 
 async fn admin_client(ledger: &TestLedger) -> AdminClient<Channel> {
+    admin_client_at(ledger.addr).await
+}
+
+async fn admin_client_at(addr: std::net::SocketAddr) -> AdminClient<Channel> {
     AdminClient::new(
-        Channel::from_shared(format!("http://{}", ledger.addr))
+        Channel::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
             .await
@@ -153,16 +158,21 @@ async fn keys_for_matrix(admin: &mut AdminClient<Channel>, admin_key: &str) -> K
     let mut own = Vec::new();
     let mut other = Vec::new();
     for role in ROLES {
+        // The admin role is held only by keys of the ledger's own tenant.
+        let (acme, globex) = match role {
+            "admin" => (LEDGER_TENANT, LEDGER_TENANT),
+            _ => ("acme", "globex"),
+        };
         own.push((
             role,
-            create_key(admin, admin_key, "acme", &[role]).await.secret,
+            create_key(admin, admin_key, acme, &[role]).await.secret,
         ));
         other.push((
             role,
-            create_key(admin, admin_key, "globex", &[role]).await.secret,
+            create_key(admin, admin_key, globex, &[role]).await.secret,
         ));
     }
-    let revoked = create_key(admin, admin_key, "acme", &ROLES).await;
+    let revoked = create_key(admin, admin_key, "acme", &ROLES[..3]).await;
     admin
         .revoke_key(with_key(
             apb::RevokeKeyRequest {
@@ -731,10 +741,10 @@ async fn only_an_admin_reads_another_tenant(store: Store) {
             .map(|o| o.operation_id)
             .collect()
     };
-    // globex's admin reads acme's operations, by name.
-    let globex_admin = find(&keys.other, "admin");
+    // The ledger's admin reads acme's operations, by name.
+    let ledger_admin = find(&keys.other, "admin");
     let listed = ledger
-        .list_operations(with_key(list("acme"), Some(&globex_admin)))
+        .list_operations(with_key(list("acme"), Some(&ledger_admin)))
         .await
         .unwrap()
         .into_inner();
@@ -745,7 +755,7 @@ async fn only_an_admin_reads_another_tenant(store: Store) {
                 operation_id: "order-9".into(),
                 tenant: "acme".into(),
             },
-            Some(&globex_admin),
+            Some(&ledger_admin),
         ))
         .await
         .unwrap()
@@ -757,7 +767,7 @@ async fn only_an_admin_reads_another_tenant(store: Store) {
                 tenant: "acme".into(),
                 ..Default::default()
             },
-            Some(&globex_admin),
+            Some(&ledger_admin),
         ))
         .await
         .unwrap()
@@ -769,7 +779,7 @@ async fn only_an_admin_reads_another_tenant(store: Store) {
                 tenant: "acme".into(),
                 ..Default::default()
             },
-            Some(&globex_admin),
+            Some(&ledger_admin),
         ))
         .await
         .unwrap()
@@ -779,7 +789,7 @@ async fn only_an_admin_reads_another_tenant(store: Store) {
         matches!(first.item, Some(pb::watch_operations_response::Item::Event(e)) if e.operation_id == "order-9")
     );
     let invalid = ledger
-        .list_operations(with_key(list("Not A Tenant"), Some(&globex_admin)))
+        .list_operations(with_key(list("Not A Tenant"), Some(&ledger_admin)))
         .await
         .unwrap_err();
     assert_eq!(
@@ -1201,10 +1211,10 @@ fn confirm_of(token: u64, provider_ref: &str) -> pb::ConfirmRequest {
     }
 }
 
-/// A keyless caller's request for an admin key of `acme`.
+/// A keyless caller's request for an admin key of the ledger's tenant.
 fn first_key(name: &str) -> apb::CreateKeyRequest {
     apb::CreateKeyRequest {
-        tenant: "acme".into(),
+        tenant: LEDGER_TENANT.into(),
         name: name.into(),
         roles: vec!["admin".into()],
         certificate_pem: String::new(),
@@ -1351,6 +1361,98 @@ fn help_never_prints_a_secret_from_the_environment() {
     }
 }
 
+on_both_backends!(the_admin_role_lives_in_one_place);
+
+/// The admin role is the ledger's: a key of tenant `acme` with it is refused, over gRPC and by
+/// `onced keys create`, with a message saying where it lives; one stored with it anyway (by
+/// hand, or before the rule) is admitted without it; the ledger's own tenant may hold it.
+async fn the_admin_role_lives_in_one_place(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &[]).await;
+    let mut admin = admin_client(&server).await;
+    put_tenant(&mut admin, &admin_key, "acme").await;
+    let refused = admin
+        .create_key(with_key(
+            apb::CreateKeyRequest {
+                tenant: "acme".into(),
+                name: "acme-admin".into(),
+                roles: vec!["reader".into(), "admin".into()],
+                certificate_pem: String::new(),
+            },
+            Some(&admin_key),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("only keys of tenant \"default\""),
+        "{refused:?}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+        .args(["--database-url", &db.url, "keys", "create", "--tenant", "acme"])
+        .args(["--name", "acme-admin", "--role", "admin"])
+        .output()
+        .expect("run onced");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr.contains("only keys of tenant \"default\""), "{stderr}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM credentials WHERE roles LIKE '%admin%'")
+            .await,
+        1,
+        "only the bootstrap admin key holds the role"
+    );
+
+    // Stored with it by hand: a replica started since warns of it and admits the key for what
+    // its other roles allow, not as an admin.
+    let smuggled = create_key(&mut admin, &admin_key, "acme", &["reader"])
+        .await
+        .secret;
+    db.execute("UPDATE credentials SET roles = 'reader,admin' WHERE tenant = 'acme'")
+        .await;
+    let replica = OncedProcess::spawn(&db.url, db.scratch_dir().join("replica.log"), &[]).await;
+    assert!(
+        replica
+            .log()
+            .contains("stored with the admin role outside tenant"),
+        "{}",
+        replica.log()
+    );
+    let mut on_replica = admin_client_at(replica.addr).await;
+    let denied = on_replica
+        .list_tenants(with_key(apb::ListTenantsRequest::default(), Some(&smuggled)))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert_eq!(reason(&denied), "ROLE_NOT_ALLOWED");
+    let mut ledger = replica.client().await;
+    let other_tenant = ledger
+        .list_operations(with_key(
+            pb::ListOperationsRequest {
+                tenant: LEDGER_TENANT.into(),
+                ..Default::default()
+            },
+            Some(&smuggled),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(other_tenant.code(), Code::PermissionDenied, "{other_tenant:?}");
+    ledger
+        .list_operations(with_key(pb::ListOperationsRequest::default(), Some(&smuggled)))
+        .await
+        .expect("its own tenant's reads, as a reader");
+
+    // The ledger's tenant holds it.
+    let second = create_key(&mut admin, &admin_key, LEDGER_TENANT, &["admin"])
+        .await
+        .secret;
+    admin
+        .list_tenants(with_key(apb::ListTenantsRequest::default(), Some(&second)))
+        .await
+        .expect("an admin key of the ledger's tenant administers");
+    server.stop().await;
+}
+
 on_both_backends!(the_first_credential_is_a_conditional_write);
 
 /// Eight keyless callers ask two replicas of an open ledger for a first key at once: exactly one
@@ -1361,7 +1463,7 @@ async fn the_first_credential_is_a_conditional_write(store: Store) {
     let one = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
     let two = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
     let admins = [admin_client(&one).await, admin_client(&two).await];
-    put_tenant(&mut admins[0].clone(), "", "acme").await;
+    put_tenant(&mut admins[0].clone(), "", LEDGER_TENANT).await;
     let mut racers = Vec::new();
     for n in 0..8 {
         let mut admin = admins[n % 2].clone();

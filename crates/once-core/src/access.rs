@@ -78,6 +78,15 @@ impl Roles {
     pub fn iter(self) -> impl Iterator<Item = Role> {
         Role::ALL.into_iter().filter(move |r| self.contains(*r))
     }
+
+    /// The roles a credential of `tenant` holds: `admin` only in [`LEDGER_TENANT`]. A key of
+    /// another tenant stored with it (before the rule, or by hand) is admitted without it.
+    pub fn held_in(self, tenant: &str) -> Roles {
+        match tenant == LEDGER_TENANT {
+            true => self,
+            false => Roles(self.0 & !Self::bit(Role::Admin)),
+        }
+    }
 }
 
 impl fmt::Display for Roles {
@@ -107,6 +116,23 @@ impl std::str::FromStr for Roles {
 /// The tenant of every caller while a ledger holds no credential, and the one a reconciler
 /// serves when its configuration names none.
 pub const DEFAULT_TENANT: &str = "default";
+
+/// The ledger's own tenant, where the bootstrap admin key is stored: the only one whose keys
+/// may hold the `admin` role, which is ledger-wide (it manages and reads every tenant).
+pub const LEDGER_TENANT: &str = DEFAULT_TENANT;
+
+/// Refuses `roles` for a credential of `tenant` when they include `admin` outside
+/// [`LEDGER_TENANT`], saying why.
+pub fn check_roles_for(tenant: &str, roles: Roles) -> Result<(), String> {
+    if roles.contains(Role::Admin) && tenant != LEDGER_TENANT {
+        return Err(format!(
+            "the admin role is the ledger's, not a tenant's: only keys of tenant \"{LEDGER_TENANT}\" \
+             may hold it (it manages and reads every tenant); give tenant {tenant:?}'s keys \
+             executor, reader or operator"
+        ));
+    }
+    Ok(())
+}
 
 /// A tenant name: 1 to 63 characters of `a-z`, `0-9`, `-` and `_`, starting with a letter or a
 /// digit. Names are chosen by whoever runs the ledger; callers never send one.
@@ -365,6 +391,17 @@ mod tests {
         let shown = format!("{key:?}");
         assert!(!shown.contains(&key.expose()[18..]), "{shown}");
         assert_ne!(key.hash(), ApiKey::generate([8; 38]).hash());
+    }
+
+    #[test]
+    fn the_admin_role_lives_in_the_ledger_tenant_only() {
+        let admin = Roles::of([Role::Reader, Role::Admin]);
+        assert!(check_roles_for(LEDGER_TENANT, admin).is_ok());
+        let refused = check_roles_for("acme", admin).unwrap_err();
+        assert!(refused.contains("only keys of tenant \"default\""), "{refused}");
+        assert!(check_roles_for("acme", Roles::of([Role::Reader, Role::Operator])).is_ok());
+        assert_eq!(admin.held_in(LEDGER_TENANT), admin);
+        assert_eq!(admin.held_in("acme"), Roles::of([Role::Reader]));
     }
 
     /// Hex of 32 bytes from a fixed, well-mixed sequence.

@@ -28,7 +28,7 @@ use tonic::{Request, Status};
 
 use crate::status;
 
-pub use once_core::access::DEFAULT_TENANT;
+pub use once_core::access::{DEFAULT_TENANT, LEDGER_TENANT};
 
 /// An admitted caller.
 #[derive(Debug, Clone)]
@@ -176,6 +176,18 @@ impl<B: Backend> Access<B> {
     /// Reads the credentials: open when there is none.
     pub async fn new(backend: B, ttl: Duration) -> Result<Self, StoreError> {
         let credentials = read(&backend).await?;
+        for (credential, tenant) in credentials.by_hash.values() {
+            let held = credential.roles.held_in(&tenant.name);
+            if held != credential.roles && credential.revoked_at.is_none() {
+                tracing::warn!(
+                    key_id = %credential.key_id,
+                    tenant = %tenant.name,
+                    "this key was stored with the admin role outside tenant \"{LEDGER_TENANT}\"; \
+                     it is admitted without it (the admin role is the ledger's): revoke it and \
+                     create an admin key in \"{LEDGER_TENANT}\" if it should administer"
+                );
+            }
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 backend,
@@ -443,9 +455,10 @@ fn standing(
     hash: &SecretHash,
     kind: CredentialKind,
 ) -> Result<(Credential, Tenant), Status> {
-    let Some((credential, tenant)) = credentials.by_hash.get(hash).cloned() else {
+    let Some((mut credential, tenant)) = credentials.by_hash.get(hash).cloned() else {
         return Err(status::unknown_credential());
     };
+    credential.roles = credential.roles.held_in(&tenant.name);
     // A certificate is public: it identifies a caller only when the handshake proved the
     // caller holds its private key, never when its bytes arrive as a bearer token.
     if credential.kind != kind {

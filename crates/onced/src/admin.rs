@@ -4,7 +4,7 @@
 use once_api::admin as convert;
 use once_api::admin_pb as pb;
 use once_core::access::{
-    check_tenant_name, ApiKey, Credential, CredentialKind, NewCredential, Role, Roles, SecretHash,
+    check_roles_for, check_tenant_name, ApiKey, Credential, CredentialKind, NewCredential, Role, Roles, SecretHash,
     Tenant,
 };
 use once_store::{Backend, StoreError};
@@ -105,6 +105,7 @@ impl<B: Backend> Admin<B> {
         if roles.is_empty() {
             return Err(invalid("roles", "at least one role is needed"));
         }
+        check_roles_for(tenant, roles).map_err(|m| invalid("roles", m))?;
         let (new, key) = match certificate_pem {
             Some(pem) => {
                 let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| {

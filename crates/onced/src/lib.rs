@@ -101,7 +101,7 @@ async fn serve<B: Backend>(
     let admin_key = config.admin_key()?;
     if let Some(key) = &admin_key {
         admin::Admin::new(backend.clone())
-            .bootstrap(key, DEFAULT_TENANT)
+            .bootstrap(key, access::LEDGER_TENANT)
             .await
             .context("storing the bootstrap admin key")?;
     }
