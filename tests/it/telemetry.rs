@@ -250,7 +250,10 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         .expect(r#"sum(once_decisions_total{decision="EXECUTE"})"#, 5.0)
         .await;
     prometheus
-        .expect(r#"sum(once_decisions_total{decision="REPLAY"})"#, 1.0)
+        .expect(
+            r#"sum(once_decisions_total{decision="REPLAY", tenant="default"})"#,
+            1.0,
+        )
         .await;
     prometheus
         .expect(
@@ -286,7 +289,7 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         .await;
     prometheus
         .expect(
-            r#"sum(once_operations{state="UNKNOWN", tool="issue_refund"})"#,
+            r#"sum(once_operations{state="UNKNOWN", tenant="default", tool="issue_refund"})"#,
             1.0,
         )
         .await;

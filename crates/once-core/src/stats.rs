@@ -139,8 +139,8 @@ pub const UNKNOWN_AGE_THRESHOLDS: [Millis; 7] = [
 /// the same figures.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Gauges {
-    /// How many operations are open (IN_FLIGHT or UNKNOWN), by state and tool.
-    pub open: Vec<(State, String, i64)>,
+    /// How many operations are open (IN_FLIGHT or UNKNOWN), by state, tenant and tool.
+    pub open: Vec<(State, String, String, i64)>,
     /// For each of [`UNKNOWN_AGE_THRESHOLDS`], how many UNKNOWN operations have been UNKNOWN
     /// at least that long.
     pub unknown_older_than: Vec<(Millis, i64)>,

@@ -911,9 +911,10 @@ where
         let now = now_once::<D>();
         // One statement, each part on the open operations only (their partial indexes): the
         // open counts, then one row for each age threshold, the oldest age, and the leases past.
+        // A tenant name has no `/`, so `tenant/tool` splits at its first.
         let mut sql = String::from(
-            "SELECT state, tool, COUNT(*) FROM operations WHERE state IN ('IN_FLIGHT', 'UNKNOWN') \
-             GROUP BY state, tool",
+            "SELECT state, tenant || '/' || tool, COUNT(*) FROM operations \
+             WHERE state IN ('IN_FLIGHT', 'UNKNOWN') GROUP BY state, tenant, tool",
         );
         let since = "COALESCE(unknown_since, updated_at)";
         for threshold in UNKNOWN_AGE_THRESHOLDS {
@@ -940,7 +941,13 @@ where
                 }
                 "OLDEST" => gauges.oldest_unknown = (n >= 0).then_some(n),
                 "PAST_LEASE" => gauges.past_lease = n,
-                state => gauges.open.push((rows::state(state)?, key, n)),
+                state => {
+                    let (tenant, tool) = key.split_once('/').ok_or_else(|| {
+                        StoreError::Corrupt(format!("an open count read back as {key:?}"))
+                    })?;
+                    let (tenant, tool) = (tenant.to_owned(), tool.to_owned());
+                    gauges.open.push((rows::state(state)?, tenant, tool, n));
+                }
             }
         }
         Ok(gauges)

@@ -158,7 +158,8 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         if let Some(attempt) = decision_attempt(&decision) {
             span.record("once.attempt", i64::from(attempt));
         }
-        self.metrics.decided(decision.name(), &cmd.tool);
+        self.metrics
+            .decided(decision.name(), &cmd.tenant, &cmd.tool);
         if let Some(duplicate) = Duplicate::of(&cmd, &decision, at) {
             self.duplicates.record(duplicate);
         }

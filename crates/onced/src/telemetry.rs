@@ -8,6 +8,7 @@
 //! bounded: tools and RPC methods go through a [`CappedLabel`], reconcilers are the configured
 //! ones, and everything else is an enumeration.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +21,8 @@ use opentelemetry::metrics::{Counter, Histogram, ObservableGauge};
 use opentelemetry::KeyValue;
 use tokio_util::sync::CancellationToken;
 
-/// The most distinct tool names a replica labels series with; later ones count as `other`.
+/// The most distinct tool names a replica labels a tenant's series with; later ones count as
+/// `other`. Each tenant has its own budget, so one tenant's many tools never fold another's.
 pub const MAX_TOOL_LABELS: usize = 64;
 
 /// Histogram bounds, in seconds, for calls and lookups: 0.5 ms to 30 s.
@@ -39,7 +41,7 @@ pub struct Metrics {
     /// Whether anything records them: when not, the calls of the Begin and report path return
     /// at once (no label is looked up or built).
     on: bool,
-    tools: CappedLabel,
+    tools: ToolLabels,
     methods: CappedLabel,
     decisions: Counter<u64>,
     reports: Counter<u64>,
@@ -67,8 +69,8 @@ struct Read {
     store: Option<Gauges>,
     store_up: Option<bool>,
     pool: Option<PoolUse>,
-    /// The tool label each tool of the last read maps to.
-    tools: Vec<(State, String, i64)>,
+    /// The open operations of the last read by state, tenant and tool label.
+    tools: Vec<(State, String, String, i64)>,
 }
 
 impl Metrics {
@@ -100,15 +102,16 @@ impl Metrics {
         let gauges = vec![
             gauge(
                 "once.operations",
-                "Open operations (IN_FLIGHT, UNKNOWN) in the store, by state and tool",
+                "Open operations (IN_FLIGHT, UNKNOWN) in the store, by state, tenant and tool",
                 |read| {
                     read.tools
                         .iter()
-                        .map(|(state, tool, n)| {
+                        .map(|(state, tenant, tool, n)| {
                             (
                                 *n,
                                 vec![
                                     KeyValue::new("state", state.as_str()),
+                                    KeyValue::new("tenant", tenant.clone()),
                                     KeyValue::new("tool", tool.clone()),
                                 ],
                             )
@@ -188,11 +191,11 @@ impl Metrics {
         }];
         let metrics = Arc::new(Self {
             on: once_telemetry::metrics_on(),
-            tools: CappedLabel::new(MAX_TOOL_LABELS),
+            tools: ToolLabels::default(),
             methods: CappedLabel::new(64),
             decisions: meter
                 .u64_counter("once.decisions")
-                .with_description("Begin decisions, by decision and tool")
+                .with_description("Begin decisions, by decision, tenant and tool")
                 .build(),
             reports: meter
                 .u64_counter("once.reports")
@@ -277,17 +280,21 @@ impl Metrics {
         self.on
     }
 
-    /// The label a tool's series carry.
-    pub fn tool(&self, tool: &str) -> KeyValue {
-        KeyValue::new("tool", self.tools.of(tool))
+    /// The labels a tenant's tool's series carry.
+    pub fn tool(&self, tenant: &str, tool: &str) -> [KeyValue; 2] {
+        [
+            KeyValue::new("tenant", tenant.to_owned()),
+            KeyValue::new("tool", self.tools.of(tenant, tool)),
+        ]
     }
 
-    pub fn decided(&self, decision: &'static str, tool: &str) {
+    pub fn decided(&self, decision: &'static str, tenant: &str, tool: &str) {
         if !self.on {
             return;
         }
+        let [tenant, tool] = self.tool(tenant, tool);
         self.decisions
-            .add(1, &[KeyValue::new("decision", decision), self.tool(tool)]);
+            .add(1, &[KeyValue::new("decision", decision), tenant, tool]);
     }
 
     /// A report of `kind` (confirm, absent, unknown) ended as `outcome`.
@@ -354,30 +361,62 @@ impl Metrics {
     /// Takes in what the database holds now.
     fn refreshed(&self, store: Gauges, pool: PoolUse) {
         // Tools past the cap are summed under `other`, as the counters count them.
-        let mut tools: Vec<(State, String, i64)> = Vec::new();
-        for (state, tool, n) in &store.open {
-            let label = self.tools.of(tool).into_owned();
-            match tools.iter_mut().find(|(s, t, _)| s == state && *t == label) {
-                Some(row) => row.2 += n,
-                None => tools.push((*state, label, *n)),
+        let mut tools: Vec<(State, String, String, i64)> = Vec::new();
+        for (state, tenant, tool, n) in &store.open {
+            let label = self.tools.of(tenant, tool);
+            let same = |(s, t, l, _): &&mut (State, String, String, i64)| {
+                s == state && t == tenant && *l == label
+            };
+            match tools.iter_mut().find(same) {
+                Some(row) => row.3 += n,
+                None => tools.push((*state, tenant.clone(), label, *n)),
             }
         }
         let mut read = self.lock();
         // A series once reported goes on at 0 rather than vanishing, so graphs and alerts see
         // the count fall; a state with no open operation at all is reported as 0 too.
-        for (state, tool, _) in &read.tools {
-            if !tools.iter().any(|(s, t, _)| s == state && t == tool) {
-                tools.push((*state, tool.clone(), 0));
+        for (state, tenant, tool, _) in &read.tools {
+            if !tools
+                .iter()
+                .any(|(s, t, l, _)| s == state && t == tenant && l == tool)
+            {
+                tools.push((*state, tenant.clone(), tool.clone(), 0));
             }
         }
         for state in [State::InFlight, State::Unknown] {
-            if !tools.iter().any(|(s, _, _)| *s == state) {
-                tools.push((state, once_telemetry::OTHER.to_owned(), 0));
+            if !tools.iter().any(|(s, ..)| *s == state) {
+                let other = once_telemetry::OTHER.to_owned();
+                tools.push((state, other.clone(), other, 0));
             }
         }
         read.store = Some(store);
         read.pool = Some(pool);
         read.tools = tools;
+    }
+}
+
+/// Tool labels, with a budget of [`MAX_TOOL_LABELS`] for each tenant. Tenants are named by
+/// whoever runs the ledger, so their number is theirs to bound.
+#[derive(Debug, Default)]
+struct ToolLabels {
+    by_tenant: Mutex<HashMap<String, Arc<CappedLabel>>>,
+}
+
+impl ToolLabels {
+    /// `tool`'s label in `tenant`'s series: itself, or `other` once the tenant has labelled
+    /// [`MAX_TOOL_LABELS`] others.
+    fn of(&self, tenant: &str, tool: &str) -> String {
+        let label = {
+            let mut by_tenant = self.by_tenant.lock().unwrap_or_else(|e| e.into_inner());
+            match by_tenant.get(tenant) {
+                Some(label) => label.clone(),
+                None => by_tenant
+                    .entry(tenant.to_owned())
+                    .or_insert_with(|| Arc::new(CappedLabel::new(MAX_TOOL_LABELS)))
+                    .clone(),
+            }
+        };
+        label.of(tool).into_owned()
     }
 }
 
@@ -688,5 +727,52 @@ mod tests {
         assert!(!traced("grpc.reflection.v1.ServerReflection"));
         assert!(traced("once.ledger.v1.Ledger"));
         assert!(traced("once.admin.v1.Admin"));
+    }
+
+    #[test]
+    fn the_tool_label_budget_is_per_tenant() {
+        let labels = ToolLabels::default();
+        for n in 0..MAX_TOOL_LABELS {
+            assert_eq!(labels.of("acme", &format!("tool-{n}")), format!("tool-{n}"));
+        }
+        assert_eq!(labels.of("acme", "one-too-many"), once_telemetry::OTHER);
+        assert_eq!(labels.of("globex", "refund"), "refund");
+        assert_eq!(labels.of("globex", "one-too-many"), "one-too-many");
+        assert_eq!(labels.of("acme", "tool-0"), "tool-0");
+    }
+
+    #[test]
+    fn open_operations_are_counted_by_tenant_and_folded_within_it() {
+        let metrics = Metrics::new();
+        let mut open: Vec<(State, String, String, i64)> = (0..=MAX_TOOL_LABELS)
+            .map(|n| (State::Unknown, "acme".to_owned(), format!("tool-{n}"), 1))
+            .collect();
+        open.push((State::Unknown, "acme".to_owned(), "tool-extra".to_owned(), 1));
+        open.push((State::Unknown, "globex".to_owned(), "refund".to_owned(), 2));
+        let store = Gauges {
+            open,
+            ..Gauges::default()
+        };
+        let pool = PoolUse {
+            open: 1,
+            idle: 1,
+            max: 1,
+        };
+        metrics.refreshed(store, pool);
+        let read = metrics.lock();
+        let count = |tenant: &str, tool: &str| {
+            read.tools
+                .iter()
+                .find(|(s, t, l, _)| *s == State::Unknown && t == tenant && l == tool)
+                .map(|row| row.3)
+        };
+        assert_eq!(count("acme", "tool-0"), Some(1));
+        assert_eq!(count("acme", once_telemetry::OTHER), Some(2));
+        assert_eq!(count("globex", "refund"), Some(2));
+        assert_eq!(count("globex", once_telemetry::OTHER), None);
+        assert!(read
+            .tools
+            .iter()
+            .any(|(s, _, _, n)| *s == State::InFlight && *n == 0));
     }
 }
