@@ -1385,17 +1385,29 @@ async fn the_admin_role_lives_in_one_place(store: Store) {
         .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     assert!(
-        refused.message().contains("only keys of tenant \"default\""),
+        refused
+            .message()
+            .contains("only keys of tenant \"default\""),
         "{refused:?}"
     );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
-        .args(["--database-url", &db.url, "keys", "create", "--tenant", "acme"])
+        .args([
+            "--database-url",
+            &db.url,
+            "keys",
+            "create",
+            "--tenant",
+            "acme",
+        ])
         .args(["--name", "acme-admin", "--role", "admin"])
         .output()
         .expect("run onced");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{out:?}");
-    assert!(stderr.contains("only keys of tenant \"default\""), "{stderr}");
+    assert!(
+        stderr.contains("only keys of tenant \"default\""),
+        "{stderr}"
+    );
     assert_eq!(
         db.scalar("SELECT count(*) FROM credentials WHERE roles LIKE '%admin%'")
             .await,
@@ -1420,7 +1432,10 @@ async fn the_admin_role_lives_in_one_place(store: Store) {
     );
     let mut on_replica = admin_client_at(replica.addr).await;
     let denied = on_replica
-        .list_tenants(with_key(apb::ListTenantsRequest::default(), Some(&smuggled)))
+        .list_tenants(with_key(
+            apb::ListTenantsRequest::default(),
+            Some(&smuggled),
+        ))
         .await
         .unwrap_err();
     assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
@@ -1436,9 +1451,16 @@ async fn the_admin_role_lives_in_one_place(store: Store) {
         ))
         .await
         .unwrap_err();
-    assert_eq!(other_tenant.code(), Code::PermissionDenied, "{other_tenant:?}");
+    assert_eq!(
+        other_tenant.code(),
+        Code::PermissionDenied,
+        "{other_tenant:?}"
+    );
     ledger
-        .list_operations(with_key(pb::ListOperationsRequest::default(), Some(&smuggled)))
+        .list_operations(with_key(
+            pb::ListOperationsRequest::default(),
+            Some(&smuggled),
+        ))
         .await
         .expect("its own tenant's reads, as a reader");
 

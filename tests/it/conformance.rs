@@ -49,6 +49,7 @@ conformance!(
     the_store_answers_pings,
     events_are_watched_in_order_with_their_tool_and_state,
     an_unlocked_write_happens_only_over_what_it_was_decided_from,
+    credential_refresh_reads_only_what_changed,
 );
 
 const TENANT: &str = "t1";
@@ -1292,4 +1293,85 @@ async fn a_call_never_holds_two_pooled_connections() {
         .await
         .unwrap();
     assert_eq!(state, State::Confirmed);
+}
+
+/// A credential stored under `tenant`, with a secret of `byte`s.
+fn new_credential(key_id: &str, tenant: &str, byte: u8) -> access::NewCredential {
+    access::NewCredential {
+        key_id: key_id.into(),
+        tenant: tenant.into(),
+        name: key_id.into(),
+        roles: access::Roles::of([access::Role::Executor]),
+        kind: access::CredentialKind::Key,
+        secret_hash: access::SecretHash([byte; 32]),
+        while_open: false,
+    }
+}
+
+fn tenant(name: &str, requests_per_second: Option<i64>) -> access::Tenant {
+    access::Tenant {
+        name: name.into(),
+        created_at: 0,
+        max_in_flight: None,
+        requests_per_second,
+    }
+}
+
+/// Admission refreshes its credentials by a watermark: from `-1` every credential; from the
+/// watermark it returned, only the credentials created or revoked since, and every credential
+/// of a tenant whose limits changed since, as they are now.
+async fn credential_refresh_reads_only_what_changed<B: Backend>(backend: B) {
+    for name in ["acme", "globex"] {
+        backend.put_tenant(&tenant(name, None)).await.unwrap();
+    }
+    for (n, name) in ["a1", "a2", "g1"].iter().enumerate() {
+        let owner = if name.starts_with('a') {
+            "acme"
+        } else {
+            "globex"
+        };
+        let new = new_credential(name, owner, n as u8 + 1);
+        backend.create_credential(&new).await.unwrap();
+    }
+    let ids = |changes: &once_store::CredentialChanges| {
+        let mut ids: Vec<String> = changes
+            .changed
+            .iter()
+            .map(|(_, credential, _)| credential.key_id.clone())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    let all = backend.credentials_since(-1).await.unwrap();
+    assert_eq!(ids(&all), ["a1", "a2", "g1"]);
+    let quiet = backend.credentials_since(all.through).await.unwrap();
+    assert!(quiet.changed.is_empty(), "{quiet:?}");
+    assert_eq!(quiet.through, all.through);
+
+    backend.revoke_credential("a2").await.unwrap().unwrap();
+    let revoked = backend.credentials_since(all.through).await.unwrap();
+    assert_eq!(ids(&revoked), ["a2"]);
+    assert!(revoked.changed[0].1.revoked_at.is_some());
+    assert!(revoked.through > all.through);
+
+    backend
+        .put_tenant(&tenant("globex", Some(5)))
+        .await
+        .unwrap();
+    let limited = backend.credentials_since(revoked.through).await.unwrap();
+    assert_eq!(ids(&limited), ["g1"]);
+    assert_eq!(limited.changed[0].2.requests_per_second, Some(5));
+
+    let later = new_credential("a3", "acme", 9);
+    backend.create_credential(&later).await.unwrap();
+    let created = backend.credentials_since(limited.through).await.unwrap();
+    assert_eq!(ids(&created), ["a3"]);
+    assert_eq!(created.changed[0].0, access::SecretHash([9; 32]));
+    assert!(backend
+        .credentials_since(created.through)
+        .await
+        .unwrap()
+        .changed
+        .is_empty());
 }

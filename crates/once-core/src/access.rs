@@ -398,7 +398,10 @@ mod tests {
         let admin = Roles::of([Role::Reader, Role::Admin]);
         assert!(check_roles_for(LEDGER_TENANT, admin).is_ok());
         let refused = check_roles_for("acme", admin).unwrap_err();
-        assert!(refused.contains("only keys of tenant \"default\""), "{refused}");
+        assert!(
+            refused.contains("only keys of tenant \"default\""),
+            "{refused}"
+        );
         assert!(check_roles_for("acme", Roles::of([Role::Reader, Role::Operator])).is_ok());
         assert_eq!(admin.held_in(LEDGER_TENANT), admin);
         assert_eq!(admin.held_in("acme"), Roles::of([Role::Reader]));

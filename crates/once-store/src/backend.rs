@@ -42,6 +42,16 @@ pub struct PoolUse {
     pub max: u32,
 }
 
+/// What [`Backend::credentials_since`] read.
+#[derive(Debug, Clone, Default)]
+pub struct CredentialChanges {
+    /// Each changed credential as it is now, with the hash of its secret and its tenant.
+    pub changed: Vec<(SecretHash, Credential, Tenant)>,
+    /// The watermark to read from next time: every change through it is in `changed` or was
+    /// read before.
+    pub through: i64,
+}
+
 /// A database that can hold the ledger.
 ///
 /// Writers go through a transaction: [`Backend::lock`] reads an operation and the clock while
@@ -288,11 +298,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
         key_id: &str,
     ) -> impl Future<Output = Result<Option<Credential>, StoreError>> + Send;
 
-    /// Every credential, revoked ones included, with the hash of its secret and its tenant:
-    /// what admission holds in memory.
-    fn all_credentials(
+    /// The credentials, revoked ones included, with the hash of their secret and their
+    /// tenant, that changed after `watermark` (a [`CredentialChanges::through`] read before;
+    /// `-1` for every one): what admission holds in memory, refreshed without reading again
+    /// what it holds already. A tenant's change brings every credential of the tenant.
+    fn credentials_since(
         &self,
-    ) -> impl Future<Output = Result<Vec<(SecretHash, Credential, Tenant)>, StoreError>> + Send;
+        watermark: i64,
+    ) -> impl Future<Output = Result<CredentialChanges, StoreError>> + Send;
 
     /// How many operations of `tenant` are IN_FLIGHT.
     fn in_flight(&self, tenant: &str) -> impl Future<Output = Result<i64, StoreError>> + Send;

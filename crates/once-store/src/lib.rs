@@ -25,7 +25,7 @@ mod unlocked;
 pub mod watch;
 pub mod writer;
 
-pub use backend::{Backend, PoolUse, Probe, Unlocked, Written};
+pub use backend::{Backend, CredentialChanges, PoolUse, Probe, Unlocked, Written};
 pub use dialect::Dialect;
 pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};

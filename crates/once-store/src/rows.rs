@@ -508,6 +508,15 @@ pub(crate) struct KnownCredentialRow {
     tenant_created_at: i64,
     max_in_flight: Option<i64>,
     requests_per_second: Option<i64>,
+    changed: i64,
+    tenant_changed: i64,
+}
+
+impl KnownCredentialRow {
+    /// The version of the latest change the row shows, of the credential or of its tenant.
+    pub(crate) fn version(&self) -> i64 {
+        self.changed.max(self.tenant_changed)
+    }
 }
 
 impl TryFrom<KnownCredentialRow> for (SecretHash, Credential, Tenant) {

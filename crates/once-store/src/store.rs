@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
+use once_core::access::{Credential, NewCredential, Tenant};
 use once_core::forensics::Duplicate;
 use once_core::machine::{self, Guard, Write};
 use once_core::reconcile::Lookup;
@@ -26,7 +26,7 @@ use crate::rows::{
 };
 use crate::watch::Frontier;
 use crate::Announcements;
-use crate::{Backend, Dialect, StoreError};
+use crate::{Backend, CredentialChanges, Dialect, StoreError};
 
 /// The ledger's tables in one database, reached through a connection pool. Cheap to clone;
 /// every clone shares the pool.
@@ -236,6 +236,23 @@ where
         .fetch_all(&mut **tx)
         .await?;
     Ok(deleted.into_iter().map(|(key,)| key).collect())
+}
+
+/// Advances the credential clock inside `tx`, holding its row until `tx` ends, and returns the
+/// version of the change `tx` makes (see `credential_watermark.sql`).
+async fn tick<D>(tx: &mut Transaction<'static, D>) -> Result<i64, StoreError>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
+{
+    let (version,): (i64,) = sqlx::query_as(
+        "UPDATE credential_clock SET version = version + 1 WHERE id = 1 RETURNING version",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(version)
 }
 
 // What the shared SQL needs of a database's sqlx driver: that its connections execute queries,
@@ -675,17 +692,21 @@ where
 
     async fn put_tenant(&self, tenant: &Tenant) -> Result<Tenant, StoreError> {
         let sql = format!(
-            "INSERT INTO tenants ({TENANT_COLUMNS}) VALUES ($1, {}, $2, $3) \
-             ON CONFLICT (name) DO UPDATE SET max_in_flight = $2, requests_per_second = $3 \
-             RETURNING {TENANT_COLUMNS}",
+            "INSERT INTO tenants ({TENANT_COLUMNS}, changed) VALUES ($1, {}, $2, $3, $4) \
+             ON CONFLICT (name) DO UPDATE SET max_in_flight = $2, requests_per_second = $3, \
+             changed = $4 RETURNING {TENANT_COLUMNS}",
             D::NOW
         );
+        let mut tx = D::begin_write(&self.pool).await?;
+        let version = tick(&mut tx).await?;
         let row: TenantRow = sqlx::query_as(&sql)
             .bind(tenant.name.as_str())
             .bind(tenant.max_in_flight)
             .bind(tenant.requests_per_second)
-            .fetch_one(&self.pool)
+            .bind(version)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         Tenant::try_from(row)
     }
 
@@ -702,12 +723,14 @@ where
         // one commits and the others are duplicates.
         let sql = format!(
             "INSERT INTO credentials \
-             (key_id, tenant, name, roles, kind, secret_hash, created_at, while_open) \
-             SELECT $1, name, $3, $4, $5, $6, {}, $7 FROM tenants WHERE name = $2 \
+             (key_id, tenant, name, roles, kind, secret_hash, created_at, while_open, changed) \
+             SELECT $1, name, $3, $4, $5, $6, {}, $7, $8 FROM tenants WHERE name = $2 \
              AND ($7 IS NULL OR NOT EXISTS (SELECT 1 FROM credentials)) \
              RETURNING {CREDENTIAL_COLUMNS}",
             D::NOW
         );
+        let mut tx = D::begin_write(&self.pool).await?;
+        let version = tick(&mut tx).await?;
         let row: Option<CredentialRow> = sqlx::query_as(&sql)
             .bind(new.key_id.as_str())
             .bind(new.tenant.as_str())
@@ -716,8 +739,10 @@ where
             .bind(new.kind.as_str())
             .bind(&new.secret_hash.0[..])
             .bind(new.while_open.then_some(1_i64))
-            .fetch_optional(&self.pool)
+            .bind(version)
+            .fetch_optional(&mut *tx)
             .await?;
+        tx.commit().await?;
         match row {
             Some(row) => Credential::try_from(row),
             None if new.while_open && !self.credentials(None).await?.is_empty() => {
@@ -741,23 +766,46 @@ where
 
     async fn revoke_credential(&self, key_id: &str) -> Result<Option<Credential>, StoreError> {
         let sql = format!(
-            "UPDATE credentials SET revoked_at = COALESCE(revoked_at, {}) WHERE key_id = $1 \
-             RETURNING {CREDENTIAL_COLUMNS}",
+            "UPDATE credentials SET revoked_at = COALESCE(revoked_at, {}), changed = $2 \
+             WHERE key_id = $1 RETURNING {CREDENTIAL_COLUMNS}",
             D::NOW
         );
+        let mut tx = D::begin_write(&self.pool).await?;
+        let version = tick(&mut tx).await?;
         let row: Option<CredentialRow> = sqlx::query_as(&sql)
             .bind(key_id)
-            .fetch_optional(&self.pool)
+            .bind(version)
+            .fetch_optional(&mut *tx)
             .await?;
+        tx.commit().await?;
         row.map(Credential::try_from).transpose()
     }
 
-    async fn all_credentials(&self) -> Result<Vec<(SecretHash, Credential, Tenant)>, StoreError> {
-        // `c.*` and the tenant's columns, those that share a name with the credential's renamed.
-        let sql = "SELECT c.*, t.created_at AS tenant_created_at, t.max_in_flight, \
-                   t.requests_per_second FROM credentials c JOIN tenants t ON t.name = c.tenant";
-        let rows: Vec<KnownCredentialRow> = sqlx::query_as(sql).fetch_all(&self.pool).await?;
-        rows::convert(rows)
+    async fn credentials_since(&self, watermark: i64) -> Result<CredentialChanges, StoreError> {
+        // `c.*` and the tenant's columns, those that share a name with the credential's
+        // renamed: the credentials changed since, and every credential of a tenant changed
+        // since. One statement, so one snapshot: with changes committed in version order, it
+        // holds every change up to the highest version it shows.
+        let columns = "c.*, t.created_at AS tenant_created_at, t.max_in_flight, \
+                       t.requests_per_second, t.changed AS tenant_changed";
+        let sql = format!(
+            "SELECT {columns} FROM credentials c JOIN tenants t ON t.name = c.tenant \
+             WHERE c.changed > $1 \
+             UNION ALL SELECT {columns} FROM tenants t JOIN credentials c ON c.tenant = t.name \
+             WHERE t.changed > $1"
+        );
+        let rows: Vec<KnownCredentialRow> = sqlx::query_as(&sql)
+            .bind(watermark)
+            .fetch_all(&self.pool)
+            .await?;
+        let through = rows
+            .iter()
+            .map(KnownCredentialRow::version)
+            .fold(watermark, i64::max);
+        Ok(CredentialChanges {
+            changed: rows::convert(rows)?,
+            through,
+        })
     }
 
     async fn in_flight(&self, tenant: &str) -> Result<i64, StoreError> {

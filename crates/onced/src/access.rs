@@ -162,10 +162,21 @@ struct Inner<B> {
 struct Credentials {
     /// When they were read; `None` once this replica changed one, to read them at once.
     read_at: Option<Instant>,
-    by_hash: HashMap<SecretHash, (Credential, Tenant)>,
+    /// Every change through this version is in `by_hash`: a refresh reads only later ones.
+    through: i64,
+    by_hash: Arc<HashMap<SecretHash, (Credential, Tenant)>>,
 }
 
 impl Credentials {
+    /// Nothing read yet.
+    fn none() -> Self {
+        Self {
+            read_at: None,
+            through: -1,
+            by_hash: Arc::default(),
+        }
+    }
+
     /// Open: no credential exists, revoked or not.
     fn open(&self) -> bool {
         self.by_hash.is_empty()
@@ -175,7 +186,7 @@ impl Credentials {
 impl<B: Backend> Access<B> {
     /// Reads the credentials: open when there is none.
     pub async fn new(backend: B, ttl: Duration) -> Result<Self, StoreError> {
-        let credentials = read(&backend).await?;
+        let credentials = read(&backend, &Credentials::none()).await?;
         for (credential, tenant) in credentials.by_hash.values() {
             let held = credential.roles.held_in(&tenant.name);
             if held != credential.roles && credential.revoked_at.is_none() {
@@ -211,6 +222,7 @@ impl<B: Backend> Access<B> {
         let mut current = self.inner.credentials.lock().expect("not poisoned");
         let stale = Credentials {
             read_at: None,
+            through: current.through,
             by_hash: current.by_hash.clone(),
         };
         *current = Arc::new(stale);
@@ -240,9 +252,9 @@ impl<B: Backend> Access<B> {
         self.read_now(&current).await
     }
 
-    /// Reads the credentials now, whatever the TTL.
+    /// Reads the credentials now, whatever the TTL: what changed since `current` was read.
     async fn read_now(&self, current: &Credentials) -> Result<Arc<Credentials>, StoreError> {
-        let read = Arc::new(read(&self.inner.backend).await?);
+        let read = Arc::new(read(&self.inner.backend, current).await?);
         if current.open() && !read.open() {
             tracing::warn!("a credential now exists: every caller must present one");
         }
@@ -473,16 +485,23 @@ fn standing(
     Ok((credential, tenant))
 }
 
-/// Every credential in the store.
-async fn read<B: Backend>(backend: &B) -> Result<Credentials, StoreError> {
-    let by_hash = backend
-        .all_credentials()
-        .await?
-        .into_iter()
-        .map(|(hash, credential, tenant)| (hash, (credential, tenant)))
-        .collect();
+/// Every credential in the store: `current`, with what changed since it was read. Credentials
+/// are never deleted (a revoked one stays, revoked), so what changed replaces what was held.
+async fn read<B: Backend>(backend: &B, current: &Credentials) -> Result<Credentials, StoreError> {
+    let changes = backend.credentials_since(current.through).await?;
+    let by_hash = match changes.changed.is_empty() {
+        true => current.by_hash.clone(),
+        false => {
+            let mut by_hash = HashMap::clone(&current.by_hash);
+            for (hash, credential, tenant) in changes.changed {
+                by_hash.insert(hash, (credential, tenant));
+            }
+            Arc::new(by_hash)
+        }
+    };
     Ok(Credentials {
         read_at: Some(Instant::now()),
+        through: changes.through,
         by_hash,
     })
 }

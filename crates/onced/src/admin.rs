@@ -4,8 +4,8 @@
 use once_api::admin as convert;
 use once_api::admin_pb as pb;
 use once_core::access::{
-    check_roles_for, check_tenant_name, ApiKey, Credential, CredentialKind, NewCredential, Role, Roles, SecretHash,
-    Tenant,
+    check_roles_for, check_tenant_name, ApiKey, Credential, CredentialKind, NewCredential, Role,
+    Roles, SecretHash, Tenant,
 };
 use once_store::{Backend, StoreError};
 use rustls_pki_types::pem::PemObject;
@@ -181,7 +181,7 @@ impl<B: Backend> Admin<B> {
                 Ok(())
             }
             Err(AdminError::Store(StoreError::Duplicate)) => {
-                let stored = self.backend.all_credentials().await?;
+                let stored = self.backend.credentials_since(-1).await?.changed;
                 let revoked = stored
                     .iter()
                     .find(|(hash, _, _)| *hash == new.secret_hash)

@@ -747,7 +747,12 @@ mod tests {
         let mut open: Vec<(State, String, String, i64)> = (0..=MAX_TOOL_LABELS)
             .map(|n| (State::Unknown, "acme".to_owned(), format!("tool-{n}"), 1))
             .collect();
-        open.push((State::Unknown, "acme".to_owned(), "tool-extra".to_owned(), 1));
+        open.push((
+            State::Unknown,
+            "acme".to_owned(),
+            "tool-extra".to_owned(),
+            1,
+        ));
         open.push((State::Unknown, "globex".to_owned(), "refund".to_owned(), 2));
         let store = Gauges {
             open,
