@@ -256,6 +256,60 @@ async fn a_certificate_rotated_by_sighup_reaches_new_connections_while_old_ones_
     assert!(status.success(), "{status:?}");
 }
 
+/// Connections that open and say nothing, or start a hello and stall, cannot hold the handshake
+/// slots: with 256 of them open from eight addresses (every slot, and each address's share), a
+/// real client's connection takes the place of the oldest silent one and its call is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_cannot_keep_a_real_call_out_of_the_handshake_slots() {
+    use tokio::io::AsyncWriteExt as _;
+    let db = TestDb::new(Store::Sqlite).await;
+    let ca = Authority::new("once test CA");
+    let (cert, key) = ca.issue("localhost");
+    let ledger = TestLedger::spawn_tls(&db, &cert, &key, &ca.pem(), &[]).await;
+    let port = ledger.addr.port();
+    let open = |hello: bool| async move {
+        let mut held = Vec::new();
+        for n in 0..256u32 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket
+                .bind(format!("127.0.0.{}:0", 2 + n % 8).parse().unwrap())
+                .unwrap();
+            let mut tcp = socket
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap();
+            if hello {
+                // The first byte of a TLS record of a handshake, and nothing after it.
+                tcp.write_all(&[0x16]).await.unwrap();
+            }
+            held.push(tcp);
+        }
+        held
+    };
+    for (hello, what) in [(false, "silent"), (true, "stalled in their hello")] {
+        let held = open(hello).await;
+        let started = std::time::Instant::now();
+        // Well before any of them could time out by itself (10 s for a hello begun): the call
+        // gets in because one of them made room, not because they went away.
+        let call = async {
+            let channel = https(port, &ca.pem(), None).connect().await?;
+            begin_over(channel, &format!("beside-{hello}"))
+                .await
+                .map_err(anyhow::Error::from)
+        };
+        tokio::time::timeout(Duration::from_secs(5), call)
+            .await
+            .unwrap_or_else(|_| panic!("beside 256 connections {what}: no answer in 5 s"))
+            .unwrap_or_else(|e| panic!("beside 256 connections {what}: {e:?}"));
+        eprintln!(
+            "connect + Begin beside 256 connections {what}: {:?}",
+            started.elapsed()
+        );
+        drop(held);
+    }
+    ledger.stop().await;
+}
+
 /// Listening beyond loopback without TLS or without credentials is refused unless --insecure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exposed_listener_needs_tls_and_credentials_or_insecure() {

@@ -24,11 +24,17 @@ use tokio_util::sync::CancellationToken;
 /// How long a client has to finish its handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Most handshakes under way at once; further connections wait to be accepted.
+/// How long a new connection has to send its first byte: a TLS client sends its hello as soon
+/// as it is connected, so one that says nothing for this long is not starting a handshake.
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Most handshakes under way at once. A connection beyond it is still accepted, and the oldest
+/// handshake that has not said a byte (or, when all have, the oldest) is shed for it.
 pub const MAX_HANDSHAKES: usize = 256;
 
-/// Most handshakes under way at once from one address: a peer that opens connections and
-/// stays silent holds at most these of the slots, never all of them.
+/// Most handshakes under way at once from one address, shed as [`MAX_HANDSHAKES`] is: a peer
+/// that opens connections and stays silent holds at most these of the slots, and its own
+/// newest connection takes the place of its oldest.
 pub const MAX_HANDSHAKES_PER_PEER: usize = 32;
 
 /// The PEM files TLS is served from (named in errors by the flags that give them:
@@ -87,22 +93,20 @@ pub type Handshaken = (TlsStream<TcpStream>, SocketAddr);
 
 /// The connections of `listener`, each after its handshake with the acceptor `acceptor` gives
 /// at the moment the connection arrives (so a reloaded certificate takes effect for the next
-/// one). Handshakes run concurrently; one that fails or times out is logged and dropped.
-/// Accepting stops at `stop`, or when the receiver is dropped.
+/// one). Handshakes run concurrently; one that fails, times out or is shed is logged and
+/// dropped. Every connection is accepted at once: at [`MAX_HANDSHAKES`] (or
+/// [`MAX_HANDSHAKES_PER_PEER`] from its address) the oldest silent handshake makes room for
+/// it, so silent connections cannot keep a real client out. Accepting stops at `stop`, or
+/// when the receiver is dropped.
 pub fn handshakes(
     listener: TcpListener,
     acceptor: impl Fn() -> TlsAcceptor + Send + 'static,
     stop: CancellationToken,
 ) -> mpsc::Receiver<Handshaken> {
     let (ready, connections) = mpsc::channel(64);
-    let handshaking = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-    let peers = PerPeer::new(MAX_HANDSHAKES_PER_PEER);
+    let under_way = UnderWay::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER);
     tokio::spawn(async move {
         loop {
-            let permit = tokio::select! {
-                _ = stop.cancelled() => return,
-                permit = handshaking.clone().acquire_owned() => permit.expect("never closed"),
-            };
             let accepted = tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = ready.closed() => return,
@@ -116,26 +120,149 @@ pub fn handshakes(
                     continue;
                 }
             };
-            let Some(held) = peers.hold(peer.ip()) else {
-                tracing::debug!(%peer, "{MAX_HANDSHAKES_PER_PEER} handshakes under way from one address; dropping another");
-                continue;
-            };
             let _ = tcp.set_nodelay(true);
+            let slot = under_way.admit(peer.ip());
             let acceptor = acceptor();
             let ready = ready.clone();
             tokio::spawn(async move {
-                let _permits = (permit, held);
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
+                let shed = slot.shed.clone();
+                let handshake = async {
+                    let mut first = [0u8; 1];
+                    match tokio::time::timeout(FIRST_BYTE_TIMEOUT, tcp.peek(&mut first)).await {
+                        Ok(Ok(1..)) => slot.heard(),
+                        Ok(Ok(_)) => return Err("closed before a byte"),
+                        Ok(Err(_)) => return Err("failed before a byte"),
+                        Err(_) => return Err("silent for the first-byte timeout"),
+                    }
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => Ok(stream),
+                        Ok(Err(_)) => Err("TLS handshake failed"),
+                        Err(_) => Err("TLS handshake timed out"),
+                    }
+                };
+                let outcome = tokio::select! {
+                    _ = shed.cancelled() => Err("shed for a newer connection"),
+                    outcome = handshake => outcome,
+                };
+                drop(slot);
+                match outcome {
+                    Ok(stream) => {
                         let _ = ready.send((stream, peer)).await;
                     }
-                    Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Err(why) => tracing::debug!(%peer, "connection dropped: {why}"),
                 }
             });
         }
     });
     connections
+}
+
+/// The handshakes under way on one listener, oldest first, with what each has said: room for
+/// a new one is made by shedding the oldest that has said nothing, else the oldest.
+#[derive(Debug, Clone)]
+struct UnderWay {
+    limit: usize,
+    per_peer: usize,
+    table: Arc<std::sync::Mutex<Table>>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    next: u64,
+    /// By arrival: the peer, whether it has sent a byte, and what sheds it.
+    pending: std::collections::BTreeMap<u64, (std::net::IpAddr, bool, CancellationToken)>,
+    of_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+/// One handshake's place in [`UnderWay`], given up when dropped.
+struct Slot {
+    id: u64,
+    table: Arc<std::sync::Mutex<Table>>,
+    /// Cancelled when a newer connection takes the place.
+    shed: CancellationToken,
+}
+
+impl UnderWay {
+    fn new(limit: usize, per_peer: usize) -> Self {
+        Self {
+            limit,
+            per_peer,
+            table: Arc::default(),
+        }
+    }
+
+    /// A place for a handshake from `ip`, shedding one of that address's or, at the limit,
+    /// anyone's to make it.
+    fn admit(&self, ip: std::net::IpAddr) -> Slot {
+        let mut table = self.table.lock().expect("not poisoned");
+        if table.of_peer.get(&ip).copied().unwrap_or(0) >= self.per_peer {
+            table.shed(|of| of == ip);
+        }
+        if table.pending.len() >= self.limit {
+            table.shed(|_| true);
+        }
+        let id = table.next;
+        table.next += 1;
+        let shed = CancellationToken::new();
+        table.pending.insert(id, (ip, false, shed.clone()));
+        *table.of_peer.entry(ip).or_default() += 1;
+        Slot {
+            id,
+            table: self.table.clone(),
+            shed,
+        }
+    }
+}
+
+impl Table {
+    /// Sheds the oldest silent handshake of a peer `of` accepts, else the oldest of them.
+    fn shed(&mut self, of: impl Fn(std::net::IpAddr) -> bool) {
+        let of = |(_, (ip, _, _)): &(&u64, &(std::net::IpAddr, bool, CancellationToken))| of(*ip);
+        let victim = self
+            .pending
+            .iter()
+            .filter(of)
+            .find(|(_, (_, heard, _))| !heard)
+            .or_else(|| self.pending.iter().find(of))
+            .map(|(id, _)| *id);
+        if let Some(id) = victim {
+            if let Some((_, _, shed)) = self.remove(id) {
+                shed.cancel();
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<(std::net::IpAddr, bool, CancellationToken)> {
+        let removed = self.pending.remove(&id)?;
+        if let Some(count) = self.of_peer.get_mut(&removed.0) {
+            *count -= 1;
+            if *count == 0 {
+                self.of_peer.remove(&removed.0);
+            }
+        }
+        Some(removed)
+    }
+}
+
+impl Slot {
+    /// The peer has sent its first byte: it is shed after every silent one.
+    fn heard(&self) {
+        if let Some((_, heard, _)) = self
+            .table
+            .lock()
+            .expect("not poisoned")
+            .pending
+            .get_mut(&self.id)
+        {
+            *heard = true;
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.table.lock().expect("not poisoned").remove(self.id);
+    }
 }
 
 /// A count of what each peer address holds (connections, handshakes), with a limit: a peer
@@ -246,5 +373,51 @@ mod tests {
         );
         drop(first);
         assert!(limit.hold(one).is_some());
+    }
+
+    #[test]
+    fn a_new_handshake_sheds_the_oldest_silent_one_of_its_peer_then_of_anyone() {
+        let under_way = UnderWay::new(4, 2);
+        let one: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let two: std::net::IpAddr = "127.0.0.3".parse().unwrap();
+        let three: std::net::IpAddr = "127.0.0.4".parse().unwrap();
+        let first = under_way.admit(one);
+        let second = under_way.admit(one);
+        first.heard();
+        // One's third sheds its oldest silent handshake, the second, not the first that spoke.
+        let third = under_way.admit(one);
+        assert!(second.shed.is_cancelled());
+        assert!(!first.shed.is_cancelled());
+        let fourth = under_way.admit(two);
+        fourth.heard();
+        let fifth = under_way.admit(two);
+        // Four under way (first, third, fourth, fifth): a newcomer from anywhere sheds the
+        // oldest silent one of all, the third.
+        let sixth = under_way.admit(three);
+        assert!(third.shed.is_cancelled());
+        // Everyone left has spoken but the fifth and the sixth; then, the oldest that spoke.
+        fifth.heard();
+        sixth.heard();
+        let _seventh = under_way.admit(three);
+        assert!(first.shed.is_cancelled());
+        assert!(!fourth.shed.is_cancelled() && !fifth.shed.is_cancelled());
+        let table = under_way.table.lock().unwrap();
+        assert_eq!(table.pending.len(), 4);
+        assert_eq!(table.of_peer.values().sum::<usize>(), 4);
+    }
+
+    #[test]
+    fn a_shed_or_finished_handshake_gives_its_place_back_once() {
+        let under_way = UnderWay::new(2, 2);
+        let one: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let first = under_way.admit(one);
+        let _second = under_way.admit(one);
+        let _third = under_way.admit(one);
+        assert!(first.shed.is_cancelled());
+        // The shed one's own drop finds its place already gone and takes nothing else.
+        drop(first);
+        let table = under_way.table.lock().unwrap();
+        assert_eq!(table.pending.len(), 2);
+        assert_eq!(table.of_peer.get(&one), Some(&2));
     }
 }
