@@ -39,8 +39,9 @@ conformance!(
     the_guard_finds_only_open_operations_of_the_same_intent,
     attempts_are_found_by_token_for_their_own_operation_only,
     resolutions_are_found_by_id_in_any_life,
-    history_is_the_current_life_oldest_first,
+    history_is_the_current_life_and_what_came_since_for_earlier_ones,
     a_new_life_clears_the_attempt_log_and_keeps_the_events,
+    a_life_that_hands_its_key_on_keeps_its_attempts_and_their_late_anomalies_show,
     anomalies_are_recorded_once_per_dedupe_key,
     a_lookup_claim_is_exclusive_until_it_lapses_and_bumps_the_version,
     lookups_are_due_only_when_unknown_due_and_unclaimed,
@@ -389,7 +390,7 @@ async fn resolutions_are_found_by_id_in_any_life<B: Backend>(backend: B) {
     );
 }
 
-async fn history_is_the_current_life_oldest_first<B: Backend>(backend: B) {
+async fn history_is_the_current_life_and_what_came_since_for_earlier_ones<B: Backend>(backend: B) {
     let op = claimed(&backend, "history-1", "refund", 1).await;
     let earlier_life = FencingToken(op.life.get() - 1);
     commit(
@@ -408,8 +409,14 @@ async fn history_is_the_current_life_oldest_first<B: Backend>(backend: B) {
         .await
         .unwrap();
     assert_eq!(attempts.len(), 1);
+    // The earlier life's event was recorded after this life began (a late report of that
+    // life): it is part of this life's story. Events of earlier lives from before it are not
+    // (a_new_life_clears_the_attempt_log_and_keeps_the_events).
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-    assert_eq!(kinds, ["CLAIMED", "LEASE_EXPIRED", "RESOLVED"]);
+    assert_eq!(
+        kinds,
+        ["CLAIMED", "DOUBLE_EXECUTION", "LEASE_EXPIRED", "RESOLVED"]
+    );
     assert!(events.windows(2).all(|w| w[0].sequence < w[1].sequence));
 }
 
@@ -420,7 +427,7 @@ async fn a_new_life_clears_the_attempt_log_and_keeps_the_events<B: Backend>(back
     let token = backend.next_token(&mut tx).await.unwrap();
     let cmd = command("reborn-1", "refund", 1);
     let (_, plan) = machine::claim(Some(&op), &cmd, Guard::Clear { token }, at);
-    assert!(plan.new_life);
+    assert!(plan.forgets_attempts);
     backend
         .apply(&mut tx, TENANT, &id("reborn-1"), &plan, at)
         .await
@@ -440,6 +447,81 @@ async fn a_new_life_clears_the_attempt_log_and_keeps_the_events<B: Backend>(back
         .await
         .unwrap();
     assert_eq!(old.len(), 1, "the previous life's events are kept");
+}
+
+/// A life that ended ABSENT hands its key on and keeps its attempts: each is found by its token
+/// with its own life and number, the new life's history lists only the new life's attempts,
+/// and an event recorded for the earlier life after the new one began is in its history.
+async fn a_life_that_hands_its_key_on_keeps_its_attempts_and_their_late_anomalies_show<
+    B: Backend,
+>(
+    backend: B,
+) {
+    let op = in_state(&backend, "handed-1", 1, State::Absent, -1).await;
+    let at = now(&backend).await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let token = backend.next_token(&mut tx).await.unwrap();
+    let cmd = command("handed-1", "refund", 1);
+    let (_, plan) = machine::claim(Some(&op), &cmd, Guard::Clear { token }, at);
+    assert!(!plan.forgets_attempts);
+    backend
+        .apply(&mut tx, TENANT, &id("handed-1"), &plan, at)
+        .await
+        .unwrap();
+    let old = backend
+        .attempt(&mut tx, TENANT, &id("handed-1"), op.fencing_token)
+        .await
+        .unwrap()
+        .expect("the earlier life's attempt is kept");
+    assert_eq!((old.number, old.life), (1, op.life));
+    let new = backend
+        .attempt(&mut tx, TENANT, &id("handed-1"), token)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((new.number, new.life), (1, token), "numbers start again");
+    backend.commit(tx).await.unwrap();
+    let reborn = stored(&backend, "handed-1").await;
+    assert_eq!(reborn.provider_key, op.provider_key);
+
+    // A late anomaly of the earlier life, recorded in it now, shows in this life's history;
+    // the earlier life's own events from before do not.
+    let late = NewEvent {
+        dedupe_key: Some("DOUBLE_EXECUTION:late".into()),
+        ..event(op.life, EventKind::DoubleExecution, None)
+    };
+    commit(&backend, "handed-1", &events_only(vec![late]), at).await;
+    let (attempts, events) = backend
+        .history(TENANT, &id("handed-1"), reborn.life)
+        .await
+        .unwrap();
+    assert_eq!(attempts.len(), 1, "only this life's attempts");
+    assert_eq!(attempts[0].fencing_token, token);
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["CLAIMED", "DOUBLE_EXECUTION"]);
+
+    // A new life with a key of its own (after CONFIRMED) forgets every earlier attempt.
+    let mut done = reborn.clone();
+    done.state = State::Confirmed;
+    done.expires_at = Some(at - 1);
+    overwrite(&backend, &done).await;
+    let done = stored(&backend, "handed-1").await;
+    let mut tx = backend.begin_write().await.unwrap();
+    let third = backend.next_token(&mut tx).await.unwrap();
+    let (_, plan) = machine::claim(Some(&done), &cmd, Guard::Clear { token: third }, at);
+    assert!(plan.forgets_attempts);
+    backend
+        .apply(&mut tx, TENANT, &id("handed-1"), &plan, at)
+        .await
+        .unwrap();
+    for gone in [op.fencing_token, token] {
+        assert!(backend
+            .attempt(&mut tx, TENANT, &id("handed-1"), gone)
+            .await
+            .unwrap()
+            .is_none());
+    }
+    backend.commit(tx).await.unwrap();
 }
 
 async fn anomalies_are_recorded_once_per_dedupe_key<B: Backend>(backend: B) {
@@ -1127,7 +1209,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     let current = stored(&backend, "unlocked-1").await;
     let version = (current.life, current.version);
     let new_life = Plan {
-        new_life: true,
+        forgets_attempts: true,
         ..plan.clone()
     };
     for plan in [&events_alone, &new_life] {

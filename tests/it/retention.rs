@@ -11,6 +11,7 @@ on_both_backends!(
     sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest,
     caller_may_ask_for_longer_retention,
     a_life_that_ended_absent_hands_its_provider_key_to_the_next,
+    a_report_for_an_earlier_life_is_recorded_in_it,
 );
 
 async fn confirmed_past_retention_executes_again(store: Store) {
@@ -163,46 +164,15 @@ async fn caller_may_ask_for_longer_retention(store: Store) {
 async fn a_life_that_ended_absent_hands_its_provider_key_to_the_next(store: Store) {
     let db = TestDb::new(store).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
-    let ledger = TestLedger::spawn_with(
-        &db,
-        &[
-            "--retention-explicit",
-            "50ms",
-            "--retention-sweep-interval",
-            "50ms",
-            "--event-retention",
-            "1h",
-        ],
-    )
-    .await;
+    let ledger = spawn_keeping_tombstones(&db).await;
     let mut client = ledger.client().await;
     // An attempt that stalls before it refunds; its life ends ABSENT meanwhile.
     let stalled = claim(&mut client, begin("tomb-1", ARGS)).await;
     report_absent(&mut client, "tomb-1", stalled.fencing_token)
         .await
         .unwrap();
-    // Settled after it, with the same retention: once the sweeper deleted this one, it has
-    // passed the ABSENT operation's retention too.
-    let canary = claim(&mut client, begin("tomb-canary", ARGS)).await;
-    confirm(&mut client, "tomb-canary", canary.fencing_token, b"{}")
-        .await
-        .unwrap();
-    let rows = |id: &'static str| {
-        let db = &db;
-        async move {
-            db.scalar(&format!(
-                "SELECT count(*) FROM operations WHERE operation_id = '{id}'"
-            ))
-            .await
-        }
-    };
-    eventually(
-        Duration::from_secs(10),
-        "the sweeper to pass the retention",
-        || async { (rows("tomb-canary").await == 0).then_some(()) },
-    )
-    .await;
-    assert_eq!(rows("tomb-1").await, 1, "the ABSENT operation is kept");
+    past_retention(&db, &mut client).await;
+    assert_eq!(rows(&db, "tomb-1").await, 1, "the ABSENT operation is kept");
 
     let next = claim(&mut client, begin("tomb-1", ARGS)).await;
     assert_eq!(next.attempt, 1, "a new life");
@@ -210,18 +180,7 @@ async fn a_life_that_ended_absent_hands_its_provider_key_to_the_next(store: Stor
     assert_eq!(next.provider_key, stalled.provider_key);
     // Both refund under the key they were given: the provider makes one refund.
     for key in [&next.provider_key, &stalled.provider_key] {
-        let refunded = reqwest::Client::new()
-            .post(format!("{provider}/v1/refunds"))
-            .header("Idempotency-Key", key.as_str())
-            .form(&[
-                ("payment_intent", "pi_tomb"),
-                ("amount", "500"),
-                ("currency", "eur"),
-            ])
-            .send()
-            .await
-            .unwrap();
-        assert!(refunded.status().is_success(), "{refunded:?}");
+        refund(&provider, key).await;
     }
     let stats: serde_json::Value = reqwest::get(format!("{provider}/_fakepay/stats"))
         .await
@@ -233,5 +192,158 @@ async fn a_life_that_ended_absent_hands_its_provider_key_to_the_next(store: Stor
     confirm(&mut client, "tomb-1", next.fencing_token, b"{}")
         .await
         .unwrap();
+    ledger.stop().await;
+}
+
+/// A ledger whose explicit retention is 50 ms, swept every 50 ms, with events kept an hour.
+async fn spawn_keeping_tombstones(db: &TestDb) -> TestLedger {
+    TestLedger::spawn_with(
+        db,
+        &[
+            "--retention-explicit",
+            "50ms",
+            "--retention-sweep-interval",
+            "50ms",
+            "--event-retention",
+            "1h",
+        ],
+    )
+    .await
+}
+
+async fn rows(db: &TestDb, id: &str) -> i64 {
+    db.scalar(&format!(
+        "SELECT count(*) FROM operations WHERE operation_id = '{id}'"
+    ))
+    .await
+}
+
+/// Returns once what settled before the call is past its retention: a canary settled now,
+/// with the same retention, has been deleted by the sweeper.
+async fn past_retention(
+    db: &TestDb,
+    client: &mut once_api::pb::ledger_client::LedgerClient<tonic::transport::Channel>,
+) {
+    let canary = claim(client, begin("tomb-canary", ARGS)).await;
+    confirm(client, "tomb-canary", canary.fencing_token, b"{}")
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the sweeper to pass the retention",
+        || async { (rows(db, "tomb-canary").await == 0).then_some(()) },
+    )
+    .await;
+}
+
+/// A refund through fakepay under `key`; its refund id.
+async fn refund(provider: &str, key: &str) -> String {
+    let refunded: serde_json::Value = reqwest::Client::new()
+        .post(format!("{provider}/v1/refunds"))
+        .header("Idempotency-Key", key)
+        .form(&[
+            ("payment_intent", "pi_late"),
+            ("amount", "500"),
+            ("currency", "eur"),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    refunded["id"].as_str().unwrap().to_owned()
+}
+
+/// An attempt stalls, its life is resolved ABSENT by an operator, and past retention the next
+/// life takes over its key and refunds. The stalled attempt then refunds too (fakepay makes
+/// one refund of the two, by the key) and confirms: it is refused, and what its confirm proves
+/// is recorded in the life it belongs to — a contradicted ABSENT when it names this life's
+/// refund, a double execution when it names another — and shown in this life's history.
+async fn a_report_for_an_earlier_life_is_recorded_in_it(store: Store) {
+    let db = TestDb::new(store).await;
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    let ledger = spawn_keeping_tombstones(&db).await;
+    let mut client = ledger.client().await;
+    let ids = ["late-same", "late-other"];
+    let mut stalled = Vec::new();
+    for id in ids {
+        let attempt = claim(&mut client, begin(id, ARGS)).await;
+        report_unknown(&mut client, id, attempt.fencing_token)
+            .await
+            .unwrap();
+        resolve(
+            &mut client,
+            id,
+            pb::OperationState::Absent,
+            &new_attempt_id(),
+        )
+        .await
+        .unwrap();
+        stalled.push(attempt);
+    }
+    past_retention(&db, &mut client).await;
+    for (id, stalled) in ids.into_iter().zip(&stalled) {
+        let next = claim(&mut client, begin(id, ARGS)).await;
+        assert_eq!(next.provider_key, stalled.provider_key);
+        let refund_id = refund(&provider, &next.provider_key).await;
+        confirm_with(&mut client, id, next.fencing_token, b"{}", &refund_id)
+            .await
+            .unwrap();
+        // The stalled attempt lands: the provider answers it with the same refund.
+        let late = refund(&provider, &stalled.provider_key).await;
+        assert_eq!(late, refund_id);
+        let named = if id == "late-same" {
+            late
+        } else {
+            "re_elsewhere".into()
+        };
+        let refused = confirm_with(&mut client, id, stalled.fencing_token, b"{}", &named)
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&refused), "EXECUTION_RIGHT_LOST");
+        // A retry records nothing twice.
+        confirm_with(&mut client, id, stalled.fencing_token, b"{}", &named)
+            .await
+            .unwrap_err();
+        let history = get(&mut client, id).await;
+        assert_eq!(
+            history.operation.unwrap().state,
+            pb::OperationState::Confirmed as i32
+        );
+        let expected = if id == "late-same" {
+            "RESOLUTION_CONTRADICTED"
+        } else {
+            "DOUBLE_EXECUTION"
+        };
+        let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["CLAIMED", "CONFIRMED", expected], "{id}");
+        let anomaly = history.events.last().unwrap();
+        let details: serde_json::Value = serde_json::from_str(&anomaly.details_json).unwrap();
+        assert_eq!(details["life"], stalled.fencing_token, "{id}: {details}");
+        assert_eq!(
+            details["current_life"], next.fencing_token,
+            "{id}: {details}"
+        );
+        assert_eq!(
+            db.scalar(&format!(
+                "SELECT count(*) FROM events WHERE operation_id = '{id}' AND kind = '{expected}' \
+                 AND life = {}",
+                stalled.fencing_token
+            ))
+            .await,
+            1,
+            "{id}: recorded once, in the earlier life"
+        );
+    }
+    let stats: serde_json::Value = reqwest::get(format!("{provider}/_fakepay/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["refunds"], 2, "one refund per operation: {stats}");
     ledger.stop().await;
 }

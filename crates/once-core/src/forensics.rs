@@ -290,6 +290,7 @@ mod tests {
         Attempt {
             number,
             fencing_token: FencingToken(1000 + u64::from(number)),
+            life: FencingToken(1001),
             attempt_id: id.into(),
             started_at: at,
             lease_deadline: at + 30_000,

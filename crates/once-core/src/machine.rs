@@ -7,7 +7,8 @@
 //! Where a decision needs more than the operation row, the function says so and the store
 //! fetches it in the same transaction: [`begin`] asks for a [`Guard`] (the fresh-id guard's
 //! finding and a new fencing token) before it grants anything, and [`report`] asks for the
-//! attempt record of a superseded fencing token ([`needs_attempt_record`]).
+//! attempt record of a superseded fencing token, of this life or of one that handed its provider
+//! key to it ([`needs_attempt_record`]).
 
 use serde_json::json;
 
@@ -20,9 +21,11 @@ pub struct Plan {
     pub operation: Option<Write>,
     /// A newly granted attempt, for the attempt log.
     pub attempt: Option<Attempt>,
-    /// The write starts a new life of an existing row: the previous life's attempt log goes,
-    /// as retention would have taken it with the row.
-    pub new_life: bool,
+    /// The write starts a new life of an existing row with a provider key of its own: the
+    /// attempt log of earlier lives goes, as retention would have taken it with the row. A new
+    /// life that took over the key of the life before it ([`inherited_key`]) keeps their
+    /// attempts, so a report one of them sends late is judged, and recorded in its life.
+    pub forgets_attempts: bool,
     pub events: Vec<NewEvent>,
 }
 
@@ -273,7 +276,10 @@ fn claim_new_life(
         version: previous.map_or(0, |p| p.version),
         unknown_since: None,
         last_report_at: None,
-        declared_absent_token: None,
+        // Who said ABSENT for whom carries over with the key: an attempt of the earlier life
+        // that confirms late is judged against every attempt since it, in either life.
+        declared_absent_token: inherited_key(previous, cmd)
+            .and(previous.and_then(|p| p.declared_absent_token)),
         confirmed_by: None,
         reconcile_lookups: 0,
         reconcile_next_at: None,
@@ -287,8 +293,9 @@ fn claim_new_life(
     } else {
         Write::Insert(op)
     };
+    let inherits = inherited_key(previous, cmd).is_some();
     let (decision, mut plan) = granted(State::Absent, write, cmd, details);
-    plan.new_life = previous.is_some();
+    plan.forgets_attempts = previous.is_some() && !inherits;
     (decision, plan)
 }
 
@@ -358,6 +365,7 @@ fn granted(
     let attempt = Attempt {
         number: op.attempt,
         fencing_token: op.fencing_token,
+        life: op.life,
         attempt_id: cmd.attempt_id.clone(),
         started_at: op.lease_started_at,
         lease_deadline: op.lease_deadline,
@@ -376,7 +384,7 @@ fn granted(
     let plan = Plan {
         operation: Some(write),
         attempt: Some(attempt),
-        new_life: false,
+        forgets_attempts: false,
         events: vec![event],
     };
     (BeginDecision::Execute(grant), plan)
@@ -458,15 +466,16 @@ fn single(next: Operation, event: NewEvent) -> Plan {
     Plan {
         operation: Some(Write::Update(next)),
         attempt: None,
-        new_life: false,
+        forgets_attempts: false,
         events: vec![event],
     }
 }
 
-/// Whether a report with `token` comes from an earlier attempt of this life, whose record the
-/// store must read from the attempt log and pass to [`report`].
+/// Whether a report with `token` may come from an earlier attempt, whose record the store must
+/// read from the attempt log and pass to [`report`]: one of this life, or of an earlier life
+/// that handed its provider key on (the log keeps only those; see [`Plan::forgets_attempts`]).
 pub fn needs_attempt_record(op: &Operation, token: FencingToken) -> bool {
-    is_token_of_life(token, op) && token != op.fencing_token
+    token < op.fencing_token
 }
 
 /// Applies a report sent with `cmd.fencing_token`. `earlier` is the attempt log's record of
@@ -492,11 +501,11 @@ pub fn report(
         }
         return latest_attempt_report(op, cmd, now);
     }
-    // A token of an earlier life, one never issued, another operation's, or another
-    // credential's attempt: it changes nothing.
+    // A token the attempt log does not know (never issued, another operation's, of a life
+    // whose key went with it), or another credential's attempt: it changes nothing.
     let Some(attempt) = earlier.filter(|a| {
         a.fencing_token == token
-            && is_token_of_life(token, op)
+            && (is_token_of_life(token, op) || a.life < op.life)
             && may_act_for(&a.holder, &cmd.holder)
     }) else {
         return (lost, Plan::default());
@@ -506,7 +515,8 @@ pub fn report(
             result,
             provider_ref,
         } => superseded_confirm(op, attempt, result, provider_ref.as_deref(), now, lost),
-        // A superseded attempt saying it did nothing, or cannot tell, adds nothing.
+        // A superseded attempt saying it did nothing, or cannot tell, adds nothing: that its
+        // life's truth may be wrong is known already to whoever superseded it.
         Report::Absent { .. } | Report::Unknown { .. } => (lost, Plan::default()),
     }
 }
@@ -578,7 +588,8 @@ fn latest_attempt_report(
                 format!("a {}", op.source.as_str())
             };
             let mut plan = settle_by_attempt(op, cmd, now);
-            let attempt = (op.attempt, op.fencing_token);
+            let who = format!("attempt {}", op.attempt);
+            let attempt = (who.as_str(), op.attempt, op.fencing_token);
             plan.events
                 .push(contradiction(op, attempt, &op.executor, &said));
             (Ok(State::Confirmed), plan)
@@ -595,21 +606,23 @@ fn latest_attempt_report(
     }
 }
 
+/// Attempt `number` (`who`, by name) with fencing token `token` confirmed its effect after
+/// `said` said ABSENT.
 fn contradiction(
     op: &Operation,
-    (attempt, token): (u32, FencingToken),
+    (who, number, token): (&str, u32, FencingToken),
     actor: &Actor,
     said: &str,
 ) -> NewEvent {
     NewEvent::anomaly(
         op,
         EventKind::ResolutionContradicted,
-        attempt,
+        number,
         actor.clone(),
         token,
     )
     .because(format!(
-        "attempt {attempt} confirmed its effect after {said} said ABSENT"
+        "{who} confirmed its effect after {said} said ABSENT"
     ))
     .with_details(json!({ "fencing_token": token.get() }))
 }
@@ -653,8 +666,11 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
     single(next, event)
 }
 
-/// A confirm from attempt `earlier`, superseded by a later attempt of this life. The effect
-/// happened; whether it may have happened twice depends on what the later attempts did.
+/// A confirm from attempt `earlier`, superseded by a later attempt: of this life, or of this
+/// life's first attempt when `earlier` is of a life that ended ABSENT and handed its provider
+/// key to this one. The effect happened, under this life's key either way; whether it may have
+/// happened twice depends on what the later attempts did. An anomaly is recorded in the life
+/// `earlier` belongs to.
 fn superseded_confirm(
     op: &Operation,
     earlier: &Attempt,
@@ -664,6 +680,22 @@ fn superseded_confirm(
     lost: Result<State, Rejection>,
 ) -> (Result<State, Rejection>, Plan) {
     let token = earlier.fencing_token;
+    let of_earlier_life = earlier.life < op.life;
+    let who = if of_earlier_life {
+        format!(
+            "attempt {} of an earlier life (fencing token {token})",
+            earlier.number
+        )
+    } else {
+        format!("attempt {}", earlier.number)
+    };
+    let in_its_life = |event: NewEvent| {
+        if of_earlier_life {
+            event.in_earlier_life(op, earlier.life)
+        } else {
+            event
+        }
+    };
     // This very confirm is already on record: a retry changes nothing. A superseded attempt is
     // always answered that its right is lost, whatever its proof did, so a retry gets the same
     // answer however the operation moved on.
@@ -671,13 +703,24 @@ fn superseded_confirm(
         return (lost, Plan::default());
     }
     // The effect is already on record (CONFIRMED, or held with an earlier confirm): the same
-    // provider object again is no second effect; another one may be.
+    // provider object again is no second effect — though for an earlier life, whose end said
+    // ABSENT, it contradicts that end; another object may be a second effect.
     if op.state == State::Confirmed || op.held_for_operator() {
-        if provider_ref.is_some() && op.provider_ref.as_deref() == provider_ref {
-            return (lost, Plan::default());
-        }
+        let events = if provider_ref.is_some() && op.provider_ref.as_deref() == provider_ref {
+            if !of_earlier_life {
+                return (lost, Plan::default());
+            }
+            let attempt = (who.as_str(), earlier.number, token);
+            let event = contradiction(op, attempt, &earlier.actor, "its life")
+                .because(format!(
+                    "{who} confirmed its effect after its life ended ABSENT; it is the provider object this life's effect is, so the effect happened once"
+                ));
+            vec![event]
+        } else {
+            vec![double_execution(op, earlier, &who, provider_ref, None)]
+        };
         let plan = Plan {
-            events: vec![double_execution(op, earlier, provider_ref, None)],
+            events: events.into_iter().map(in_its_life).collect(),
             ..Plan::default()
         };
         return (lost, plan);
@@ -695,10 +738,15 @@ fn superseded_confirm(
             now,
         );
         next.reason = None;
-        let said = match op.declared_absent_token {
-            Some(_) => "a reconciler or an operator",
-            None => "it",
+        let said = match (of_earlier_life, op.declared_absent_token) {
+            (true, _) => "its life's end",
+            (false, Some(_)) => "a reconciler or an operator",
+            (false, None) => "it",
         };
+        let mut details = json!({ "late": true, "superseded_by_attempt": op.attempt });
+        if of_earlier_life {
+            details["life"] = earlier.life.get().into();
+        }
         let confirmed = NewEvent::transition(
             op,
             EventKind::Confirmed,
@@ -707,14 +755,13 @@ fn superseded_confirm(
             earlier.actor.clone(),
         )
         .because(format!(
-            "attempt {} confirmed late; no later attempt performed the effect",
-            earlier.number
+            "{who} confirmed late; no later attempt performed the effect"
         ))
-        .with_details(json!({ "late": true, "superseded_by_attempt": op.attempt }));
+        .with_details(details);
         let mut plan = single(next, confirmed);
-        let attempt = (earlier.number, earlier.fencing_token);
-        plan.events
-            .push(contradiction(op, attempt, &earlier.actor, said));
+        let attempt = (who.as_str(), earlier.number, token);
+        let contradicted = contradiction(op, attempt, &earlier.actor, said);
+        plan.events.push(in_its_life(contradicted));
         return (lost, plan);
     }
     // A later attempt runs, may have run, or was declared ABSENT by someone other than itself:
@@ -729,16 +776,19 @@ fn superseded_confirm(
         now,
     );
     next.reason = Some(format!(
-        "attempt {} confirmed its effect after attempt {} was granted the execution right; held for an operator",
-        earlier.number, op.attempt
+        "{who} confirmed its effect after attempt {} was granted the execution right; held for an operator",
+        op.attempt
     ));
-    let event = double_execution(op, earlier, provider_ref, Some(State::Unknown));
-    (lost, single(next, event))
+    // For an earlier life's attempt the anomaly, which records this move too, is in the life
+    // the attempt belongs to; this life's history shows it as recorded since the life began.
+    let event = double_execution(op, earlier, &who, provider_ref, Some(State::Unknown));
+    (lost, single(next, in_its_life(event)))
 }
 
 fn double_execution(
     op: &Operation,
     earlier: &Attempt,
+    who: &str,
     provider_ref: Option<&str>,
     to: Option<State>,
 ) -> NewEvent {
@@ -751,8 +801,8 @@ fn double_execution(
         token,
     )
     .because(format!(
-        "attempt {} confirmed its effect after attempt {} was granted the execution right",
-        earlier.number, op.attempt
+        "{who} confirmed its effect after attempt {} was granted the execution right",
+        op.attempt
     ))
     .with_details(json!({
         "stale_attempt": earlier.number,

@@ -303,26 +303,31 @@ fn a_life_that_ended_absent_hands_its_provider_key_to_the_next() {
     else {
         panic!()
     };
-    assert!(plan.new_life);
+    assert!(
+        !plan.forgets_attempts,
+        "the old life's attempts stay with its key"
+    );
     assert_eq!((next.attempt, next.fencing_token), (1, TOKEN + 50));
     assert_eq!(next.provider_key, in_flight.provider_key);
 
     let mut other_intent = cmd("a2");
     other_intent.fingerprint = fp(9);
-    let (BeginDecision::Execute(other), _) =
+    let (BeginDecision::Execute(other), plan) =
         begin_with(Some(&gone), &other_intent, TOKEN + 51, after)
     else {
         panic!()
     };
     assert_ne!(other.provider_key, in_flight.provider_key);
+    assert!(plan.forgets_attempts);
 
     let done = confirmed(&in_flight, T0 + 10);
-    let (BeginDecision::Execute(reborn), _) =
+    let (BeginDecision::Execute(reborn), plan) =
         begin_with(Some(&done), &cmd("a2"), TOKEN + 52, after)
     else {
         panic!()
     };
     assert_ne!(reborn.provider_key, in_flight.provider_key);
+    assert!(plan.forgets_attempts);
 }
 
 #[test]
@@ -359,7 +364,10 @@ fn same_attempt_gets_the_same_grant_and_a_new_life_a_new_token_and_provider_key(
         panic!()
     };
     assert_eq!((reborn.attempt, reborn.fencing_token), (1, TOKEN + 50));
-    assert!(plan.new_life, "the previous life's attempt log goes");
+    assert!(
+        plan.forgets_attempts,
+        "the previous life's attempt log goes"
+    );
     assert_eq!(written(&plan).life, TOKEN + 50);
     assert_ne!(reborn.provider_key, first.provider_key);
 
@@ -370,7 +378,7 @@ fn same_attempt_gets_the_same_grant_and_a_new_life_a_new_token_and_provider_key(
         panic!()
     };
     assert_eq!((retry.attempt, retry.fencing_token), (2, TOKEN + 3));
-    assert!(!plan.new_life);
+    assert!(!plan.forgets_attempts);
     assert_eq!(written(&plan).life, TOKEN, "one life");
     assert_eq!(
         retry.provider_key, first.provider_key,
@@ -500,23 +508,24 @@ fn reports_from_another_life_or_no_attempt_change_nothing() {
         })
     };
     // An earlier life's token, a token never issued, and one the attempt log does not know.
+    assert!(!needs_attempt_record(&in_flight, TOKEN + 1), "never issued");
     for token in [TOKEN - 1, TOKEN + 1, FencingToken(1)] {
-        assert!(!needs_attempt_record(&in_flight, token));
         for report in [confirm_report(b"x", None), absent(), unknown()] {
             let (outcome, plan) = report_by(&in_flight, token, report, T0 + 5);
             assert_eq!(outcome, lost(token));
             assert!(plan.is_empty());
         }
     }
-    // A new life after retention: the previous life's token is refused, never applied.
+    // A new life after a CONFIRMED one: the previous life's attempts go with its key, so the
+    // store has no record of its token, and its report is refused, never applied.
     let done = confirmed(&in_flight, T0 + 10);
     let (_, plan) = begin_with(Some(&done), &cmd("a2"), TOKEN + 9, T0 + 10 + RETENTION);
+    assert!(plan.forgets_attempts);
     let reborn = written(&plan);
-    assert!(!needs_attempt_record(&reborn, TOKEN));
-    let (outcome, plan) = report_from(
+    assert!(needs_attempt_record(&reborn, TOKEN));
+    let (outcome, plan) = report_by(
         &reborn,
         TOKEN,
-        Some(&first_attempt()),
         confirm_report(b"old", None),
         T0 + 11 + RETENTION,
     );
@@ -525,6 +534,110 @@ fn reports_from_another_life_or_no_attempt_change_nothing() {
         Err(Rejection::ExecutionRightLost { token: TOKEN, .. })
     ));
     assert!(plan.is_empty());
+}
+
+/// A stalled attempt of a life that ended ABSENT, and handed its provider key to the next
+/// life, confirms late: its effect is under this life's key, so it is judged as a superseded
+/// attempt of this life would be, and the anomaly is recorded in the life it belongs to.
+#[test]
+fn a_report_for_an_earlier_life_is_recorded_in_it() {
+    let stalled = first_attempt();
+    let ended = with_state(&claimed(), absent(), T0 + 10);
+    let after = T0 + 10 + RETENTION;
+    let (_, plan) = begin_with(Some(&ended), &cmd("a2"), TOKEN + 9, after);
+    assert!(!plan.forgets_attempts);
+    let next = written(&plan);
+    assert!(needs_attempt_record(&next, TOKEN));
+    let late = |op: &Operation, report: Report| {
+        let (outcome, plan) = report_from(op, TOKEN, Some(&stalled), report, after + 5);
+        assert!(
+            matches!(
+                outcome,
+                Err(Rejection::ExecutionRightLost { token: TOKEN, .. })
+            ),
+            "{outcome:?}"
+        );
+        plan
+    };
+    let kinds = |plan: &Plan| -> Vec<(EventKind, FencingToken)> {
+        plan.events.iter().map(|e| (e.kind, e.life)).collect()
+    };
+
+    // This life confirmed the same provider object: one effect; the earlier life's ABSENT
+    // was wrong, and that is recorded in it.
+    let same = with_state(&next, confirm_report(b"r", Some("re_1")), after + 1);
+    let plan = late(&same, confirm_report(b"r", Some("re_1")));
+    assert!(plan.operation.is_none());
+    assert_eq!(kinds(&plan), [(EventKind::ResolutionContradicted, TOKEN)]);
+    let details = plan.events[0].details.as_deref().unwrap();
+    assert!(details.contains("\"current_life\":1009"), "{details}");
+    // Another provider object: the effect may have happened twice.
+    let plan = late(&same, confirm_report(b"r", Some("re_2")));
+    assert_eq!(kinds(&plan), [(EventKind::DoubleExecution, TOKEN)]);
+
+    // This life's attempt is running: held for an operator with the proven effect, and the
+    // anomaly that records the move is in the earlier life.
+    let plan = late(&next, confirm_report(b"r", Some("re_1")));
+    let held = written(&plan);
+    assert!(held.held_for_operator(), "{held:?}");
+    assert_eq!(held.confirmed_by, Some(TOKEN));
+    assert_eq!(kinds(&plan), [(EventKind::DoubleExecution, TOKEN)]);
+    assert_eq!(
+        (plan.events[0].from, plan.events[0].to),
+        (Some(State::InFlight), Some(State::Unknown))
+    );
+    // Its retry finds its confirm on record and changes nothing.
+    assert!(late(&held, confirm_report(b"r", Some("re_1"))).is_empty());
+
+    // This life's attempt said by itself that it did nothing: the effect happened once, the
+    // earlier attempt's, and this life replays it from now on.
+    let nothing = with_state(&next, absent(), after + 1);
+    let plan = late(&nothing, confirm_report(b"r", Some("re_1")));
+    let settled = written(&plan);
+    assert_eq!(settled.state, State::Confirmed);
+    assert_eq!(settled.result.as_deref(), Some(&b"r"[..]));
+    assert_eq!(
+        kinds(&plan),
+        [
+            (EventKind::Confirmed, TOKEN + 9),
+            (EventKind::ResolutionContradicted, TOKEN)
+        ]
+    );
+    // A reconciler said ABSENT for the earlier life's last attempt before the key was handed
+    // on: that attempt may have run too, so this is for an operator, not CONFIRMED.
+    let mut doubtful = nothing.clone();
+    doubtful.declared_absent_token = Some(TOKEN + 1);
+    let plan = late(&doubtful, confirm_report(b"r", Some("re_1")));
+    assert!(written(&plan).held_for_operator());
+
+    // Saying it did nothing, or cannot tell, adds nothing; another credential adds nothing.
+    for report in [absent(), unknown()] {
+        assert!(late(&next, report).is_empty());
+    }
+    let (_, plan) = super::report(
+        &next,
+        &ReportCommand {
+            fencing_token: TOKEN,
+            holder: holder("k2"),
+            report: confirm_report(b"r", Some("re_1")),
+        },
+        Some(&stalled),
+        after + 5,
+    );
+    assert!(plan.is_empty());
+}
+
+/// Who said ABSENT for whom goes with the provider key into the next life.
+#[test]
+fn a_declared_absent_carries_over_with_the_key() {
+    let mut ended = with_state(&claimed(), absent(), T0 + 10);
+    ended.declared_absent_token = Some(TOKEN);
+    let (_, plan) = begin_with(Some(&ended), &cmd("a2"), TOKEN + 9, T0 + 10 + RETENTION);
+    assert_eq!(written(&plan).declared_absent_token, Some(TOKEN));
+    let mut other_intent = cmd("a2");
+    other_intent.fingerprint = fp(9);
+    let (_, plan) = begin_with(Some(&ended), &other_intent, TOKEN + 9, T0 + 10 + RETENTION);
+    assert_eq!(written(&plan).declared_absent_token, None);
 }
 
 #[test]

@@ -310,8 +310,11 @@ pub struct AttemptContext {
 /// One granted execution right, as recorded in the attempt log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
+    /// Its number in its life (1, 2, …).
     pub number: u32,
     pub fencing_token: FencingToken,
+    /// The life of the operation it was granted in (see [`Operation::life`]).
+    pub life: FencingToken,
     pub attempt_id: String,
     pub started_at: Millis,
     pub lease_deadline: Millis,
@@ -469,6 +472,21 @@ impl NewEvent {
             dedupe_key: Some(format!("{}:{cause}", kind.as_str())),
             ..Self::note(op, kind, attempt, actor)
         }
+    }
+
+    /// Records the event in `life`, an earlier life of the operation than the one `op` is in,
+    /// saying so in its details.
+    pub fn in_earlier_life(mut self, op: &Operation, life: FencingToken) -> Self {
+        self.life = life;
+        let mut details: serde_json::Map<String, serde_json::Value> = self
+            .details
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or_default();
+        details.insert("life".into(), life.get().into());
+        details.insert("current_life".into(), op.life.get().into());
+        self.details = Some(serde_json::Value::Object(details).to_string());
+        self
     }
 
     /// Says why.

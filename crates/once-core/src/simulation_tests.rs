@@ -33,6 +33,8 @@ const TOOL: &str = "refund";
 const LEASE: i64 = 1_000;
 const RETENTION: i64 = 5_000;
 const CLAIM: i64 = 3_000;
+/// How long an ABSENT row outlives its retention, keeping its provider key for the next life.
+const TOMBSTONE: i64 = 20_000;
 /// Operation ids; all share one intent (tool and fingerprint), so the fresh-id guard matters.
 const IDS: [&str; 2] = ["refund:x", "refund:y"];
 
@@ -124,6 +126,8 @@ fn action() -> impl Strategy<Value = Action> {
             .prop_map(|(grant, kind, twice)| Action::Report { grant, kind, twice }),
         1 => any::<usize>().prop_map(|grant| Action::Heartbeat { grant }),
         3 => (0..2 * LEASE).prop_map(|ms| Action::Tick { ms }),
+        // Past a retention, so settled rows expire and the next Begin starts a new life.
+        1 => (RETENTION..2 * RETENTION).prop_map(|ms| Action::Tick { ms }),
         1 => Just(Action::SweepLeases),
         1 => Just(Action::Retention),
         2 => (0..IDS.len(), any::<bool>()).prop_map(|(op, before_due)| Action::StartLookup { op, before_due }),
@@ -140,6 +144,8 @@ struct Held {
     op: usize,
     token: FencingToken,
     life: FencingToken,
+    /// The provider key it was granted.
+    provider_key: String,
     attempt_id: String,
     context: AttemptContext,
     fingerprint: Fingerprint,
@@ -176,7 +182,7 @@ impl Store {
                 stored.version = version;
             }
         }
-        if plan.new_life {
+        if plan.forgets_attempts {
             self.attempts.remove(&op);
         }
         if let Some(attempt) = &plan.attempt {
@@ -195,7 +201,7 @@ impl Store {
         // Every change of state is recorded by one event saying from what to what.
         if let Some(write) = &plan.operation {
             let after = write.operation().state;
-            let from = if plan.new_life {
+            let from = if plan.forgets_attempts {
                 Some(State::Absent)
             } else {
                 before
@@ -385,6 +391,7 @@ fn run(actions: Vec<Action>) {
                         op,
                         token: grant.fencing_token,
                         life: store.rows[&op].life,
+                        provider_key: grant.provider_key,
                         attempt_id: cmd.attempt_id,
                         context: cmd.context,
                         fingerprint,
@@ -431,6 +438,7 @@ fn run(actions: Vec<Action>) {
                         model.held.push(Held {
                             token: grant.fencing_token,
                             life: store.rows[&held.op].life,
+                            provider_key: grant.provider_key,
                             context: cmd.context,
                             ..held
                         });
@@ -482,9 +490,14 @@ fn run(actions: Vec<Action>) {
                     );
                 }
                 let current_life = before.as_ref().map(|row| row.life);
-                if current_life == Some(held.life) {
-                    if proves {
-                        model.proven.insert(held.op, held.life);
+                // An attempt of an earlier life that handed its provider key on reports an
+                // effect under this life's key: it is judged as this life's own would be.
+                let shares_key = before
+                    .as_ref()
+                    .is_some_and(|row| row.provider_key == held.provider_key);
+                if current_life == Some(held.life) || shares_key {
+                    if let (true, Some(life)) = (proves, current_life) {
+                        model.proven.insert(held.op, life);
                     }
                     if says_absent && latest && answer.is_ok() {
                         model.did_not_run.insert(held.token);
@@ -500,9 +513,11 @@ fn run(actions: Vec<Action>) {
                         .get(&held.op)
                         .is_some_and(|row| row.state == State::Confirmed);
                     if proves && !latest && !was_confirmed && now_confirmed {
-                        for later in model.held.iter().filter(|h| {
-                            h.op == held.op && h.life == held.life && h.token > held.token
-                        }) {
+                        for later in model
+                            .held
+                            .iter()
+                            .filter(|h| h.op == held.op && h.token > held.token)
+                        {
                             assert!(
                                 model.did_not_run.contains(&later.token),
                                 "CONFIRMED by token {} although token {} may also have run",
@@ -514,7 +529,7 @@ fn run(actions: Vec<Action>) {
                 } else {
                     assert!(
                         plan.is_empty(),
-                        "a report from another life changed something"
+                        "a report from a life that kept its provider key changed something"
                     );
                 }
             }
@@ -556,7 +571,12 @@ fn run(actions: Vec<Action>) {
                 let gone: Vec<usize> = store
                     .rows
                     .iter()
-                    .filter(|(_, row)| row.is_expired(now))
+                    // ABSENT rows stay as tombstones for the provider key window, as the
+                    // store keeps them, so their key can pass to the next life.
+                    .filter(|(_, row)| {
+                        row.is_expired(now)
+                            && (row.state != State::Absent || row.updated_at + TOMBSTONE <= now)
+                    })
                     .map(|(op, _)| *op)
                     .collect();
                 for op in gone {

@@ -313,9 +313,11 @@ impl<B: Backend> Ledger<B> {
         cmd: &ReportCommand,
     ) -> Result<(Result<State, StoreError>, bool), StoreError> {
         let fencing_token = cmd.fencing_token;
-        let answered = |answer: Result<State, machine::Rejection>, life: FencingToken, wrote| {
-            if answer.is_err() && fencing_token < life {
-                tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report from an earlier life of the operation");
+        let answered = |answer: Result<State, machine::Rejection>,
+                        life: FencingToken,
+                        wrote: bool| {
+            if answer.is_err() && fencing_token < life && !wrote {
+                tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report with a token below this life's, of no attempt on record");
             }
             Ok((answer.map_err(StoreError::from), wrote))
         };

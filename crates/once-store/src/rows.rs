@@ -124,6 +124,22 @@ pub(crate) static UPDATE_OPERATION: LazyLock<String> = LazyLock::new(|| {
 pub(crate) const ATTEMPT_COLUMNS: &str = "number, fencing_token, attempt_id, started_at, \
      lease_deadline, actor, holder, client_name, session_id, request_id";
 
+/// The columns [`AttemptRow`] reads from `attempts a`: [`ATTEMPT_COLUMNS`], and the attempt's
+/// life, the token of the latest attempt 1 of its operation at or below its own (every life
+/// begins with attempt 1, and tokens only grow).
+pub(crate) static ATTEMPT_SELECTED: LazyLock<String> = LazyLock::new(|| {
+    let columns: Vec<String> = ATTEMPT_COLUMNS
+        .split(", ")
+        .map(|column| format!("a.{column}"))
+        .collect();
+    format!(
+        "{}, (SELECT max(b.fencing_token) FROM attempts b WHERE b.tenant = a.tenant \
+         AND b.operation_id = a.operation_id AND b.number = 1 \
+         AND b.fencing_token <= a.fencing_token) AS life",
+        columns.join(", ")
+    )
+});
+
 pub(crate) static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
@@ -328,6 +344,8 @@ pub(crate) struct AttemptRow {
     client_name: Option<String>,
     session_id: Option<String>,
     request_id: Option<String>,
+    /// None only for an attempt log without its first attempt (one written by hand).
+    life: Option<i64>,
 }
 
 impl TryFrom<AttemptRow> for Attempt {
@@ -337,6 +355,7 @@ impl TryFrom<AttemptRow> for Attempt {
         Ok(Attempt {
             number: count(row.number)?,
             fencing_token: token(row.fencing_token)?,
+            life: token(row.life.unwrap_or(row.fencing_token))?,
             attempt_id: row.attempt_id,
             started_at: row.started_at,
             lease_deadline: row.lease_deadline,

@@ -19,9 +19,9 @@ use sqlx::{
 
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, CredentialRow, DuplicateRow, EventRow, KeyRow,
-    KnownCredentialRow, ListedRow, OperationRow, TenantRow, WatchedEventRow, ATTEMPT_COLUMNS,
-    CREDENTIAL_COLUMNS, DUPLICATE_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT,
-    INSERT_EVENT, INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
+    KnownCredentialRow, ListedRow, OperationRow, TenantRow, WatchedEventRow, CREDENTIAL_COLUMNS,
+    DUPLICATE_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT, INSERT_EVENT,
+    INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
     UPDATE_OPERATION, WATCHED_EVENT_COLUMNS,
 };
 use crate::watch::Frontier;
@@ -126,8 +126,9 @@ fn due_lookups_sql<D: Dialect>(served: usize) -> String {
 /// The attempt log's record of one attempt, by its token: `$1` tenant, `$2` id, `$3` token.
 static FIND_ATTEMPT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT {ATTEMPT_COLUMNS} FROM attempts \
-         WHERE tenant = $1 AND operation_id = $2 AND fencing_token = $3"
+        "SELECT {} FROM attempts a \
+         WHERE a.tenant = $1 AND a.operation_id = $2 AND a.fencing_token = $3",
+        rows::ATTEMPT_SELECTED.as_str()
     )
 });
 
@@ -446,7 +447,7 @@ where
                 return Err(StoreError::NotFound);
             }
         }
-        if plan.new_life {
+        if plan.forgets_attempts {
             sqlx::query("DELETE FROM attempts WHERE tenant = $1 AND operation_id = $2")
                 .bind(tenant)
                 .bind(id.as_str())
@@ -521,18 +522,27 @@ where
         id: &OperationId,
         life: FencingToken,
     ) -> Result<(Vec<Attempt>, Vec<Event>), StoreError> {
+        // This life's attempts: its tokens are at least its first. An earlier life's, kept
+        // with the provider key it handed on, are below it.
         let sql = format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts \
-             WHERE tenant = $1 AND operation_id = $2 ORDER BY number"
+            "SELECT {} FROM attempts a \
+             WHERE a.tenant = $1 AND a.operation_id = $2 AND a.fencing_token >= $3 \
+             ORDER BY a.fencing_token",
+            rows::ATTEMPT_SELECTED.as_str()
         );
         let attempts: Vec<AttemptRow> = sqlx::query_as(&sql)
             .bind(tenant)
             .bind(id.as_str())
+            .bind(rows::token_column(life))
             .fetch_all(&self.pool)
             .await?;
+        // This life's events, and any recorded since it began for an earlier life (the late
+        // report of an attempt of that life, recorded in it).
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM events \
-             WHERE tenant = $1 AND operation_id = $2 AND life = $3 ORDER BY sequence"
+             WHERE tenant = $1 AND operation_id = $2 AND (life = $3 OR (life < $3 AND \
+             sequence > (SELECT min(sequence) FROM events WHERE tenant = $1 \
+             AND operation_id = $2 AND life = $3))) ORDER BY sequence"
         );
         let events: Vec<EventRow> = sqlx::query_as(&sql)
             .bind(tenant)

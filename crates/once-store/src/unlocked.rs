@@ -174,7 +174,7 @@ fn column<'e, T>(events: &'e [NewEvent], of: impl Fn(&'e NewEvent) -> T) -> Vec<
 
 /// Writes `plan` in one statement if it was decided from what is still stored; see
 /// [`crate::Backend::apply_unlocked`]. A plan that writes no operation row, or starts a new
-/// life of one, is not written so: `None`.
+/// life of one that forgets the attempt log, is not written so: `None`.
 pub(crate) async fn apply(
     conn: &mut PgConnection,
     decided_from: Option<(FencingToken, i64)>,
@@ -187,7 +187,7 @@ pub(crate) async fn apply(
         (Some(Write::Update(op)), Some(_)) => (op, false),
         _ => return Ok(None),
     };
-    if plan.new_life {
+    if plan.forgets_attempts {
         return Ok(None);
     }
     let shape = Shape {

@@ -568,18 +568,29 @@ pub async fn claim(client: &mut LedgerClient<Channel>, request: pb::BeginRequest
     expect_execute(&response)
 }
 
+/// Confirms with the provider ref `re_1`.
 pub async fn confirm(
     client: &mut LedgerClient<Channel>,
     id: &str,
     token: u64,
     result: &[u8],
 ) -> Result<i32, tonic::Status> {
+    confirm_with(client, id, token, result, "re_1").await
+}
+
+pub async fn confirm_with(
+    client: &mut LedgerClient<Channel>,
+    id: &str,
+    token: u64,
+    result: &[u8],
+    provider_ref: &str,
+) -> Result<i32, tonic::Status> {
     client
         .confirm(pb::ConfirmRequest {
             operation_id: id.into(),
             fencing_token: token,
             result: result.to_vec(),
-            provider_ref: "re_1".into(),
+            provider_ref: provider_ref.into(),
         })
         .await
         .map(|r| r.into_inner().state)
