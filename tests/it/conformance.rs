@@ -420,18 +420,30 @@ async fn history_is_the_current_life_and_what_came_since_for_earlier_ones<B: Bac
     assert!(events.windows(2).all(|w| w[0].sequence < w[1].sequence));
 }
 
+/// A claim of `op` as stored (its id, tool and intent), applied in a write transaction left
+/// open: the transaction, the token the claim took, and its plan.
+async fn claim_over<B: Backend>(
+    backend: &B,
+    op: &Operation,
+    at: Millis,
+) -> (B::Tx, FencingToken, Plan) {
+    let mut tx = backend.begin_write().await.unwrap();
+    let token = backend.next_token(&mut tx).await.unwrap();
+    let mut cmd = command(op.operation_id.as_str(), &op.tool, 0);
+    cmd.fingerprint = op.fingerprint;
+    let (_, plan) = machine::claim(Some(op), &cmd, Guard::Clear { token }, at);
+    backend
+        .apply(&mut tx, TENANT, &op.operation_id, &plan, at)
+        .await
+        .unwrap();
+    (tx, token, plan)
+}
+
 async fn a_new_life_clears_the_attempt_log_and_keeps_the_events<B: Backend>(backend: B) {
     let op = in_state(&backend, "reborn-1", 1, State::Confirmed, -1).await;
     let at = now(&backend).await;
-    let mut tx = backend.begin_write().await.unwrap();
-    let token = backend.next_token(&mut tx).await.unwrap();
-    let cmd = command("reborn-1", "refund", 1);
-    let (_, plan) = machine::claim(Some(&op), &cmd, Guard::Clear { token }, at);
+    let (tx, token, plan) = claim_over(&backend, &op, at).await;
     assert!(plan.forgets_attempts);
-    backend
-        .apply(&mut tx, TENANT, &id("reborn-1"), &plan, at)
-        .await
-        .unwrap();
     backend.commit(tx).await.unwrap();
     let reborn = stored(&backend, "reborn-1").await;
     assert_eq!((reborn.attempt, reborn.life), (1, token));
@@ -459,15 +471,8 @@ async fn a_life_that_hands_its_key_on_keeps_its_attempts_and_their_late_anomalie
 ) {
     let op = in_state(&backend, "handed-1", 1, State::Absent, -1).await;
     let at = now(&backend).await;
-    let mut tx = backend.begin_write().await.unwrap();
-    let token = backend.next_token(&mut tx).await.unwrap();
-    let cmd = command("handed-1", "refund", 1);
-    let (_, plan) = machine::claim(Some(&op), &cmd, Guard::Clear { token }, at);
+    let (mut tx, token, plan) = claim_over(&backend, &op, at).await;
     assert!(!plan.forgets_attempts);
-    backend
-        .apply(&mut tx, TENANT, &id("handed-1"), &plan, at)
-        .await
-        .unwrap();
     let old = backend
         .attempt(&mut tx, TENANT, &id("handed-1"), op.fencing_token)
         .await
@@ -506,14 +511,8 @@ async fn a_life_that_hands_its_key_on_keeps_its_attempts_and_their_late_anomalie
     done.expires_at = Some(at - 1);
     overwrite(&backend, &done).await;
     let done = stored(&backend, "handed-1").await;
-    let mut tx = backend.begin_write().await.unwrap();
-    let third = backend.next_token(&mut tx).await.unwrap();
-    let (_, plan) = machine::claim(Some(&done), &cmd, Guard::Clear { token: third }, at);
+    let (mut tx, _, plan) = claim_over(&backend, &done, at).await;
     assert!(plan.forgets_attempts);
-    backend
-        .apply(&mut tx, TENANT, &id("handed-1"), &plan, at)
-        .await
-        .unwrap();
     for gone in [op.fencing_token, token] {
         assert!(backend
             .attempt(&mut tx, TENANT, &id("handed-1"), gone)
@@ -1218,6 +1217,28 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
             .await;
         assert_eq!(unlocked.unwrap(), None, "{plan:?}");
     }
+    // Nor a new life that keeps the attempt log (it took over an ABSENT life's key): a new
+    // life of a stored row is claimed under the lock, with the fresh-id guard.
+    let ended = in_state(&backend, "unlocked-handed", 1, State::Absent, -1).await;
+    let token = FencingToken(ended.fencing_token.get() + 1_000);
+    let cmd = command("unlocked-handed", "refund", 1);
+    let later = now(&backend).await;
+    let (_, handed) = machine::claim(Some(&ended), &cmd, Guard::Clear { token }, later);
+    assert!(!handed.forgets_attempts);
+    let reborn = handed.operation.as_ref().unwrap().operation();
+    assert_eq!(reborn.life, token, "a new life that took over the key");
+    assert_eq!(reborn.provider_key, ended.provider_key);
+    let unlocked = backend
+        .apply_unlocked(
+            &mut conn,
+            Some((ended.life, ended.version)),
+            None,
+            &handed,
+            later,
+        )
+        .await;
+    assert_eq!(unlocked.unwrap(), None, "{handed:?}");
+    assert_eq!(stored(&backend, "unlocked-handed").await, ended);
 
     // A first claim whose token was taken before another life of the id began, and ended
     // with retention, is not written: a life's tokens all come after every earlier life's.

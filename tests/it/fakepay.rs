@@ -4,6 +4,8 @@
 use reqwest::StatusCode;
 use serde_json::Value;
 
+use crate::support::fakepay_stats;
+
 async fn start() -> String {
     crate::support::serve(fakepay::router(fakepay::Provider::default())).await
 }
@@ -34,15 +36,6 @@ async fn post(
 async fn json(response: reqwest::Response) -> (StatusCode, Value) {
     let status = response.status();
     (status, response.json().await.unwrap())
-}
-
-async fn stats(base: &str) -> Value {
-    reqwest::get(format!("{base}/_fakepay/stats"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 async fn faults(base: &str, faults: Value) {
@@ -85,7 +78,7 @@ async fn idempotency_keys_replay_refuse_other_parameters_and_block_concurrent_us
     let mut statuses = [one.unwrap().status(), two.unwrap().status()];
     statuses.sort();
     assert_eq!(statuses, [StatusCode::OK, StatusCode::CONFLICT]);
-    assert_eq!(stats(&base).await["refunds"], 2);
+    assert_eq!(fakepay_stats(&base).await["refunds"], 2);
 }
 
 #[tokio::test]
@@ -99,12 +92,12 @@ async fn write_faults_commit_or_not_as_named() {
     )
     .await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(stats(&base).await["refunds"], 0);
+    assert_eq!(fakepay_stats(&base).await["refunds"], 0);
     assert_eq!(
         post(&base, Some("a"), "100", None).await.unwrap().status(),
         StatusCode::OK
     );
-    assert_eq!(stats(&base).await["refunds"], 1);
+    assert_eq!(fakepay_stats(&base).await["refunds"], 1);
 
     // Committing then answering 500: the key replays the refund.
     let (status, _) = json(
@@ -118,12 +111,12 @@ async fn write_faults_commit_or_not_as_named() {
         post(&base, Some("b"), "100", None).await.unwrap().status(),
         StatusCode::OK
     );
-    assert_eq!(stats(&base).await["refunds"], 2);
+    assert_eq!(fakepay_stats(&base).await["refunds"], 2);
 
     // Committing then dropping the connection: no response at all.
     let dropped = post(&base, Some("c"), "100", Some("commit_then_drop")).await;
     assert!(dropped.is_err(), "{dropped:?}");
-    assert_eq!(stats(&base).await["refunds"], 3);
+    assert_eq!(fakepay_stats(&base).await["refunds"], 3);
 
     // A run-wide fault for a number of writes.
     faults(
@@ -139,7 +132,7 @@ async fn write_faults_commit_or_not_as_named() {
         post(&base, None, "100", None).await.unwrap().status(),
         StatusCode::OK
     );
-    assert_eq!(stats(&base).await["refunds"], 4);
+    assert_eq!(fakepay_stats(&base).await["refunds"], 4);
 }
 
 #[tokio::test]

@@ -103,13 +103,9 @@ async fn run_refund(setup: &Setup, order: &str, fault: Option<&'static str>) -> 
 }
 
 async fn refunds(setup: &Setup) -> u64 {
-    let stats: serde_json::Value = reqwest::get(format!("{}/_fakepay/stats", setup.provider))
-        .await
+    fakepay_stats(&setup.provider).await["refunds"]
+        .as_u64()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    stats["refunds"].as_u64().unwrap()
 }
 
 async fn set_faults(setup: &Setup, faults: serde_json::Value) {
@@ -912,13 +908,9 @@ async fn a_lookup_finding_another_object_of_a_confirmed_operation_records_double
         }
     });
     let lookups = || async {
-        let stats: serde_json::Value = reqwest::get(format!("{}/_fakepay/stats", setup.provider))
-            .await
+        fakepay_stats(&setup.provider).await["lookups"]
+            .as_u64()
             .unwrap()
-            .json()
-            .await
-            .unwrap();
-        stats["lookups"].as_u64().unwrap()
     };
     eventually(
         Duration::from_secs(10),

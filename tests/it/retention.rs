@@ -182,12 +182,7 @@ async fn a_life_that_ended_absent_hands_its_provider_key_to_the_next(store: Stor
     for key in [&next.provider_key, &stalled.provider_key] {
         refund(&provider, key).await;
     }
-    let stats: serde_json::Value = reqwest::get(format!("{provider}/_fakepay/stats"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = fakepay_stats(&provider).await;
     assert_eq!(stats["refunds"], 1, "{stats}");
     confirm(&mut client, "tomb-1", next.fencing_token, b"{}")
         .await
@@ -338,12 +333,7 @@ async fn a_report_for_an_earlier_life_is_recorded_in_it(store: Store) {
             "{id}: recorded once, in the earlier life"
         );
     }
-    let stats: serde_json::Value = reqwest::get(format!("{provider}/_fakepay/stats"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = fakepay_stats(&provider).await;
     assert_eq!(stats["refunds"], 2, "one refund per operation: {stats}");
     ledger.stop().await;
 }

@@ -669,8 +669,10 @@ fn settle_by_attempt(op: &Operation, cmd: &ReportCommand, now: Millis) -> Plan {
 /// A confirm from attempt `earlier`, superseded by a later attempt: of this life, or of this
 /// life's first attempt when `earlier` is of a life that ended ABSENT and handed its provider
 /// key to this one. The effect happened, under this life's key either way; whether it may have
-/// happened twice depends on what the later attempts did. An anomaly is recorded in the life
-/// `earlier` belongs to.
+/// happened twice depends on what the later attempts did. For an earlier life's attempt, an
+/// anomaly that changes nothing here is recorded in the life it belongs to, an event that moves
+/// this life's row in this life; every anomaly of that late token shares one dedupe key, so it
+/// is recorded once however the operation moves on between its retries.
 fn superseded_confirm(
     op: &Operation,
     earlier: &Attempt,
@@ -689,12 +691,19 @@ fn superseded_confirm(
     } else {
         format!("attempt {}", earlier.number)
     };
-    let in_its_life = |event: NewEvent| {
-        if of_earlier_life {
-            event.in_earlier_life(op, earlier.life)
-        } else {
-            event
+    let late_key = |mut event: NewEvent| {
+        if of_earlier_life && event.dedupe_key.is_some() {
+            event.dedupe_key = Some(format!("EARLIER_LIFE:{token}"));
         }
+        event
+    };
+    let in_its_life = |event: NewEvent| match of_earlier_life {
+        true => late_key(event.in_earlier_life(op, earlier.life)),
+        false => event,
+    };
+    let in_this_life = |event: NewEvent| match of_earlier_life {
+        true => late_key(event.naming_lives(op, earlier.life)),
+        false => event,
     };
     // This very confirm is already on record: a retry changes nothing. A superseded attempt is
     // always answered that its right is lost, whatever its proof did, so a retry gets the same
@@ -713,7 +722,7 @@ fn superseded_confirm(
             let attempt = (who.as_str(), earlier.number, token);
             let event = contradiction(op, attempt, &earlier.actor, "its life")
                 .because(format!(
-                    "{who} confirmed its effect after its life ended ABSENT; it is the provider object this life's effect is, so the effect happened once"
+                    "{who} confirmed its effect after its life ended ABSENT; it names the provider object this life confirmed, so under the shared provider key the effect happened once"
                 ));
             vec![event]
         } else {
@@ -738,15 +747,12 @@ fn superseded_confirm(
             now,
         );
         next.reason = None;
+        // A declaration carried over from an earlier life is not this life's.
         let said = match (of_earlier_life, op.declared_absent_token) {
             (true, _) => "its life's end",
-            (false, Some(_)) => "a reconciler or an operator",
-            (false, None) => "it",
+            (false, Some(declared)) if declared >= op.life => "a reconciler or an operator",
+            (false, _) => "it",
         };
-        let mut details = json!({ "late": true, "superseded_by_attempt": op.attempt });
-        if of_earlier_life {
-            details["life"] = earlier.life.get().into();
-        }
         let confirmed = NewEvent::transition(
             op,
             EventKind::Confirmed,
@@ -757,8 +763,8 @@ fn superseded_confirm(
         .because(format!(
             "{who} confirmed late; no later attempt performed the effect"
         ))
-        .with_details(details);
-        let mut plan = single(next, confirmed);
+        .with_details(json!({ "late": true, "superseded_by_attempt": op.attempt }));
+        let mut plan = single(next, in_this_life(confirmed));
         let attempt = (who.as_str(), earlier.number, token);
         let contradicted = contradiction(op, attempt, &earlier.actor, said);
         plan.events.push(in_its_life(contradicted));
@@ -779,10 +785,10 @@ fn superseded_confirm(
         "{who} confirmed its effect after attempt {} was granted the execution right; held for an operator",
         op.attempt
     ));
-    // For an earlier life's attempt the anomaly, which records this move too, is in the life
-    // the attempt belongs to; this life's history shows it as recorded since the life began.
+    // The anomaly records this life's move too, so it is this life's: the second effect, if
+    // any, is this life's attempt's.
     let event = double_execution(op, earlier, &who, provider_ref, Some(State::Unknown));
-    (lost, single(next, in_its_life(event)))
+    (lost, single(next, in_this_life(event)))
 }
 
 fn double_execution(

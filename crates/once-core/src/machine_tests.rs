@@ -562,6 +562,8 @@ fn a_report_for_an_earlier_life_is_recorded_in_it() {
     let kinds = |plan: &Plan| -> Vec<(EventKind, FencingToken)> {
         plan.events.iter().map(|e| (e.kind, e.life)).collect()
     };
+    // Every anomaly of the late token is recorded once, whatever kind it turns out to be.
+    let late_key = Some(format!("EARLIER_LIFE:{TOKEN}"));
 
     // This life confirmed the same provider object: one effect; the earlier life's ABSENT
     // was wrong, and that is recorded in it.
@@ -569,25 +571,47 @@ fn a_report_for_an_earlier_life_is_recorded_in_it() {
     let plan = late(&same, confirm_report(b"r", Some("re_1")));
     assert!(plan.operation.is_none());
     assert_eq!(kinds(&plan), [(EventKind::ResolutionContradicted, TOKEN)]);
+    assert_eq!(plan.events[0].dedupe_key, late_key);
     let details = plan.events[0].details.as_deref().unwrap();
     assert!(details.contains("\"current_life\":1009"), "{details}");
     // Another provider object: the effect may have happened twice.
     let plan = late(&same, confirm_report(b"r", Some("re_2")));
     assert_eq!(kinds(&plan), [(EventKind::DoubleExecution, TOKEN)]);
+    assert_eq!(plan.events[0].dedupe_key, late_key);
 
-    // This life's attempt is running: held for an operator with the proven effect, and the
-    // anomaly that records the move is in the earlier life.
+    // This life's attempt is running: held for an operator with the proven effect. The
+    // anomaly records this life's move, so it is this life's, naming the earlier one.
     let plan = late(&next, confirm_report(b"r", Some("re_1")));
     let held = written(&plan);
     assert!(held.held_for_operator(), "{held:?}");
     assert_eq!(held.confirmed_by, Some(TOKEN));
-    assert_eq!(kinds(&plan), [(EventKind::DoubleExecution, TOKEN)]);
+    assert_eq!(kinds(&plan), [(EventKind::DoubleExecution, TOKEN + 9)]);
     assert_eq!(
         (plan.events[0].from, plan.events[0].to),
         (Some(State::InFlight), Some(State::Unknown))
     );
+    assert_eq!(plan.events[0].dedupe_key, late_key);
+    let details = plan.events[0].details.as_deref().unwrap();
+    assert!(details.contains("\"life\":1000"), "{details}");
     // Its retry finds its confirm on record and changes nothing.
     assert!(late(&held, confirm_report(b"r", Some("re_1"))).is_empty());
+    // An operator settles the hold CONFIRMED; a retry then names the object on record, and
+    // what it would record has the key already used: nothing is recorded twice.
+    let settle = resolution(
+        Resolution::Confirmed {
+            result: b"r".to_vec(),
+            provider_ref: Some("re_1".into()),
+        },
+        held.fencing_token,
+        "r-held",
+    );
+    let (_, plan) = resolve(&held, &settle, None, after + 6).unwrap();
+    let resolved = written(&plan);
+    assert_eq!(resolved.state, State::Confirmed);
+    let retried = late(&resolved, confirm_report(b"r", Some("re_1")));
+    assert!(retried.operation.is_none());
+    assert_eq!(retried.events.len(), 1);
+    assert_eq!(retried.events[0].dedupe_key, late_key);
 
     // This life's attempt said by itself that it did nothing: the effect happened once, the
     // earlier attempt's, and this life replays it from now on.

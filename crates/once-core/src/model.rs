@@ -476,8 +476,16 @@ impl NewEvent {
 
     /// Records the event in `life`, an earlier life of the operation than the one `op` is in,
     /// saying so in its details.
-    pub fn in_earlier_life(mut self, op: &Operation, life: FencingToken) -> Self {
-        self.life = life;
+    pub fn in_earlier_life(self, op: &Operation, life: FencingToken) -> Self {
+        Self {
+            life,
+            ..self.naming_lives(op, life)
+        }
+    }
+
+    /// Names in its details `life`, the earlier life the event's cause came from, beside the
+    /// life `op` is in.
+    pub fn naming_lives(mut self, op: &Operation, life: FencingToken) -> Self {
         let mut details: serde_json::Map<String, serde_json::Value> = self
             .details
             .as_deref()

@@ -317,7 +317,7 @@ impl<B: Backend> Ledger<B> {
                         life: FencingToken,
                         wrote: bool| {
             if answer.is_err() && fencing_token < life && !wrote {
-                tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report with a token below this life's, of no attempt on record");
+                tracing::warn!(operation_id = %id, %fencing_token, %life, "refused a report with a token below this life's; it changed nothing");
             }
             Ok((answer.map_err(StoreError::from), wrote))
         };

@@ -174,7 +174,7 @@ fn column<'e, T>(events: &'e [NewEvent], of: impl Fn(&'e NewEvent) -> T) -> Vec<
 
 /// Writes `plan` in one statement if it was decided from what is still stored; see
 /// [`crate::Backend::apply_unlocked`]. A plan that writes no operation row, or starts a new
-/// life of one that forgets the attempt log, is not written so: `None`.
+/// life of one, is not written so: `None`.
 pub(crate) async fn apply(
     conn: &mut PgConnection,
     decided_from: Option<(FencingToken, i64)>,
@@ -182,9 +182,12 @@ pub(crate) async fn apply(
     plan: &Plan,
     now: Millis,
 ) -> Result<Option<Unlocked>, StoreError> {
+    // An update keeps the life it was decided from: a new life of a stored row is claimed
+    // under the write lock, where its attempt log is kept or cleared and the fresh-id guard
+    // runs.
     let (op, insert) = match (&plan.operation, decided_from) {
         (Some(Write::Insert(op)), None) => (op, true),
-        (Some(Write::Update(op)), Some(_)) => (op, false),
+        (Some(Write::Update(op)), Some((life, _))) if op.life == life => (op, false),
         _ => return Ok(None),
     };
     if plan.forgets_attempts {

@@ -793,6 +793,16 @@ pub async fn race(clients: &[LedgerClient<Channel>], id: &str, n: usize) -> (usi
 }
 
 /// Serves `router` on a fresh loopback port; returns its base URL.
+/// fakepay's counters (refunds made, lookups answered, …) at `base`.
+pub async fn fakepay_stats(base: &str) -> serde_json::Value {
+    reqwest::get(format!("{base}/_fakepay/stats"))
+        .await
+        .expect("fakepay stats")
+        .json()
+        .await
+        .expect("fakepay stats as JSON")
+}
+
 pub async fn serve(router: axum::Router) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().unwrap());
