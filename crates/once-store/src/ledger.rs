@@ -343,7 +343,7 @@ impl<B: Backend> Ledger<B> {
         }
         let backend = self.backend.clone();
         let (tenant_owned, id_owned, cmd) = (tenant.to_owned(), id.clone(), cmd.clone());
-        let answer = self
+        let (answer, life, wrote) = self
             .write(move |tx| {
                 Box::pin(async move {
                     let key = (tenant_owned.as_str(), &id_owned);
@@ -363,7 +363,6 @@ impl<B: Backend> Ledger<B> {
                 })
             })
             .await?;
-        let (answer, life, wrote) = answer;
         answered(answer, life, wrote)
     }
 

@@ -76,11 +76,9 @@ fn delete_older_sql<D: Dialect>(table: &str, key: &str) -> String {
 /// re-checked and kept.
 fn delete_expired_sql<D: Dialect>() -> String {
     let now = now_once::<D>();
-    let gone = format!("state = 'CONFIRMED' AND expires_at <= {now}");
-    format!(
-        "DELETE FROM operations WHERE {gone} \
-         AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
-         WHERE {gone} ORDER BY expires_at LIMIT $1)"
+    delete_oldest_sql(
+        &format!("state = 'CONFIRMED' AND expires_at <= {now}"),
+        "expires_at",
     )
 }
 
@@ -89,11 +87,19 @@ fn delete_expired_sql<D: Dialect>() -> String {
 /// not read), with the conditions re-checked on the outer DELETE as above.
 fn delete_tombstones_sql<D: Dialect>() -> String {
     let now = now_once::<D>();
-    let gone = format!("state = 'ABSENT' AND updated_at <= {now} - $2 AND expires_at <= {now}");
+    delete_oldest_sql(
+        &format!("state = 'ABSENT' AND updated_at <= {now} - $2 AND expires_at <= {now}"),
+        "updated_at",
+    )
+}
+
+/// Deletes up to `$1` operations where `gone` holds, the first by `oldest`; `gone` is checked
+/// again on the rows deleted, so a row that changed since the inner select stays.
+fn delete_oldest_sql(gone: &str, oldest: &str) -> String {
     format!(
         "DELETE FROM operations WHERE {gone} \
          AND (tenant, operation_id) IN (SELECT tenant, operation_id FROM operations \
-         WHERE {gone} ORDER BY updated_at LIMIT $1)"
+         WHERE {gone} ORDER BY {oldest} LIMIT $1)"
     )
 }
 

@@ -48,7 +48,6 @@ trait Job<Tx>: Send {
 
 /// A write that ran, waiting for the batch's commit.
 trait Ran: Send {
-    fn failed(&self) -> bool;
     /// Its own error, when it failed.
     fn error(&self) -> Option<&StoreError>;
     /// Answers its caller: its own error, or its value once `committed`.
@@ -92,10 +91,6 @@ where
 }
 
 impl<T: Send> Ran for Outcome<T> {
-    fn failed(&self) -> bool {
-        self.result.is_err()
-    }
-
     fn error(&self) -> Option<&StoreError> {
         self.result.as_ref().err()
     }
@@ -249,7 +244,7 @@ async fn write_batch<B: Backend>(
         }
         let outcome = job.run(&mut tx).await;
         if shared {
-            let closed = if outcome.failed() {
+            let closed = if outcome.error().is_some() {
                 backend.rollback_to_savepoint(&mut tx).await
             } else {
                 backend.release_savepoint(&mut tx).await
@@ -269,7 +264,7 @@ async fn write_batch<B: Backend>(
     let committed = match broken {
         // Dropping the transaction rolls it back: nothing of the batch is applied.
         Some(error) => Err(error),
-        None if !shared && ran.iter().all(|r| r.failed()) => Ok(()),
+        None if !shared && ran.iter().all(|r| r.error().is_some()) => Ok(()),
         None => backend.commit(tx).await,
     };
     if let Err(error) = &committed {

@@ -214,6 +214,15 @@ pub enum ConfigError {
     RetentionOverMax,
     #[error("sweep intervals must be positive")]
     ZeroInterval,
+    #[error(
+        "watcher limits must nest, 1 <= --max-watchers-per-key ({key}) <= \
+         --max-watchers-per-tenant ({tenant}) <= --max-watchers ({replica})"
+    )]
+    WatcherLimits {
+        key: usize,
+        tenant: usize,
+        replica: usize,
+    },
     #[error("--credential-ttl and --tls-reload-interval must be positive")]
     ZeroTtl,
     #[error("--credential-ttl must be at most 60s: a revoked key must be refused within seconds")]
@@ -289,6 +298,16 @@ impl Config {
         {
             return Err(ConfigError::ZeroInterval);
         }
+        if self.max_watchers_per_key == 0
+            || self.max_watchers_per_key > self.max_watchers_per_tenant
+            || self.max_watchers_per_tenant > self.max_watchers
+        {
+            return Err(ConfigError::WatcherLimits {
+                key: self.max_watchers_per_key,
+                tenant: self.max_watchers_per_tenant,
+                replica: self.max_watchers,
+            });
+        }
         Ok(())
     }
 
@@ -349,7 +368,7 @@ impl Config {
     /// The token metrics scrapes must send, read from `--metrics-token-file` and held to the
     /// strength of a supplied key; refuses to serve metrics beyond loopback without one,
     /// unless `--insecure`.
-    pub fn metrics_token(&self) -> Result<Option<String>, ConfigError> {
+    pub fn metrics_token(&self) -> Result<Option<once_core::access::SecretHash>, ConfigError> {
         let token = match &self.metrics_token_file {
             Some(path) => {
                 let text =
@@ -364,7 +383,7 @@ impl Config {
                         message: message.replacen("an API key", "a metrics token", 1),
                     }
                 })?;
-                Some(token)
+                Some(once_core::access::SecretHash::of(token.as_bytes()))
             }
             None => None,
         };
@@ -405,6 +424,45 @@ impl Config {
             max_wait_ms: ms(self.max_wait),
             max_result_bytes: self.max_result_bytes,
             ..Limits::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validated(extra: &[&str]) -> Result<(), ConfigError> {
+        let mut args = vec!["onced"];
+        args.extend(extra);
+        Config::try_parse_from(args)
+            .expect("flags parse")
+            .validate()
+    }
+
+    #[test]
+    fn watcher_limits_nest_key_within_tenant_within_replica() {
+        assert!(validated(&[]).is_ok(), "the defaults nest");
+        let limits = |key: &'static str, tenant: &'static str, replica: &'static str| {
+            validated(&[
+                "--max-watchers-per-key",
+                key,
+                "--max-watchers-per-tenant",
+                tenant,
+                "--max-watchers",
+                replica,
+            ])
+        };
+        assert!(limits("1", "1", "1").is_ok());
+        assert!(limits("4", "8", "8").is_ok());
+        for (key, tenant, replica) in [("0", "8", "8"), ("9", "8", "16"), ("4", "17", "16")] {
+            let refused = limits(key, tenant, replica).unwrap_err();
+            assert!(matches!(refused, ConfigError::WatcherLimits { .. }));
+            let message = refused.to_string();
+            assert!(
+                message.contains(&format!("--max-watchers-per-key ({key})")),
+                "{message}"
+            );
         }
     }
 }

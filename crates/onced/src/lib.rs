@@ -223,7 +223,7 @@ async fn serve<B: Backend>(
         tokio::spawn(telemetry::serve_metrics(
             listener,
             prometheus,
-            metrics_token.map(|token| once_core::access::SecretHash::of(token.as_bytes())),
+            metrics_token,
             stop_sweepers.clone(),
         ))
     });

@@ -119,12 +119,8 @@ fn lookup_in_progress() -> Status {
 
 /// The replica already streams to as many watchers as it may.
 /// A watch beyond the limit `flag` sets.
-pub fn too_many_watchers(flag: &str) -> Status {
-    let whose = match flag {
-        "--max-watchers-per-tenant" => "to this tenant",
-        "--max-watchers-per-key" => "to this credential",
-        _ => "in all",
-    };
+/// `whose` says whose streams are at the limit `flag` sets.
+pub fn too_many_watchers(whose: &str, flag: &str) -> Status {
     status(
         Code::ResourceExhausted,
         "TOO_MANY_WATCHERS",

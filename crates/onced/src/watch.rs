@@ -10,7 +10,7 @@
 //!
 //! Watchers hold slots: the replica's (`--max-watchers`), and within them their tenant's and
 //! their credential's (`--max-watchers-per-tenant`, `--max-watchers-per-key`), so no tenant or
-//! key can take every stream a replica serves. A stream checks again, at least every
+//! key can take every stream a replica serves. A stream checks again, every half
 //! `--credential-ttl`, that its credential still admits it, and ends UNAUTHENTICATED once it
 //! does not (revoked, or a ledger that closed under a caller admitted while it was open).
 //!
@@ -93,6 +93,26 @@ enum Holder {
     Key(String),
 }
 
+impl Holder {
+    fn limit(&self, limits: &WatcherLimits) -> usize {
+        match self {
+            Holder::Tenant(_) => limits.tenant,
+            Holder::Key(_) => limits.key,
+        }
+    }
+
+    fn at_limit(&self) -> Status {
+        match self {
+            Holder::Tenant(_) => {
+                status::too_many_watchers("to this tenant", "--max-watchers-per-tenant")
+            }
+            Holder::Key(_) => {
+                status::too_many_watchers("to this credential", "--max-watchers-per-key")
+            }
+        }
+    }
+}
+
 /// A stream's slots, given back when it ends.
 struct Slots {
     _replica: OwnedSemaphorePermit,
@@ -128,35 +148,27 @@ impl Feed {
 
     /// Takes the slots a stream for `principal` holds, or says which limit it is at.
     fn slots(&self, principal: &Principal) -> Result<Slots, Status> {
-        let mut holders = vec![(
-            Holder::Tenant(principal.tenant.clone()),
-            self.limits.tenant,
-            "--max-watchers-per-tenant",
-        )];
+        let mut holders = vec![Holder::Tenant(principal.tenant.clone())];
         if let Some(credential) = &principal.credential {
-            holders.push((
-                Holder::Key(credential.key_id.clone()),
-                self.limits.key,
-                "--max-watchers-per-key",
-            ));
+            holders.push(Holder::Key(credential.key_id.clone()));
         }
         let mut held = self.held.lock().expect("not poisoned");
-        for (holder, limit, flag) in &holders {
-            if held.get(holder).copied().unwrap_or(0) >= *limit {
-                return Err(status::too_many_watchers(flag));
+        for holder in &holders {
+            if held.get(holder).copied().unwrap_or(0) >= holder.limit(&self.limits) {
+                return Err(holder.at_limit());
             }
         }
         let replica = self
             .watchers
             .clone()
             .try_acquire_owned()
-            .map_err(|_| status::too_many_watchers("--max-watchers"))?;
-        for (holder, _, _) in &holders {
+            .map_err(|_| status::too_many_watchers("in all", "--max-watchers"))?;
+        for holder in &holders {
             *held.entry(holder.clone()).or_default() += 1;
         }
         Ok(Slots {
             _replica: replica,
-            holders: holders.into_iter().map(|(holder, _, _)| holder).collect(),
+            holders,
             held: self.held.clone(),
         })
     }
