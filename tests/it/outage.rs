@@ -130,23 +130,6 @@ async fn postgres_outage_is_unavailable_and_recovers() {
     ledger.stop().await;
 }
 
-/// Runs `sql` on the server as its administrator (for settings of the test's own database).
-async fn admin(sql: &str) {
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_admin_url())
-        .await
-        .unwrap();
-    sqlx::query(sql).execute(&mut conn).await.expect(sql);
-}
-
-/// Ends every session on the test's database: the ledger's pool must connect anew.
-async fn end_sessions(db: &TestDb) {
-    admin(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid()",
-        db.pg_name()
-    ))
-    .await;
-}
-
 /// Begins until the ledger answers (it may take a reconnection), and checks it refused as a
 /// retryable outage, never INTERNAL.
 async fn refused_as_unavailable(client: &mut Grpc, id: &str) {
@@ -167,13 +150,13 @@ async fn refused_then_recovered(refuse: &str, restore: &str) {
     let mut client = ledger.client().await;
     claim(&mut client, begin("refused-0", ARGS)).await;
 
-    admin(&refuse.replace("{db}", db.pg_name())).await;
-    end_sessions(&db).await;
+    db.as_server_admin(refuse).await;
+    db.end_sessions().await;
     refused_as_unavailable(&mut client, "refused-1").await;
     health_is(ledger.addr, ServingStatus::NotServing).await;
 
-    admin(&restore.replace("{db}", db.pg_name())).await;
-    end_sessions(&db).await;
+    db.as_server_admin(restore).await;
+    db.end_sessions().await;
     health_is(ledger.addr, ServingStatus::Serving).await;
     assert_eq!(db.snapshot().await[0], 1, "nothing was written meanwhile");
     claim(&mut client, begin("refused-1", ARGS)).await;

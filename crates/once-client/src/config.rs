@@ -66,6 +66,19 @@ impl ClientConfig {
         let invalid = |e: tonic::transport::Error| {
             ClientError::Invalid(format!("ledger endpoint {uri:?}: {e}"))
         };
+        match uri.split_once("://") {
+            Some(("http" | "https", _)) => {}
+            Some((scheme, _)) => {
+                return Err(ClientError::Invalid(format!(
+                    "ledger address {uri:?}: the scheme is http:// (plaintext) or https:// (TLS), not {scheme}://"
+                )))
+            }
+            None => {
+                return Err(ClientError::Invalid(format!(
+                    "ledger address {uri:?} has no scheme: write http://{uri} for plaintext, or https://{uri} for TLS"
+                )))
+            }
+        }
         let mut endpoint = Endpoint::from_shared(uri.to_owned())
             .map_err(invalid)?
             .connect_timeout(self.rpc_timeout)

@@ -3,10 +3,12 @@
 /// Why a ledger call failed. None of these means the effect ran.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The ledger could not be reached after every retry. Fail closed: the effect was not
-    /// performed, and the same call is safe to retry later.
-    #[error("the ledger is unreachable: {0}")]
-    Unreachable(String),
+    /// No ledger answered: after every retry, or at once when what answered will not change
+    /// by trying again (TLS on one side only, something that is not a ledger). Fail closed: the
+    /// effect was not performed, and the same call is safe to retry later. It says where and
+    /// what was found there.
+    #[error("{0}")]
+    Unreachable(crate::Unreachable),
     /// The request was malformed.
     #[error("invalid operation: {0}")]
     Invalid(String),

@@ -37,6 +37,7 @@ mod decision;
 mod effect;
 mod error;
 mod operator;
+mod reach;
 mod spec;
 mod transport;
 mod view;
@@ -53,6 +54,7 @@ pub use effect::{Effect, EffectError, Report};
 pub use error::ClientError;
 pub use once_core::{AttemptContext, State};
 pub use operator::{ListFilter, Page, Reconciled, Resolution, Truth, Watch, WatchRequest, Watched};
+pub use reach::{Cause, Unreachable};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};
 pub use view::{
     AgesView, AttemptView, CallView, EventView, ForensicsView, OperationView, StatsView,

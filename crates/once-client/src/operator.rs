@@ -13,7 +13,7 @@ use tonic::Streaming;
 
 use crate::client::LedgerClient;
 use crate::error::ClientError;
-use crate::transport::{refusal, retryable, Retries, Transport};
+use crate::transport::{Failure, Retries, Transport};
 use crate::view::{ForensicsView, OperationView, StatsView, WatchedEvent};
 use crate::wire::{self, duration};
 use once_api::convert::state_to_pb;
@@ -144,19 +144,16 @@ impl Watch {
                         self.stream = Some(stream);
                         continue;
                     }
-                    Err(status) if retryable(&status) => {
-                        return self.broken(status.message().to_owned()).await
-                    }
-                    Err(status) => return Err(refusal(&status)),
+                    Err(status) => return self.broken(&status).await,
                 }
             };
             let item = match stream.message().await {
                 Ok(Some(message)) => message.item,
-                Ok(None) => return self.broken("the stream ended".into()).await,
-                Err(status) if retryable(&status) => {
-                    return self.broken(status.message().to_owned()).await
+                Ok(None) => {
+                    let ended = tonic::Status::unavailable("the stream ended");
+                    return self.broken(&ended).await;
                 }
-                Err(status) => return Err(refusal(&status)),
+                Err(status) => return self.broken(&status).await,
             };
             self.failures = 0;
             self.opened = true;
@@ -175,8 +172,13 @@ impl Watch {
         }
     }
 
-    /// Drops the stream and says so; the next call opens it again after a pause.
-    async fn broken(&mut self, error: String) -> Result<Watched, ClientError> {
+    /// Drops the stream and says so; the next call opens it again after a pause. A failure
+    /// no retry mends ends the watch.
+    async fn broken(&mut self, status: &tonic::Status) -> Result<Watched, ClientError> {
+        let error = match self.transport.failure(status).await {
+            Failure::Final(error) => return Err(error),
+            Failure::Passing(unreachable) => unreachable,
+        };
         self.stream = None;
         self.failures += 1;
         let config = self.transport.config();
@@ -190,7 +192,7 @@ impl Watch {
         tokio::time::sleep(pause).await;
         Ok(Watched::Reconnecting {
             after: self.request.after,
-            error,
+            error: error.to_string(),
         })
     }
 

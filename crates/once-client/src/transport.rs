@@ -12,6 +12,7 @@ use tonic_types::StatusExt as _;
 
 use crate::config::ClientConfig;
 use crate::error::ClientError;
+use crate::reach::{self, Cause, Judged, Unreachable};
 
 /// The longest pause between two tries of one call.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
@@ -162,31 +163,61 @@ impl Transport {
         for try_number in 1.. {
             let mut request = self.authorized(message.clone());
             request.set_timeout(self.config.rpc_timeout + extra);
-            match send(client.clone(), request).await {
+            let status = match send(client.clone(), request).await {
                 Ok(response) => return Ok(response.into_inner()),
-                Err(status) if retryable(&status) => {
-                    tracing::debug!(code = ?status.code(), try_number, "ledger call failed; retrying");
-                    last = Some(status);
-                    let again = match retries {
-                        Retries::Tries => try_number < self.config.tries.max(1),
-                        Retries::Until(until) => tokio::time::Instant::now() + pause < until,
-                    };
-                    if !again {
-                        break;
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
-                }
-                Err(status) => return Err(refusal(&status)),
+                Err(status) => status,
+            };
+            let unreachable = match self.failure(&status).await {
+                Failure::Final(error) => return Err(error),
+                Failure::Passing(unreachable) => unreachable,
+            };
+            tracing::debug!(code = ?status.code(), try_number, %unreachable, "ledger call failed; retrying");
+            last = Some(unreachable);
+            let again = match retries {
+                Retries::Tries => try_number < self.config.tries.max(1),
+                Retries::Until(until) => tokio::time::Instant::now() + pause < until,
+            };
+            if !again {
+                break;
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
         }
-        let status = last.expect("at least one try");
-        Err(ClientError::Unreachable(format!(
-            "{}: {}",
-            status.code(),
-            status.message()
-        )))
+        Err(ClientError::Unreachable(last.expect("at least one try")))
     }
+
+    /// Where the ledger is, as a person gave it.
+    pub(crate) fn address(&self) -> String {
+        self.config.endpoints.join(", ")
+    }
+
+    /// What a failed call's `status` means: an answer or a failure no retry mends, or a
+    /// failure that may pass.
+    pub(crate) async fn failure(&self, status: &Status) -> Failure {
+        let endpoint = self.config.endpoints.first().map_or("", String::as_str);
+        let unreachable = |cause| Unreachable {
+            address: self.address(),
+            cause,
+        };
+        match reach::judge(status, endpoint).await {
+            Judged::Unreachable(cause) if cause.passes() => Failure::Passing(unreachable(cause)),
+            Judged::Unreachable(cause) => {
+                Failure::Final(ClientError::Unreachable(unreachable(cause)))
+            }
+            Judged::Answer if retryable(status) => Failure::Passing(unreachable(
+                Cause::Unavailable(format!("{:?}: {}", status.code(), status.message())),
+            )),
+            Judged::Answer => Failure::Final(refusal(status)),
+        }
+    }
+}
+
+/// What a failed call means.
+pub(crate) enum Failure {
+    /// An answer, or a failure that trying again cannot mend.
+    Final(ClientError),
+    /// A failure that may pass: worth another try.
+    Passing(Unreachable),
 }
 
 /// Transport failures and an unavailable ledger are worth another try; everything else is an

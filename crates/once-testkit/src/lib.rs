@@ -131,6 +131,24 @@ impl TestDb {
         self.pg_name.as_deref().expect("a PostgreSQL test database")
     }
 
+    /// Runs `sql` on the PostgreSQL server as its administrator, with `{db}` standing for this
+    /// test's database (for settings of the database itself: refusing connections, read-only).
+    pub async fn as_server_admin(&self, sql: &str) {
+        let sql = sql.replace("{db}", self.pg_name());
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_admin_url())
+            .await
+            .expect("connect postgres as its administrator");
+        sqlx::query(&sql).execute(&mut conn).await.expect(&sql);
+    }
+
+    /// Ends every session on this PostgreSQL test database: a pool must connect anew.
+    pub async fn end_sessions(&self) {
+        self.as_server_admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid()",
+        )
+        .await;
+    }
+
     /// A directory that lives as long as the database, for logs.
     pub fn scratch_dir(&self) -> PathBuf {
         self.dir.path().to_owned()

@@ -8,8 +8,8 @@ use once_core::access::Role;
 
 /// The on-call CLI of once-ledger: find, inspect, reconcile, resolve and watch operations.
 ///
-/// Exit codes: 0 done, 1 error (the ledger unreachable, a failure), 2 usage, 3 not found,
-/// 4 refused (by the ledger, or declined at the prompt).
+/// Exit codes: 0 done, 1 no ledger answered (or another failure), 2 usage, 3 not found,
+/// 4 refused (by the ledger itself, or declined at the prompt).
 #[derive(Debug, Parser)]
 #[command(name = "oncectl", version, args_override_self = true)]
 pub struct Cli {
@@ -35,6 +35,26 @@ pub struct Global {
     /// A PEM file of the certificate authority that signed the ledger's TLS certificate.
     #[arg(long, env = "ONCE_CA", hide_env_values = true, global = true)]
     pub ca: Option<PathBuf>,
+
+    /// A PEM client certificate to present, for a ledger that asks for one (mTLS).
+    #[arg(
+        long,
+        env = "ONCE_CERT",
+        hide_env_values = true,
+        global = true,
+        requires = "cert_key"
+    )]
+    pub cert: Option<PathBuf>,
+
+    /// The PEM private key of --cert.
+    #[arg(
+        long,
+        env = "ONCE_CERT_KEY",
+        hide_env_values = true,
+        global = true,
+        requires = "cert"
+    )]
+    pub cert_key: Option<PathBuf>,
 
     /// Who you are, recorded with every resolution as operator:<name>.
     #[arg(long, env = "ONCE_OPERATOR", hide_env_values = true, global = true)]

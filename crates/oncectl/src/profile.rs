@@ -10,6 +10,8 @@
 //! addr = "https://ledger.internal:50051"
 //! key_file = "~/.config/once/prod.key"   # or key_env = "ONCE_PROD_KEY"
 //! ca = "/etc/once/ca.pem"
+//! cert = "~/.config/once/alice.pem"       # a client certificate, for a ledger that asks
+//! cert_key = "~/.config/once/alice.key"   # for one (mTLS)
 //! operator = "alice"
 //! ```
 
@@ -38,6 +40,8 @@ struct Profile {
     key_file: Option<PathBuf>,
     key_env: Option<String>,
     ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    cert_key: Option<PathBuf>,
     operator: Option<String>,
 }
 
@@ -80,6 +84,22 @@ impl Settings {
         if let Some(ca) = ca {
             client.tls_ca_pem = Some(read(&expand(&ca), "the CA file")?.into_bytes());
         }
+        let cert = global.cert.clone().or(profile.cert);
+        let cert_key = global.cert_key.clone().or(profile.cert_key);
+        client.tls_identity_pem = match (cert, cert_key) {
+            (Some(cert), Some(key)) => Some((
+                read(&expand(&cert), "the client certificate")?.into_bytes(),
+                read(&expand(&key), "the client certificate's key")?.into_bytes(),
+            )),
+            (None, None) => None,
+            _ => {
+                return Err(SettingsError(
+                    "a client certificate needs both --cert and --cert-key (or cert and \
+                     cert_key in the profile)"
+                        .into(),
+                ))
+            }
+        };
         let operator = global
             .operator
             .clone()

@@ -914,25 +914,235 @@ async fn completions_generate_for_every_shell() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_usage_mistake_exits_2_and_an_unreachable_ledger_1() {
+async fn a_usage_mistake_exits_2() {
     let usage = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncectl"))
         .args(["resolve", "op", "--absent", "--confirmed", "--reason", "x"])
         .output()
         .await
         .unwrap();
     assert_eq!(code(&usage), 2);
+}
+
+/// `oncectl --addr ADDR ARGS…`, as [`oncectl_at_home`] runs it.
+async fn oncectl_to(addr: &str, args: &[&str]) -> Output {
+    let home = tempfile::tempdir().unwrap();
+    let args: Vec<&str> = ["--addr", addr]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    oncectl_at_home(home.path(), &args, &[]).await
+}
+
+/// Asserts `output` exited `wanted` and its stderr says each of `needles`.
+#[track_caller]
+fn says(output: &Output, wanted: i32, needles: &[&str]) {
+    let said = stderr(output);
+    assert_eq!(code(output), wanted, "{said}");
+    for needle in needles {
+        assert!(said.contains(needle), "{needle:?} not in: {said}");
+    }
+    assert!(!said.contains("h2 protocol error"), "{said}");
+}
+
+/// Every way of missing the ledger exits 1 with the address and what was found there, and
+/// what to change: nothing listening, a name that does not resolve, TLS on one side only, an
+/// authority not trusted, something that is not a ledger, a ledger whose database is down. An
+/// address without a scheme is a usage mistake (2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_cannot_be_reached_is_named_with_what_was_found_there() {
     // Nothing listens on a port just freed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    let freed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let unreachable = oncectl(port, &["list"]).await;
-    assert_eq!(code(&unreachable), 1, "{}", stderr(&unreachable));
-    assert!(
-        stderr(&unreachable).contains("unreachable"),
-        "{}",
-        stderr(&unreachable)
+    let nothing = format!("http://{freed}");
+    says(
+        &oncectl_to(&nothing, &["list"]).await,
+        1,
+        &[&format!(
+            "nothing listens at {nothing} (connection refused)"
+        )],
     );
+    says(
+        &oncectl_to(&freed.to_string(), &["list"]).await,
+        2,
+        &["has no scheme", &format!("write http://{freed}")],
+    );
+    says(
+        &oncectl_to("http://no-such-host.invalid:50051", &["list"]).await,
+        1,
+        &["http://no-such-host.invalid:50051 does not resolve"],
+    );
+
+    let db = TestDb::new(Store::Sqlite).await;
+    let plaintext = TestLedger::spawn(&db).await;
+    let port = plaintext.addr.port();
+    says(
+        &oncectl_to(&format!("https://localhost:{port}"), &["list"]).await,
+        1,
+        &[&format!(
+            "https://localhost:{port} speaks plaintext, not TLS: use http://localhost:{port}"
+        )],
+    );
+
+    let tls_db = TestDb::new(Store::Sqlite).await;
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
+    let ca_file = write_file(&tls_db.scratch_dir(), "ca.pem", &cert);
+    let tls = TestLedger::spawn_tls(&tls_db, &cert, &key, &cert, &[]).await;
+    let port = tls.addr.port();
+    says(
+        &oncectl_to(&format!("http://localhost:{port}"), &["list"]).await,
+        1,
+        &[&format!(
+            "http://localhost:{port} speaks TLS: use https://localhost:{port}"
+        )],
+    );
+    let https = format!("https://localhost:{port}");
+    says(
+        &oncectl_to(&https, &["list"]).await,
+        1,
+        &[
+            &format!(
+                "the certificate of {https} is signed by an authority this client does not trust"
+            ),
+            "--ca",
+        ],
+    );
+    let trusted = oncectl_to(&https, &["--ca", ca_file.to_str().unwrap(), "list"]).await;
+    assert_eq!(code(&trusted), 0, "{}", stderr(&trusted));
+
+    // A real HTTP server, but not a ledger.
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    says(
+        &oncectl_to(&provider, &["list"]).await,
+        1,
+        &[&format!(
+            "something answers at {provider}, but not as once-ledger"
+        )],
+    );
+
+    // A ledger whose PostgreSQL refuses it.
+    let pg = TestDb::new(Store::Postgres).await;
+    let ledger = TestLedger::spawn(&pg).await;
+    let addr = format!("http://{}", ledger.addr);
+    pg.as_server_admin("ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+        .await;
+    pg.end_sessions().await;
+    says(
+        &oncectl_to(&addr, &["list"]).await,
+        1,
+        &[&format!(
+            "the ledger at {addr} answers, but its database does not"
+        )],
+    );
+    pg.as_server_admin("ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+        .await;
+}
+
+/// A private authority for client certificates, and one certificate it signed, in PEM.
+fn client_authority() -> (String, (String, String)) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["alice".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (issuer.pem(), (cert.pem(), key.serialize_pem()))
+}
+
+/// A ledger that asks for client certificates (mTLS) is reached with `--cert` and
+/// `--cert-key`, or a profile's `cert` and `cert_key`; without one oncectl says that the ledger
+/// asks for one. A registered certificate is a credential of its own: no key needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_reach_a_ledger_that_asks_for_them() {
+    let db = TestDb::new(Store::Sqlite).await;
+    let dir = db.scratch_dir();
+    let server = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let server_cert = server.cert.pem();
+    let (client_ca, (cert, cert_key)) = client_authority();
+    let admin_key = strong_key("oncectl-admin");
+    let ca = write_file(&dir, "ca.pem", &server_cert);
+    let cert_file = write_file(&dir, "alice.pem", &cert);
+    let key_file = write_file(&dir, "alice.key", &cert_key);
+    let flags = [
+        "--tls-cert".to_owned(),
+        write_file(&dir, "cert.pem", &server_cert)
+            .display()
+            .to_string(),
+        "--tls-key".to_owned(),
+        write_file(&dir, "key.pem", &server.signing_key.serialize_pem())
+            .display()
+            .to_string(),
+        "--tls-client-ca".to_owned(),
+        write_file(&dir, "client-ca.pem", &client_ca)
+            .display()
+            .to_string(),
+        "--admin-key-file".to_owned(),
+        write_file(&dir, "admin.key", &admin_key)
+            .display()
+            .to_string(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let ledger = TestLedger::start(&db.url, &flags).await;
+    let identity = (cert.clone(), cert_key.clone());
+    wait_serving_on(https(ledger.addr.port(), &server_cert, Some(&identity))).await;
+    let addr = format!("https://localhost:{}", ledger.addr.port());
+    let (ca, cert_file, key_file) = (
+        ca.to_str().unwrap(),
+        cert_file.to_str().unwrap(),
+        key_file.to_str().unwrap(),
+    );
+
+    let anonymous = oncectl_to(&addr, &["--ca", ca, "--key", &admin_key, "keys", "list"]).await;
+    says(
+        &anonymous,
+        1,
+        &[&format!("{addr} asks for a client certificate"), "--cert"],
+    );
+
+    let with_cert = [
+        "--ca",
+        ca,
+        "--cert",
+        cert_file,
+        "--cert-key",
+        key_file,
+        "--key",
+        &admin_key,
+    ];
+    let registered = oncectl_to(
+        &addr,
+        &[
+            &with_cert[..],
+            &["keys", "create", "--tenant", "default", "--name", "alice"],
+            &["--role", "operator", "--certificate", cert_file],
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(code(&registered), 0, "{}", stderr(&registered));
+
+    // The certificate alone is alice's credential, from a profile.
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join(".config/once");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("oncectl.toml"),
+        format!(
+            "default = \"mtls\"\n[profiles.mtls]\naddr = \"{addr}\"\nca = \"{ca}\"\n\
+             cert = \"{cert_file}\"\ncert_key = \"{key_file}\"\n"
+        ),
+    )
+    .unwrap();
+    let listed = oncectl_at_home(home.path(), &["list", "--json"], &[]).await;
+    assert_eq!(json(&listed)["operations"], serde_json::json!([]));
+
+    let half = oncectl_to(&addr, &["--ca", ca, "--cert", cert_file, "list"]).await;
+    assert_eq!(code(&half), 2, "{}", stderr(&half));
 }
 
 /// On a terminal (a pseudo-terminal `script` opens) the output is coloured; with NO_COLOR, or
