@@ -34,9 +34,13 @@ impl Drop for OncedProcess {
     }
 }
 
-/// The address in the first line of a log that says `announcement`.
+/// The address in the first line of a log that says `announcement`: a text line's
+/// `address=` or a JSON line's `address`.
 pub fn announced_address(log: &str, announcement: &str) -> Option<SocketAddr> {
     let line = log.lines().find(|line| line.contains(announcement))?;
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(line) {
+        return fields.get("address")?.as_str()?.parse().ok();
+    }
     let field = line
         .split_whitespace()
         .find_map(|word| word.strip_prefix("address="))?;

@@ -747,6 +747,87 @@ async fn the_metrics_listener_is_closed_beyond_loopback() {
     assert!(!onced_logs_contain(&dir, &token));
 }
 
+/// What runs is named: `--version`, the serving line (the database without its secrets, the
+/// version), `onced_build_info`, `target_info` and `process_*` in the scrape. With
+/// `--log-format json` every line is one JSON object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_and_the_process_are_in_the_log_and_the_metrics() {
+    let version = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&version.stdout).into_owned();
+    assert_eq!(said.trim(), format!("onced {}", onced::version()));
+    assert!(
+        onced::version().starts_with(env!("CARGO_PKG_VERSION")),
+        "{said}"
+    );
+
+    let db = TestDb::new(Store::Sqlite).await;
+    let dir = db.scratch_dir();
+    let onced = OncedProcess::spawn_with_env(
+        &db.url,
+        dir.join("onced.log"),
+        &["--metrics-listen", "127.0.0.1:0"],
+        &[("ONCE_LOG_FORMAT", "json")],
+    )
+    .await;
+    let metrics = eventually(
+        Duration::from_secs(10),
+        "onced to say where it serves metrics",
+        || async { announced_address(&onced.log(), "serving Prometheus metrics") },
+    )
+    .await;
+    let log = onced.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let serving = lines
+        .iter()
+        .find(|line| line["message"] == "onced serving")
+        .unwrap_or_else(|| panic!("no serving line: {log}"));
+    assert_eq!(serving["level"], "INFO", "{serving}");
+    assert_eq!(serving["version"], onced::version(), "{serving}");
+    let file = db.url.trim_start_matches("sqlite://");
+    assert!(
+        serving["database"]
+            .as_str()
+            .is_some_and(|d| d.contains(file)),
+        "{serving}"
+    );
+
+    let text = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let revision = onced::version()
+        .split_once(" (")
+        .map_or("", |(_, r)| r.trim_end_matches(')'));
+    let info = format!(
+        "onced_build_info{{revision=\"{revision}\",version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.contains(&info), "{info} not in:\n{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("target_info{")
+            && l.contains(&format!("service_version=\"{}\"", onced::version()))
+            && l.contains("service_name=\"onced\"")),
+        "{text}"
+    );
+    for figure in [
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(text.contains(figure), "{figure} not in:\n{text}");
+    }
+    assert!(onced.terminate().await.success());
+}
+
 /// Whether any log in `dir` holds `text`.
 fn onced_logs_contain(dir: &Path, text: &str) -> bool {
     std::fs::read_dir(dir).unwrap().flatten().any(|entry| {

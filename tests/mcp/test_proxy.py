@@ -24,7 +24,7 @@ import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import BIN, free_port, make_stack, served_port, wait_for
+from conftest import BIN, Process, free_port, make_stack, served_port, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -242,6 +242,69 @@ async def test_without_a_ledger_nothing_is_performed(orders):
     assert result.is_error and "NOT performed" in " ".join(texts(result)), texts(result)
     assert orders.placed("o-7") == []
     assert texts(listed) == ["no such order"]
+    # Said at start, and for the refused call: where, why, which tool and operation.
+    log = (orders.tmp / "once-proxy.log").read_text()
+    address = f"http://127.0.0.1:{orders.stack.ledger_port}"
+    started = [line for line in log.splitlines() if "the ledger cannot be reached yet" in line]
+    assert started and "ERROR" in started[0] and f"nothing listens at {address}" in started[0], log
+    refused = [line for line in log.splitlines() if "a guarded call was not forwarded" in line]
+    assert len(refused) == 1 and "WARN" in refused[0], log
+    assert 'tool="place_order"' in refused[0] and "operation_id=order:" in refused[0], refused
+    assert f"nothing listens at {address}" in refused[0], refused
+
+
+def started_proxy(stack, tmp: Path, ledger: str, key: str | None) -> subprocess.Popen:
+    policy = write(tmp / "policy.toml", POLICY)
+    env = {k: v for k, v in os.environ.items() if k != "ONCE_LEDGER_KEY"}
+    if key is not None:
+        env["ONCE_LEDGER_KEY"] = key
+    return subprocess.Popen(
+        [str(BIN / "once-proxy"), "--policy", str(policy), "--ledger", ledger, "--", *upstream_command("python")],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
+    )
+
+
+def test_the_proxy_checks_the_ledger_and_its_key_at_start(tenant_stack, tmp_path):
+    """What no retry mends stops the proxy at start with an ERROR naming the ledger and the
+    reason (a key the ledger refuses, a key without the executor role, TLS on one side only);
+    a good key is named, with its tenant and the ledger's version."""
+    stack = tenant_stack
+    address = f"http://127.0.0.1:{stack.ledger_port}"
+    reader = json.loads(stack.onced_command(
+        "keys", "create", "--tenant", "acme", "--name", "acme-dashboard", "--role", "reader", "--json",
+    ))["secret"]
+    # Made in the database: the ledger, restarted, reads it.
+    stack.ledger.stop()
+    stack.start_ledger()
+    https = f"https://127.0.0.1:{stack.ledger_port}"
+    for ledger, key, says in [
+        (address, "not-a-key-of-this-ledger-0123456789", "refuses the proxy's key"),
+        (address, reader, "not the executor role"),
+        (https, stack.keys["acme"], f"{https} speaks plaintext, not TLS: use {address}"),
+    ]:
+        proxy = started_proxy(stack, tmp_path, ledger, key)
+        try:
+            _, said = proxy.communicate(timeout=30)
+        finally:
+            proxy.kill()
+        assert proxy.returncode == 1, said
+        line = next(line for line in said.splitlines() if "once-proxy cannot use this ledger" in line)
+        assert "ERROR" in line and says in line and ledger in line, said
+        assert "not-a-key-of-this-ledger" not in said and reader not in said, "no key in a log"
+
+    proxy = started_proxy(stack, tmp_path, address, stack.keys["acme"])
+    try:
+        said = ""
+        deadline = time.monotonic() + 30
+        while "the ledger answers" not in said:
+            assert time.monotonic() < deadline and proxy.poll() is None, said
+            said += proxy.stderr.readline()
+    finally:
+        proxy.kill()
+        proxy.wait()
+    line = next(line for line in said.splitlines() if "the ledger answers" in line)
+    assert 'tenant="acme"' in line or "tenant=acme" in line, line
+    assert "acme-refund-mcp" in line and "version=" in line, line
 
 
 class RawSession:
@@ -938,17 +1001,58 @@ def certificate(tmp: Path, name: str, issuer: tuple | None = None) -> tuple[Path
     builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name).public_key(key.public_key())
                .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + timedelta(days=1))
                .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True))
-    if issuer is None:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-    else:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    builder = builder.add_extension(x509.SubjectAlternativeName(
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    if issuer is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
     cert = builder.sign(issuer_key, hashes.SHA256())
     cert_path, key_path = tmp / f"{name}.crt", tmp / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path, (subject, key)
+
+
+def test_the_proxy_presents_a_client_certificate_to_a_ledger_that_asks_for_one(tmp_path):
+    tmp = tmp_path
+    # A server certificate signed by a CA: rustls refuses a CA's own certificate as a server's.
+    ledger_ca, _, ledger_signer = certificate(tmp, "ledger-ca")
+    server_cert, server_key, _ = certificate(tmp, "ledger", issuer=ledger_signer)
+    client_ca, _, signer = certificate(tmp, "clients")
+    leaf, leaf_key, _ = certificate(tmp, "proxy", issuer=signer)
+    log = tmp / "onced.log"
+    ledger = Process([str(BIN / "onced"), "--database-url", f"sqlite://{tmp / 'ledger.db'}",
+                      "--listen", "127.0.0.1:0", "--tls-cert", str(server_cert), "--tls-key", str(server_key),
+                      "--tls-client-ca", str(client_ca)], log)
+    try:
+        port = wait_for("onced", lambda: served_port(log, "onced serving", 0))
+        address = f"https://localhost:{port}"
+        policy = write(tmp / "policy.toml", POLICY)
+
+        def proxy(*flags: str) -> subprocess.Popen:
+            return subprocess.Popen(
+                [str(BIN / "once-proxy"), "--policy", str(policy), "--ledger", address,
+                 "--ledger-ca", str(ledger_ca), *flags, "--", *upstream_command("python")],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        anonymous = proxy()
+        _, said = anonymous.communicate(timeout=30)
+        assert anonymous.returncode == 1, said
+        assert f"{address} asks for a client certificate" in said and "--ledger-cert" in said, said
+
+        certified = proxy("--ledger-cert", str(leaf), "--ledger-cert-key", str(leaf_key))
+        try:
+            said = ""
+            deadline = time.monotonic() + 30
+            while "the ledger answers" not in said:
+                assert time.monotonic() < deadline and certified.poll() is None, said
+                said += certified.stderr.readline()
+        finally:
+            certified.kill()
+            certified.wait()
+    finally:
+        ledger.stop()
 
 
 def test_http_a_listener_beyond_loopback_needs_tls_and_a_client_credential(http_orders):

@@ -15,7 +15,7 @@ use crate::effect::{Effect, EffectError, Report};
 use crate::error::ClientError;
 use crate::spec::OperationSpec;
 use crate::transport::{Retries, Transport};
-use crate::view::OperationView;
+use crate::view::{OperationView, ServerInfo};
 use crate::wire::{self, duration, std_duration, system_time};
 
 /// A handle on the ledger. Cheap to clone.
@@ -163,6 +163,7 @@ impl LedgerClient {
             attempt: attempt.number(),
         };
         let operation_id = context.operation_id.clone();
+        let (number, fencing_token) = (attempt.number(), attempt.fencing_token());
         // Once the effect has run, its outcome is the truth the caller gets, whether or not the
         // report reaches the ledger: an unreported attempt becomes UNKNOWN when its lease runs
         // out, never ABSENT, so a failed report is logged and not turned into "not performed".
@@ -171,9 +172,23 @@ impl LedgerClient {
             .await
             .unwrap_or_else(|_panic| Err(EffectError::Ambiguous("the effect panicked".into())));
         let reported = attempt.report(Report::from(&performed)).await;
-        let outcome = Outcome::performed(operation_id, performed);
+        let outcome = Outcome::performed(operation_id.clone(), performed);
         if let Err(error) = reported {
-            tracing::warn!(%error, ?outcome, "the effect ran but its report did not reach the ledger; its lease will expire into UNKNOWN");
+            // Never the result: it is the tool's, and may hold what a log must not.
+            let (report, provider_ref) = match &outcome {
+                Outcome::Executed { effect, .. } => ("CONFIRMED", effect.provider_ref.as_deref()),
+                Outcome::NotPerformed { .. } => ("ABSENT", None),
+                _ => ("UNKNOWN", None),
+            };
+            tracing::warn!(
+                %operation_id,
+                attempt = number,
+                fencing_token,
+                report,
+                provider_ref = provider_ref.unwrap_or("none"),
+                %error,
+                "the effect ran but its report did not reach the ledger; its lease will expire into UNKNOWN, for its reconciler or an operator to settle"
+            );
         }
         Ok(outcome)
     }
@@ -193,5 +208,18 @@ impl LedgerClient {
             )
             .await?;
         Ok(wire::operation(found))
+    }
+
+    /// What the ledger is (its version and database) and who this client is to it (tenant,
+    /// key, roles): a check of the address and the key that changes nothing.
+    pub async fn server_info(&self) -> Result<ServerInfo, ClientError> {
+        let found = self
+            .transport
+            .unary(
+                |mut grpc, request| async move { grpc.get_server_info(request).await },
+                pb::GetServerInfoRequest {},
+            )
+            .await?;
+        Ok(wire::server_info(found))
     }
 }

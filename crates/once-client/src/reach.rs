@@ -95,7 +95,7 @@ impl Unreachable {
                 "the certificate of {at} is signed by an authority this client does not trust: give that CA's PEM file (oncectl --ca, once-proxy --ledger-ca, refund-mcp --ledger-ca)"
             ),
             Cause::ClientCertificate => format!(
-                "{at} asks for a client certificate this client did not present, or refused the one it did: give one the ledger knows (oncectl --cert and --cert-key)"
+                "{at} asks for a client certificate this client did not present, or refused the one it did: give one the ledger knows (oncectl --cert and --cert-key, once-proxy --ledger-cert and --ledger-cert-key, refund-mcp --ledger-client-cert and --ledger-client-key)"
             ),
             Cause::Certificate(why) => format!("the certificate of {at} was refused: {why}"),
             Cause::NotALedger => format!(
@@ -128,8 +128,9 @@ pub(crate) enum Judged {
 
 /// Reads `status` of a call to `endpoint`: the ledger's answer, or why there was none. It may
 /// open one connection to `endpoint` to tell a plaintext client at a TLS port from something
-/// that is not a ledger.
-pub(crate) async fn judge(status: &Status, endpoint: &str) -> Judged {
+/// that is not a ledger, or, for a client that `presents_certificate` not, a TLS port that asks
+/// for one from one that closed for another reason.
+pub(crate) async fn judge(status: &Status, endpoint: &str, presents_certificate: bool) -> Judged {
     let ours = status
         .get_details_error_info()
         .is_some_and(|info| info.domain == once_api::ERROR_DOMAIN);
@@ -147,6 +148,16 @@ pub(crate) async fn judge(status: &Status, endpoint: &str) -> Judged {
     let chain = Chain::of(status);
     if let Some(cause) = chain.cause() {
         return Judged::Unreachable(cause);
+    }
+    // TLS 1.3 ends the client's handshake before the server judges its certificate: a server
+    // that asked for one and got none closes the connection, and the alert saying why may come
+    // after the connection is already read as closed.
+    if chain.local
+        && !presents_certificate
+        && endpoint.starts_with("https://")
+        && asks_for_client_certificate(endpoint).await
+    {
+        return Judged::Unreachable(Cause::ClientCertificate);
     }
     match status.code() {
         // A gRPC server without the ledger's methods, or an HTTP/2 server answering 404.
@@ -232,7 +243,7 @@ impl Chain {
         if let Some(tls) = &self.tls {
             return Some(match tls {
                 Tls::InvalidCertificate(CertificateError::UnknownIssuer) => Cause::UnknownCa,
-                Tls::InvalidCertificate(other) => Cause::Certificate(format!("{other:?}")),
+                Tls::InvalidCertificate(other) => Cause::Certificate(certificate_fault(other)),
                 Tls::InvalidMessage(_) | Tls::InappropriateMessage { .. } => Cause::TlsToPlaintext,
                 Tls::AlertReceived(
                     Alert::CertificateRequired
@@ -246,13 +257,16 @@ impl Chain {
         }
         // After a TLS 1.3 handshake a refused client certificate comes as an alert on the first
         // read, which HTTP/2 keeps only as words.
-        let alert = self
-            .messages
-            .iter()
-            .find_map(|m| m.split_once("received fatal alert: ").map(|(_, alert)| alert));
+        let alert = self.messages.iter().find_map(|m| {
+            m.split_once("received fatal alert: ")
+                .map(|(_, alert)| alert)
+        });
         if let Some(alert) = alert {
             return Some(match alert {
-                "CertificateRequired" | "BadCertificate" | "UnknownCA" | "CertificateUnknown"
+                "CertificateRequired"
+                | "BadCertificate"
+                | "UnknownCA"
+                | "CertificateUnknown"
                 | "HandshakeFailure" => Cause::ClientCertificate,
                 other => Cause::Other(format!("the ledger ended TLS: {other}")),
             });
@@ -302,6 +316,111 @@ async fn speaks_tls(endpoint: &str) -> bool {
     )
 }
 
+/// Whether `endpoint` asks a TLS client for a certificate (a CertificateRequest in its
+/// handshake). The probe trusts whatever certificate the server shows, since nothing but the
+/// handshake is sent over it, and it presents none.
+async fn asks_for_client_certificate(endpoint: &str) -> bool {
+    let Some(authority) = authority(endpoint) else {
+        return false;
+    };
+    let Some(host) = authority
+        .rsplit_once(':')
+        .map(|(host, _)| host.trim_matches(['[', ']']))
+    else {
+        return false;
+    };
+    let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_owned()) else {
+        return false;
+    };
+    let asked = Arc::new(Asked::default());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let Ok(config) = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+    else {
+        return false;
+    };
+    let config = config
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_client_cert_resolver(asked.clone());
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect(&authority).await.ok()?;
+        let _tls = connector.connect(name, tcp).await;
+        Some(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), handshake).await;
+    asked.0.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A client certificate resolver that presents none and notes that one was asked for.
+#[derive(Debug, Default)]
+struct Asked(std::sync::atomic::AtomicBool);
+
+impl rustls::client::ResolvesClientCert for Asked {
+    fn resolve(
+        &self,
+        _hints: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// For the probe only: any server certificate is taken, its handshake signatures checked.
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// `host:port` of a URL.
 fn authority(endpoint: &str) -> Option<String> {
     let uri: tonic::codegen::http::Uri = endpoint.parse().ok()?;
@@ -331,4 +450,19 @@ fn client_hello(authority: &str) -> Option<Vec<u8>> {
     let mut hello = Vec::new();
     connection.write_tls(&mut hello).ok()?;
     Some(hello)
+}
+
+/// Why a ledger's certificate was refused, in words: rustls's own for most, and for what
+/// webpki reports only by name, a sentence.
+fn certificate_fault(fault: &rustls::CertificateError) -> String {
+    let named = format!("{fault:?}");
+    if named.contains("CaUsedAsEndEntity") {
+        return "it is a certificate authority's own certificate, not a server's: serve one \
+                that authority signed for the ledger's name"
+            .to_owned();
+    }
+    match fault {
+        rustls::CertificateError::Other(other) => format!("{other}"),
+        fault => fault.to_string(),
+    }
 }

@@ -199,7 +199,8 @@ impl Transport {
             address: self.address(),
             cause,
         };
-        match reach::judge(status, endpoint).await {
+        let presents_certificate = self.config.tls_identity_pem.is_some();
+        match reach::judge(status, endpoint, presents_certificate).await {
             Judged::Unreachable(cause) if cause.passes() => Failure::Passing(unreachable(cause)),
             Judged::Unreachable(cause) => {
                 Failure::Final(ClientError::Unreachable(unreachable(cause)))

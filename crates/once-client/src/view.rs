@@ -4,6 +4,27 @@ use std::time::{Duration, SystemTime};
 
 use once_core::{AttemptContext, State};
 
+/// What a ledger is, and who the caller is to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Its release and, when known, the commit it was built from.
+    pub version: String,
+    /// `sqlite` or `postgres`.
+    pub database: String,
+    /// The caller's tenant.
+    pub tenant: String,
+    /// The credential the caller presented; `None` on an open ledger.
+    pub key: Option<KeyInfo>,
+}
+
+/// The credential a caller presented, as the ledger knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub key_id: String,
+    pub name: String,
+    pub roles: Vec<String>,
+}
+
 /// One operation as the ledger holds it: its state, its result, and the history of its current
 /// life.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,8 +7,8 @@ use once_api::pb;
 use once_core::{AttemptContext, State};
 
 use crate::view::{
-    AgesView, AttemptView, CallView, EventView, ForensicsView, OperationView, StatsView,
-    WatchedEvent,
+    AgesView, AttemptView, CallView, EventView, ForensicsView, KeyInfo, OperationView, ServerInfo,
+    StatsView, WatchedEvent,
 };
 
 pub(crate) fn duration(d: Duration) -> prost_types::Duration {
@@ -190,5 +190,19 @@ fn event(e: pb::Event) -> EventView {
         actor: e.actor,
         reason: present(e.reason),
         details: present(e.details_json),
+    }
+}
+
+pub(crate) fn server_info(found: pb::GetServerInfoResponse) -> ServerInfo {
+    let key = (!found.open).then_some(KeyInfo {
+        key_id: found.key_id,
+        name: found.key_name,
+        roles: found.roles,
+    });
+    ServerInfo {
+        version: found.version,
+        database: found.database,
+        tenant: found.tenant,
+        key,
     }
 }

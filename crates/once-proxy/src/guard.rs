@@ -345,6 +345,7 @@ impl Guard {
         let spec = match policy.spec(tool, &params) {
             Ok(spec) => spec,
             Err(unnamed) => {
+                tracing::warn!(tool, reason = %unnamed, "a guarded call was not forwarded: the policy cannot name its operation from these arguments");
                 let failure = ClientError::Invalid(unnamed.to_string());
                 return reply(&id, to_value(&not_performed(&failure)));
             }
@@ -405,7 +406,11 @@ impl Guard {
                 reply(&id, result)
             }
             (Ok(outcome), _, _) => reply(&id, to_value(&tool_result(&outcome, &status))),
-            (Err(failure), _, _) => reply(&id, to_value(&not_performed(&failure))),
+            (Err(failure), _, _) => {
+                let operation_id = spec.operation_id().unwrap_or_default();
+                tracing::warn!(tool, %operation_id, reason = %failure, "a guarded call was not forwarded: the ledger did not let it run");
+                reply(&id, to_value(&not_performed(&failure)))
+            }
         }
     }
 

@@ -28,12 +28,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use once_client::{ClientConfig, LedgerClient};
+use once_client::{ClientConfig, ClientError, LedgerClient};
 
 /// Guards an MCP server's state-changing tools with once-ledger.
 // `Debug` never shows the ledger key.
 #[derive(Parser)]
-#[command(name = "once-proxy", version, args_conflicts_with_subcommands = true)]
+#[command(name = "once-proxy", version = once_telemetry::version(), args_conflicts_with_subcommands = true)]
 struct Args {
     #[command(subcommand)]
     lint: Option<Lint>,
@@ -59,6 +59,31 @@ struct Args {
     /// A PEM file of certificate authorities to trust for an `https://` ledger.
     #[arg(long, env = "ONCE_LEDGER_CA", hide_env_values = true)]
     ledger_ca: Option<PathBuf>,
+    /// For a ledger that verifies client certificates (mTLS): the proxy's PEM certificate
+    /// (with --ledger-cert-key).
+    #[arg(
+        long,
+        env = "ONCE_LEDGER_CERT",
+        hide_env_values = true,
+        requires = "ledger_cert_key"
+    )]
+    ledger_cert: Option<PathBuf>,
+    /// The PEM private key of --ledger-cert.
+    #[arg(
+        long,
+        env = "ONCE_LEDGER_CERT_KEY",
+        hide_env_values = true,
+        requires = "ledger_cert"
+    )]
+    ledger_cert_key: Option<PathBuf>,
+    /// How log lines are written: text for people, or json (one object a line).
+    #[arg(
+        long,
+        env = "ONCE_LOG_FORMAT",
+        hide_env_values = true,
+        default_value = "text"
+    )]
+    log_format: once_telemetry::LogFormat,
     /// The client name recorded in the ledger's attempt log.
     #[arg(
         long,
@@ -297,7 +322,11 @@ async fn lint(policy: &std::path::Path, command: &[String]) -> anyhow::Result<i3
 
 async fn proxy(args: Args) -> anyhow::Result<i32> {
     // stdout carries the MCP protocol: logs go to stderr.
-    let telemetry = once_telemetry::Telemetry::init("once-proxy", false)?;
+    let telemetry = once_telemetry::Telemetry::init(once_telemetry::Process {
+        name: "once-proxy",
+        log_format: args.log_format,
+        prometheus: false,
+    })?;
     let path = args.policy.clone().expect("required without a subcommand");
     let policy = policy::Policy::load(&path)?;
     let mut config = ClientConfig::new(args.ledger.clone());
@@ -310,6 +339,19 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
                 .map_err(|e| anyhow::anyhow!("--ledger-ca {}: {e}", path.display()))?,
         );
     }
+    if let (Some(cert), Some(key)) = (&args.ledger_cert, &args.ledger_cert_key) {
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
+        };
+        config.tls_identity_pem = Some((
+            read("--ledger-cert", cert)?,
+            read("--ledger-cert-key", key)?,
+        ));
+    }
+    if let Err(refused) = check_ledger(&config).await {
+        tracing::error!(ledger = %redacted(&args.ledger), reason = %refused, "once-proxy cannot use this ledger; stopping");
+        return Ok(1);
+    }
     let ledger = LedgerClient::connect(config)?;
     tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %redacted(&args.ledger), "once-proxy starting");
     let guard = guard::Guard::new(policy, ledger);
@@ -319,6 +361,45 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
     };
     telemetry.shutdown();
     code
+}
+
+/// Asks the ledger, once, who the proxy is to it before serving. What no retry mends (TLS on
+/// one side only, an untrusted authority, something that is not a ledger, a key the ledger
+/// refuses or one without the executor role) is the error returned, and the proxy stops. A
+/// ledger not reachable yet (nothing listening, no answer, its database down) is an ERROR line
+/// and the proxy serves: each guarded call is refused, unforwarded, until the ledger answers.
+async fn check_ledger(config: &ClientConfig) -> Result<(), String> {
+    let mut once = config.clone();
+    once.tries = 1;
+    let ledger = LedgerClient::connect(once).map_err(|e| e.to_string())?;
+    match ledger.server_info().await {
+        Ok(info) => {
+            let key = match &info.key {
+                Some(key) if !key.roles.iter().any(|r| r == "executor") => {
+                    return Err(format!(
+                        "the key {} ({}) of tenant {:?} holds {}, not the executor role a proxy \
+                         needs to run guarded calls",
+                        key.key_id,
+                        key.name,
+                        info.tenant,
+                        key.roles.join(", ")
+                    ))
+                }
+                Some(key) => format!("{} ({})", key.key_id, key.name),
+                None => "none (an open ledger)".to_owned(),
+            };
+            tracing::info!(version = %info.version, tenant = %info.tenant, %key, "the ledger answers");
+            Ok(())
+        }
+        Err(ClientError::Unreachable(unreachable)) if unreachable.cause.passes() => {
+            tracing::error!(reason = %unreachable, "the ledger cannot be reached yet; serving, and refusing each guarded call until it answers");
+            Ok(())
+        }
+        Err(ClientError::Refused { reason, message }) => Err(format!(
+            "the ledger refuses the proxy's key: {message} ({reason})"
+        )),
+        Err(other) => Err(other.to_string()),
+    }
 }
 
 /// Over stdio: the upstream command run as the proxy's child. When a guarded tool's errors are

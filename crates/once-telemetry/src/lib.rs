@@ -1,12 +1,14 @@
 //! Logs, traces and metrics for once-ledger's processes (`onced`, `refund-mcp`).
 //!
 //! [`Telemetry::init`] installs, once per process:
-//! - logs to stderr, filtered by `RUST_LOG` (default `info`), coloured only on a terminal;
+//! - logs to stderr, filtered by `RUST_LOG` (default `info`): text, coloured only on a terminal
+//!   and never when `NO_COLOR` is set, or one JSON object per line ([`LogFormat::Json`]);
 //! - OpenTelemetry traces exported over OTLP/gRPC when the standard variables ask for them
 //!   (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or
 //!   `OTEL_TRACES_EXPORTER=otlp`), every `tracing` span becoming an OpenTelemetry span;
 //! - OpenTelemetry metrics pushed the same way (`…_METRICS_ENDPOINT`, `OTEL_METRICS_EXPORTER`,
-//!   every `OTEL_METRIC_EXPORT_INTERVAL`), and kept for a Prometheus scrape when asked.
+//!   every `OTEL_METRIC_EXPORT_INTERVAL`), and kept for a Prometheus scrape when asked, beside
+//!   the process's own figures (`process_*`) and `<name>_build_info`.
 //!
 //! With none of those variables set no exporter, batch queue or tracing layer exists: spans are
 //! only what the log needs, and instruments are the API's no-op ones. `OTEL_SDK_DISABLED=true`
@@ -51,6 +53,68 @@ pub fn prometheus() -> Option<Prometheus> {
 /// The meter every instrument of the project comes from: the no-op one unless metrics are on.
 pub fn meter() -> opentelemetry::metrics::Meter {
     opentelemetry::global::meter(SCOPE)
+}
+
+/// The release the binaries were built as and, when built from a git checkout, the commit:
+/// `0.1.0 (3f2a9c1d04be)`.
+pub fn version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| match revision() {
+        "" => env!("CARGO_PKG_VERSION").to_owned(),
+        commit => format!("{} ({commit})", env!("CARGO_PKG_VERSION")),
+    })
+}
+
+/// The commit the binaries were built from; empty when not built from a git checkout.
+pub fn revision() -> &'static str {
+    env!("ONCE_GIT_COMMIT")
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// For people: `time LEVEL target: message field=value …`.
+    #[default]
+    Text,
+    /// For log pipelines: one JSON object per line, the event's fields at its top level.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("{other:?} is not a log format: text or json")),
+        }
+    }
+}
+
+impl std::fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
+}
+
+/// What a process sets its telemetry up for.
+#[derive(Debug, Clone, Copy)]
+pub struct Process {
+    /// Its name: the service name of its traces and metrics (unless `OTEL_SERVICE_NAME` names
+    /// it), and the prefix of its `_build_info` metric.
+    pub name: &'static str,
+    pub log_format: LogFormat,
+    /// Keep the metrics for a Prometheus scrape ([`prometheus()`]).
+    pub prometheus: bool,
+}
+
+/// Whether log lines may be coloured: on a terminal, unless `NO_COLOR` is set (no-color.org).
+pub fn colour_allowed(terminal: bool) -> bool {
+    terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// What the process set up; dropping it does not flush, [`Telemetry::shutdown`] does.
@@ -132,17 +196,18 @@ impl Signals {
 }
 
 impl Telemetry {
-    /// Sets up logs, and traces and metrics as the environment asks, for the process named
-    /// `service` (unless `OTEL_SERVICE_NAME` names it). `prometheus` keeps the metrics for a
-    /// scrape ([`prometheus()`]). Call it once, inside the Tokio runtime when anything is
-    /// exported (the OTLP exporters are gRPC clients).
-    pub fn init(service: &'static str, prometheus: bool) -> anyhow::Result<Self> {
+    /// Sets up logs, and traces and metrics as the environment asks, for `process`. Call it
+    /// once, inside the Tokio runtime when anything is exported (the OTLP exporters are gRPC
+    /// clients).
+    pub fn init(process: Process) -> anyhow::Result<Self> {
+        let prometheus = process.prometheus;
         let signals = Signals::from_env(|name| std::env::var(name).ok());
         let resource = {
-            let builder = Resource::builder();
+            let builder = Resource::builder()
+                .with_attribute(opentelemetry::KeyValue::new("service.version", version()));
             match std::env::var("OTEL_SERVICE_NAME") {
                 Ok(name) if !name.trim().is_empty() => builder.build(),
-                _ => builder.with_service_name(service).build(),
+                _ => builder.with_service_name(process.name).build(),
             }
         };
 
@@ -171,6 +236,7 @@ impl Telemetry {
                     .build()
                     .context("setting up the Prometheus exporter")?;
                 builder = builder.with_reader(exporter);
+                register_process(&registry, process.name)?;
                 let _ = PROMETHEUS.set(Prometheus { registry });
             }
             if signals.metrics {
@@ -189,10 +255,22 @@ impl Telemetry {
         };
 
         let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-        let logs = tracing_subscriber::fmt::layer()
-            .fmt_fields(LogFields)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        let text = (process.log_format == LogFormat::Text).then(|| {
+            tracing_subscriber::fmt::layer()
+                .fmt_fields(LogFields)
+                .with_writer(std::io::stderr)
+                .with_ansi(colour_allowed(std::io::IsTerminal::is_terminal(
+                    &std::io::stderr(),
+                )))
+        });
+        let json = (process.log_format == LogFormat::Json).then(|| {
+            tracing_subscriber::fmt::layer()
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false)
+                .with_writer(std::io::stderr)
+        });
         let spans = tracer.as_ref().map(|provider| {
             tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer(SCOPE))
@@ -200,7 +278,8 @@ impl Telemetry {
         });
         tracing_subscriber::registry()
             .with(filter)
-            .with(logs)
+            .with(text)
+            .with(json)
             .with(spans)
             .try_init()
             .context("installing the log subscriber")?;
@@ -227,6 +306,29 @@ impl Telemetry {
             }
         }
     }
+}
+
+/// The process's own figures (CPU, memory, open files: `process_*`) and
+/// `<name>_build_info{version, revision}` = 1 in `registry`.
+fn register_process(registry: &prometheus::Registry, name: &str) -> anyhow::Result<()> {
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .context("registering the process metrics")?;
+    let info = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new(
+            format!("{}_build_info", name.replace('-', "_")),
+            format!("The build of {name}: always 1, its version and revision as labels"),
+        ),
+        &["version", "revision"],
+    )
+    .context("the build info metric")?;
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), revision()])
+        .set(1);
+    registry
+        .register(Box::new(info))
+        .context("registering the build info metric")
 }
 
 /// The fields of a span or event as the log shows them: the attributes that only a trace

@@ -11,7 +11,7 @@ use once_core::access::Role;
 /// Exit codes: 0 done, 1 no ledger answered (or another failure), 2 usage, 3 not found,
 /// 4 refused (by the ledger itself, or declined at the prompt).
 #[derive(Debug, Parser)]
-#[command(name = "oncectl", version, args_override_self = true)]
+#[command(name = "oncectl", version = once_telemetry::version(), args_override_self = true)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -96,6 +96,9 @@ impl Global {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Which ledger this reaches and how (address, TLS), who you are to it (tenant, key,
+    /// roles), and its version: a check of the settings that changes nothing.
+    Status,
     /// Operations, oldest first: UNKNOWN ones unless told otherwise.
     List(ListArgs),
     /// One operation: its attempts, its calls and where they came from, and its history.

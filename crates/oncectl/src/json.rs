@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use once_client::{
     AgesView, AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled,
-    StatsView, WatchedEvent,
+    ServerInfo, StatsView, WatchedEvent,
 };
 use once_core::access::{Credential, Role};
 use once_core::State;
@@ -87,6 +87,22 @@ fn ages(a: &AgesView) -> Value {
         "p90_ms": ms(a.p90),
         "p99_ms": ms(a.p99),
         "max_ms": ms(a.max),
+    })
+}
+
+pub fn status(reached: &crate::Reached, info: &ServerInfo) -> Value {
+    json!({
+        "address": reached.address,
+        "tls": reached.tls,
+        "private_ca": reached.private_ca,
+        "client_certificate": reached.client_certificate,
+        "version": info.version,
+        "database": info.database,
+        "tenant": info.tenant,
+        "open": info.key.is_none(),
+        "key_id": info.key.as_ref().map(|k| &k.key_id),
+        "key_name": info.key.as_ref().map(|k| &k.name),
+        "roles": info.key.as_ref().map(|k| &k.roles),
     })
 }
 

@@ -135,8 +135,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
     let settings = Settings::resolve(&cli.global).map_err(|e| Failure::Usage(e.to_string()))?;
     let out = Out::new(&cli.global);
+    let reached = Reached::of(&settings.client);
     let ledger = LedgerClient::connect(settings.client).map_err(Failure::from)?;
     match cli.command {
+        Command::Status => status(&ledger, &out, &reached).await,
         Command::List(args) => list(&reading(&ledger, &args.tenant), &out, args).await,
         Command::Show { operation, tenant } => {
             show(&reading(&ledger, &tenant), &out, &operation).await
@@ -153,6 +155,39 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Keys(command) => keys(&ledger, &out, command).await,
         Command::Completions { .. } => unreachable!("handled above"),
     }
+}
+
+/// How oncectl reaches the ledger, as `oncectl status` tells it.
+#[derive(Debug)]
+pub struct Reached {
+    pub address: String,
+    pub tls: bool,
+    /// A private certificate authority is trusted besides the public roots (`--ca`).
+    pub private_ca: bool,
+    /// A client certificate is presented (`--cert`).
+    pub client_certificate: bool,
+}
+
+impl Reached {
+    fn of(client: &once_client::ClientConfig) -> Self {
+        let address = client.endpoints.join(", ");
+        Reached {
+            tls: address.starts_with("https://"),
+            address,
+            private_ca: client.tls_ca_pem.is_some(),
+            client_certificate: client.tls_identity_pem.is_some(),
+        }
+    }
+}
+
+async fn status(ledger: &LedgerClient, out: &Out, reached: &Reached) -> Result<(), Failure> {
+    let info = ledger.server_info().await?;
+    if out.json {
+        out.json(&json::status(reached, &info));
+    } else {
+        out.print(&render::status(&out.look, reached, &info));
+    }
+    Ok(())
 }
 
 /// The client, its reads naming `tenant` when one is given.

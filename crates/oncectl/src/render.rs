@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use anstyle::{AnsiColor, Style};
 use comfy_table::{presets, Attribute, Cell, Color, ContentArrangement, Table};
 use once_client::{
-    AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled, StatsView, Truth,
-    WatchedEvent,
+    AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled, ServerInfo,
+    StatsView, Truth, WatchedEvent,
 };
 use once_core::access::Credential;
 use once_core::State;
@@ -295,6 +295,49 @@ fn call(look: &Look, c: &CallView) -> String {
         out += &format!("                asked for {requested} (the same intent)\n");
     }
     out
+}
+
+/// `oncectl status`: where the ledger is, how it is reached, and who the caller is to it.
+pub fn status(look: &Look, reached: &crate::Reached, info: &ServerInfo) -> String {
+    let tls = match (reached.tls, reached.private_ca, reached.client_certificate) {
+        (false, _, _) => "none (plaintext)".to_owned(),
+        (true, ca, cert) => {
+            let trust = if ca {
+                "verified with --ca and the public roots"
+            } else {
+                "verified with the public roots"
+            };
+            let cert = if cert {
+                ", client certificate presented"
+            } else {
+                ""
+            };
+            format!("{trust}{cert}")
+        }
+    };
+    let (key, roles) = match &info.key {
+        Some(key) if key.name.is_empty() => (key.key_id.clone(), key.roles.join(", ")),
+        Some(key) => (
+            format!("{} ({})", key.key_id, key.name),
+            key.roles.join(", "),
+        ),
+        None => (
+            "none: the ledger is open (no key exists yet)".to_owned(),
+            "every role".to_owned(),
+        ),
+    };
+    let rows = [
+        ("Ledger", reached.address.clone()),
+        ("TLS", tls),
+        ("Version", info.version.clone()),
+        ("Database", info.database.clone()),
+        ("Tenant", info.tenant.clone()),
+        ("Key", key),
+        ("Roles", roles),
+    ];
+    rows.iter()
+        .map(|(name, value)| format!("{} {value}\n", look.bold(&format!("{name:<9}"))))
+        .collect()
 }
 
 /// `oncectl stats`: the tenant's figures.

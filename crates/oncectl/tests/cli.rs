@@ -851,6 +851,28 @@ async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
 
     // The new key can list operations; without a key, nothing is answered.
     let operator = [("ONCE_KEY", secret.as_str())];
+    let status = oncectl_with(ledger.addr, &["status"], &operator).await;
+    assert_eq!(code(&status), 0, "{}", stderr(&status));
+    let said = String::from_utf8_lossy(&status.stdout).into_owned();
+    for line in [
+        format!("Ledger    http://{}", ledger.addr),
+        "TLS       none (plaintext)".to_owned(),
+        format!("Version   {}", env!("CARGO_PKG_VERSION")),
+        match store {
+            Store::Sqlite => "Database  sqlite".to_owned(),
+            Store::Postgres => "Database  postgres".to_owned(),
+        },
+        "Tenant    default".to_owned(),
+        format!("Key       {key_id} (oncall)"),
+        "Roles     reader, operator".to_owned(),
+    ] {
+        assert!(said.contains(&line), "{line:?} not in:\n{said}");
+    }
+    let status = json(&oncectl_with(ledger.addr, &["status", "--json"], &admin).await);
+    assert_eq!(status["tenant"], "default", "{status}");
+    assert_eq!(status["key_name"], "bootstrap-admin", "{status}");
+    assert_eq!(status["roles"], serde_json::json!(["admin"]), "{status}");
+    assert_eq!(status["open"], false, "{status}");
     let listed = oncectl_with(ledger.addr, &["list", "--json"], &operator).await;
     assert_eq!(json(&listed)["operations"], serde_json::json!([]));
     let nobody = oncectl(ledger.addr, &["list"]).await;
@@ -893,6 +915,8 @@ async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
     );
     let refused = oncectl_with(ledger.addr, &["list"], &operator).await;
     assert_eq!(code(&refused), 4, "{}", stderr(&refused));
+    let refused = oncectl_with(ledger.addr, &["status"], &operator).await;
+    assert_eq!(code(&refused), 4, "a revoked key: {}", stderr(&refused));
     ledger.stop().await;
 }
 
@@ -1011,6 +1035,21 @@ async fn a_ledger_that_cannot_be_reached_is_named_with_what_was_found_there() {
     );
     let trusted = oncectl_to(&https, &["--ca", ca_file.to_str().unwrap(), "list"]).await;
     assert_eq!(code(&trusted), 0, "{}", stderr(&trusted));
+    // An open ledger says so, and that every caller has every role.
+    let status = oncectl_to(&https, &["--ca", ca_file.to_str().unwrap(), "status"]).await;
+    let said = String::from_utf8_lossy(&status.stdout).into_owned();
+    for line in [
+        "TLS       verified with --ca and the public roots",
+        "Key       none: the ledger is open (no key exists yet)",
+        "Roles     every role",
+    ] {
+        assert!(said.contains(line), "{line:?} not in:\n{said}");
+    }
+    says(
+        &oncectl_to(&nothing, &["status"]).await,
+        1,
+        &["nothing listens at"],
+    );
 
     // A real HTTP server, but not a ledger.
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
@@ -1140,6 +1179,12 @@ async fn client_certificates_reach_a_ledger_that_asks_for_them() {
     .unwrap();
     let listed = oncectl_at_home(home.path(), &["list", "--json"], &[]).await;
     assert_eq!(json(&listed)["operations"], serde_json::json!([]));
+    let status = json(&oncectl_at_home(home.path(), &["status", "--json"], &[]).await);
+    assert_eq!(status["tls"], true, "{status}");
+    assert_eq!(status["private_ca"], true, "{status}");
+    assert_eq!(status["client_certificate"], true, "{status}");
+    assert_eq!(status["key_name"], "alice", "{status}");
+    assert_eq!(status["roles"], serde_json::json!(["operator"]), "{status}");
 
     let half = oncectl_to(&addr, &["--ca", ca, "--cert", cert_file, "list"]).await;
     assert_eq!(code(&half), 2, "{}", stderr(&half));

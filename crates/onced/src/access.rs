@@ -117,8 +117,9 @@ impl Allowed {
     pub const READ: Allowed = Allowed::limited(&[Role::Reader, Role::Operator]);
     pub const OPERATOR: Allowed = Allowed::limited(&[Role::Operator]);
     pub const ADMIN: Allowed = Allowed::limited(&[Role::Admin]);
-    /// Any role: for a read naming a tenant, whose roles [`Access::admit_read`] checks itself.
-    const ANY: Allowed =
+    /// Any role: for a read naming a tenant, whose roles [`Access::admit_read`] checks itself,
+    /// and for a caller asking who it is.
+    pub const ANY: Allowed =
         Allowed::limited(&[Role::Executor, Role::Reader, Role::Operator, Role::Admin]);
 
     const fn limited(roles: &'static [Role]) -> Self {

@@ -12,7 +12,7 @@ use once_core::Limits;
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "onced",
-    version,
+    version = crate::version(),
     about = "The once-ledger operation ledger service",
     args_override_self = true
 )]
@@ -173,6 +173,16 @@ pub struct Config {
     )]
     pub max_watchers_per_key: usize,
 
+    /// How log lines are written: text for people, or json (one object a line) for log
+    /// pipelines.
+    #[arg(
+        long,
+        env = "ONCE_LOG_FORMAT",
+        hide_env_values = true,
+        default_value = "text"
+    )]
+    pub log_format: once_telemetry::LogFormat,
+
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless given). Metrics are also
     /// pushed over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(long, env = "ONCE_METRICS_LISTEN", hide_env_values = true)]
@@ -324,6 +334,23 @@ impl Config {
         }
     }
 
+    /// The database as a log may show it: a SQLite file's path, or PostgreSQL's host, port and
+    /// database, never a user, a password or the URL's parameters.
+    pub fn database_shown(&self) -> String {
+        let url = self.database_url.as_str();
+        let without_query = url.split(['?', '#']).next().unwrap_or_default();
+        match without_query.split_once("://") {
+            Some((scheme, rest)) if scheme.starts_with("postgres") => {
+                let (authority, database) = rest.split_once('/').unwrap_or((rest, ""));
+                let host = authority
+                    .rsplit_once('@')
+                    .map_or(authority, |(_, host)| host);
+                format!("postgres://{host}/{database}")
+            }
+            _ => without_query.to_owned(),
+        }
+    }
+
     /// Reads the reconcilers from `--config`; credentials come from the environment.
     pub fn reconciliation(&self) -> Result<once_reconcile::config::Reconciliation, ConfigError> {
         let Some(path) = &self.config else {
@@ -438,6 +465,24 @@ mod tests {
         Config::try_parse_from(args)
             .expect("flags parse")
             .validate()
+    }
+
+    #[test]
+    fn the_database_is_shown_without_credentials_or_parameters() {
+        let shown = |url: &str| {
+            Config::try_parse_from(["onced", "--database-url", url])
+                .unwrap()
+                .database_shown()
+        };
+        assert_eq!(
+            shown("postgres://ledger:s3cret@db.internal:5433/once?sslmode=require"),
+            "postgres://db.internal:5433/once"
+        );
+        assert_eq!(shown("postgresql://db/once"), "postgres://db/once");
+        assert_eq!(
+            shown("sqlite:/var/lib/once/ledger.db?mode=rwc"),
+            "sqlite:/var/lib/once/ledger.db"
+        );
     }
 
     #[test]

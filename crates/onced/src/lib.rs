@@ -31,6 +31,10 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
+/// onced's version: its release, and the commit it was built from when it was built from a
+/// git checkout ("0.1.0 (3f2a9c1d04be)").
+pub use once_telemetry::version;
+
 pub use access::DEFAULT_TENANT;
 pub use config::{Config, ConfigError, StoreKind};
 pub use service::LedgerService;
@@ -241,7 +245,7 @@ async fn serve<B: Backend>(
         .add_service(LedgerServer::new(service).max_decoding_message_size(max_request_bytes));
     match tls {
         None => {
-            tracing::info!(%address, store = ledger.backend().kind(), tls = false, "onced serving");
+            tracing::info!(%address, database = %config.database_shown(), version = version(), tls = false, "onced serving");
             // Answers go out as they are written, not held back for the next segment's ack.
             let incoming = TcpListenerStream::new(listener).map(|accepted| {
                 accepted.inspect(|tcp| {
@@ -259,7 +263,7 @@ async fn serve<B: Backend>(
                 tls.clone()
                     .watch(config.tls_reload_interval, stop_accepting.clone()),
             );
-            tracing::info!(%address, store = ledger.backend().kind(), tls = true, client_certificates = config.tls_client_ca.is_some(), "onced serving");
+            tracing::info!(%address, database = %config.database_shown(), version = version(), tls = true, client_certificates = config.tls_client_ca.is_some(), "onced serving");
             let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
             stop_accepting.cancel();
             let _ = watcher.await;

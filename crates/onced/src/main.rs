@@ -1,19 +1,27 @@
 //! The `onced` binary: configuration, telemetry, the listener and the shutdown signal.
 
 use clap::Parser;
-use once_telemetry::Telemetry;
+use once_telemetry::{Process, Telemetry};
 use onced::Config;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut config = Config::parse();
     if let Some(command) = config.command.take() {
-        let telemetry = Telemetry::init("onced", false)?;
+        let telemetry = Telemetry::init(Process {
+            name: "onced",
+            log_format: config.log_format,
+            prometheus: false,
+        })?;
         let done = onced::administer(config, command).await;
         telemetry.shutdown();
         return done;
     }
-    let telemetry = Telemetry::init("onced", config.metrics_listen.is_some())?;
+    let telemetry = Telemetry::init(Process {
+        name: "onced",
+        log_format: config.log_format,
+        prometheus: config.metrics_listen.is_some(),
+    })?;
     // SIGHUP re-reads the TLS files once serving; until then (the store is being opened) it
     // must not end the process, as it would by default. A handler registered once stays.
     drop(tokio::signal::unix::signal(

@@ -241,6 +241,25 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         Ok(Response::new(convert::stats_response(stats)))
     }
 
+    async fn get_server_info(
+        &self,
+        request: Request<pb::GetServerInfoRequest>,
+    ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
+        let principal = self.access.admit(&request, Allowed::ANY).await?;
+        let credential = principal.credential.as_ref();
+        Ok(Response::new(pb::GetServerInfoResponse {
+            version: crate::version().to_owned(),
+            database: self.ledger.backend().kind().to_owned(),
+            tenant: principal.tenant.clone(),
+            key_id: credential.map(|c| c.key_id.clone()).unwrap_or_default(),
+            key_name: credential.map(|c| c.name.clone()).unwrap_or_default(),
+            roles: credential
+                .map(|c| c.roles.iter().map(|r| r.as_str().to_owned()).collect())
+                .unwrap_or_default(),
+            open: credential.is_none(),
+        }))
+    }
+
     async fn get_forensics(
         &self,
         request: Request<pb::GetForensicsRequest>,

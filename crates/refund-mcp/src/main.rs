@@ -12,9 +12,10 @@ use clap::Parser;
 use once_client::{ClientConfig, LedgerClient};
 use rmcp::ServiceExt;
 
-/// The demo refund MCP server. `Debug` never shows the ledger key.
+/// The demo refund MCP server.
+// `Debug` never shows the ledger key.
 #[derive(Clone, Parser)]
-#[command(name = "refund-mcp", version)]
+#[command(name = "refund-mcp", version = once_telemetry::version())]
 pub struct Args {
     /// The once-ledger endpoint.
     #[arg(
@@ -74,6 +75,14 @@ pub struct Args {
         default_value = "refund-mcp"
     )]
     instance: String,
+    /// How log lines are written: text for people, or json (one object a line).
+    #[arg(
+        long,
+        env = "ONCE_LOG_FORMAT",
+        hide_env_values = true,
+        default_value = "text"
+    )]
+    log_format: once_telemetry::LogFormat,
     /// How long a refund call waits for the same refund in progress elsewhere.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     wait: Duration,
@@ -99,7 +108,11 @@ impl std::fmt::Debug for Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // stdout carries the MCP protocol in stdio mode: logs go to stderr.
-    let telemetry = once_telemetry::Telemetry::init("refund-mcp", false)?;
+    let telemetry = once_telemetry::Telemetry::init(once_telemetry::Process {
+        name: "refund-mcp",
+        log_format: args.log_format,
+        prometheus: false,
+    })?;
     let served = serve(args).await;
     // What is still queued is exported before the process ends.
     telemetry.shutdown();

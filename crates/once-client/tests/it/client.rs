@@ -11,6 +11,7 @@ use once_client::{
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tracing::instrument::WithSubscriber as _;
 
 use crate::support::*;
 
@@ -368,6 +369,37 @@ async fn relay(
     upstream.abort();
 }
 
+/// What a future logged, as text lines.
+#[derive(Clone, Default)]
+struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logged {
+    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
+    fn said(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// The effect ran and its confirm was lost: the caller gets the effect's outcome, and the log
+/// says, in one line, which operation, attempt and provider ref to look for, never the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_lost() {
     let db = TestDb::new(Store::Sqlite).await;
@@ -375,17 +407,22 @@ async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_los
     let client = client_for(ledger.addr);
     let (effect_started, started) = tokio::sync::oneshot::channel();
     let (ledger_gone, gone) = tokio::sync::oneshot::channel::<()>();
+    let logged = Logged::default();
     let running = {
         let client = client.clone();
-        tokio::spawn(async move {
-            client
-                .run(&refund("o-10"), |_| async move {
-                    let _ = effect_started.send(());
-                    let _ = gone.await;
-                    Ok(Effect::new(b"refunded".to_vec()))
-                })
-                .await
-        })
+        let subscriber = logged.subscriber();
+        tokio::spawn(
+            async move {
+                client
+                    .run(&refund("o-10"), |_| async move {
+                        let _ = effect_started.send(());
+                        let _ = gone.await;
+                        Ok(Effect::new(b"refunded-secret".to_vec()).with_provider_ref("re_o10"))
+                    })
+                    .await
+            }
+            .with_subscriber(subscriber),
+        )
     };
     started.await.unwrap();
     ledger.stop().await;
@@ -395,11 +432,28 @@ async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_los
         .unwrap()
         .expect("the effect ran: not an error");
     assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
+    let (id, _) = refund("o-10").resolve().unwrap();
+    let said = logged.said();
+    let line = said
+        .lines()
+        .find(|l| l.contains("its report did not reach the ledger"))
+        .unwrap_or_else(|| panic!("no line says the report was lost:\n{said}"));
+    for needle in [
+        format!("operation_id={id}"),
+        "attempt=1".to_owned(),
+        "report=\"CONFIRMED\"".to_owned(),
+        "provider_ref=\"re_o10\"".to_owned(),
+    ] {
+        assert!(line.contains(&needle), "{needle} not in: {line}");
+    }
+    assert!(
+        !said.contains("refunded-secret") && !line.contains("result"),
+        "the result never reaches a log, in any form: {said}"
+    );
 
     // The ledger, back, holds the attempt until its lease expires into UNKNOWN, never ABSENT.
     let ledger = TestLedger::spawn(&db).await;
     let mut grpc = ledger.client().await;
-    let (id, _) = refund("o-10").resolve().unwrap();
     assert_eq!(
         state_of(&mut grpc, &id).await,
         once_api::pb::OperationState::InFlight
