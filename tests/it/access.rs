@@ -1479,11 +1479,14 @@ on_both_backends!(the_first_credential_is_a_conditional_write);
 
 /// Eight keyless callers ask two replicas of an open ledger for a first key at once: exactly one
 /// gets it, the others are told the ledger is closed, and a replica whose credentials were read
-/// long ago (a minute's TTL) mints nothing for a keyless caller once it is.
+/// long ago (a minute's TTL) mints nothing for a keyless caller once it is, nor admits one to
+/// any other admin call: an open ledger's admin calls are never admitted from the cache.
 async fn the_first_credential_is_a_conditional_write(store: Store) {
     let db = TestDb::new(store).await;
     let one = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
     let two = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
+    // Read its credentials at start, when none existed, and is asked nothing until the end.
+    let stale = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
     let admins = [admin_client(&one).await, admin_client(&two).await];
     put_tenant(&mut admins[0].clone(), "", LEDGER_TENANT).await;
     let mut racers = Vec::new();
@@ -1514,8 +1517,28 @@ async fn the_first_credential_is_a_conditional_write(store: Store) {
         assert_eq!(late.code(), Code::Unauthenticated, "{late:?}");
     }
     assert_eq!(db.scalar("SELECT count(*) FROM credentials").await, 1);
+    let mut keyless = admin_client(&stale).await;
+    for refused in [
+        keyless.create_key(first_key("stale")).await.unwrap_err(),
+        keyless
+            .put_tenant(apb::PutTenantRequest {
+                name: "mallory".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+        assert_eq!(reason(&refused), "CREDENTIALS_MISSING");
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM tenants WHERE name = 'mallory'")
+            .await,
+        0
+    );
     one.stop().await;
     two.stop().await;
+    stale.stop().await;
 }
 
 /// Opens a WatchOperations stream of the caller's tenant with `key`, from now.

@@ -256,7 +256,8 @@ async fn refund(provider: &str, key: &str) -> String {
 /// life takes over its key and refunds. The stalled attempt then refunds too (fakepay makes
 /// one refund of the two, by the key) and confirms: it is refused, and what its confirm proves
 /// is recorded in the life it belongs to — a contradicted ABSENT when it names this life's
-/// refund, a double execution when it names another — and shown in this life's history.
+/// refund, a double execution when it names another — and shown in this life's history. What
+/// it says before that, that it cannot tell, is recorded in its life too, once.
 async fn a_report_for_an_earlier_life_is_recorded_in_it(store: Store) {
     let db = TestDb::new(store).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
@@ -283,6 +284,12 @@ async fn a_report_for_an_earlier_life_is_recorded_in_it(store: Store) {
     for (id, stalled) in ids.into_iter().zip(&stalled) {
         let next = claim(&mut client, begin(id, ARGS)).await;
         assert_eq!(next.provider_key, stalled.provider_key);
+        for _ in 0..2 {
+            let refused = report_unknown(&mut client, id, stalled.fencing_token)
+                .await
+                .unwrap_err();
+            assert_eq!(reason(&refused), "EXECUTION_RIGHT_LOST");
+        }
         let refund_id = refund(&provider, &next.provider_key).await;
         confirm_with(&mut client, id, next.fencing_token, b"{}", &refund_id)
             .await
@@ -314,7 +321,23 @@ async fn a_report_for_an_earlier_life_is_recorded_in_it(store: Store) {
             "DOUBLE_EXECUTION"
         };
         let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
-        assert_eq!(kinds, ["CLAIMED", "CONFIRMED", expected], "{id}");
+        assert_eq!(
+            kinds,
+            ["CLAIMED", "REPORTED_UNKNOWN", "CONFIRMED", expected],
+            "{id}"
+        );
+        let said = &history.events[1];
+        assert!(said.reason.contains("cannot tell"), "{id}: {said:?}");
+        assert_eq!(
+            db.scalar(&format!(
+                "SELECT count(*) FROM events WHERE operation_id = '{id}' \
+                 AND kind = 'REPORTED_UNKNOWN' AND life = {} AND from_state IS NULL",
+                stalled.fencing_token
+            ))
+            .await,
+            1,
+            "{id}: the late report recorded once, in the earlier life"
+        );
         let anomaly = history.events.last().unwrap();
         let details: serde_json::Value = serde_json::from_str(&anomaly.details_json).unwrap();
         assert_eq!(details["life"], stalled.fencing_token, "{id}: {details}");

@@ -515,9 +515,40 @@ pub fn report(
             result,
             provider_ref,
         } => superseded_confirm(op, attempt, result, provider_ref.as_deref(), now, lost),
-        // A superseded attempt saying it did nothing, or cannot tell, adds nothing: that its
-        // life's truth may be wrong is known already to whoever superseded it.
+        Report::Absent { reason } | Report::Unknown { reason } if attempt.life < op.life => {
+            (lost, earlier_life_report(op, attempt, &cmd.report, reason))
+        }
+        // A superseded attempt of this life saying it did nothing, or cannot tell, adds
+        // nothing: that its life's truth may be wrong is known already to whoever superseded it.
         Report::Absent { .. } | Report::Unknown { .. } => (lost, Plan::default()),
+    }
+}
+
+/// A report from attempt `earlier` of a life that ended ABSENT and handed its provider key to
+/// this one, saying it did nothing or cannot tell. It moves nothing here: an effect of it, if
+/// any, is under this life's provider key, which the provider deduplicates, and a confirm of it
+/// would be judged as a superseded attempt's. It is recorded in the life it belongs to, once
+/// for its token, so its life's history shows what its attempt said after the life ended.
+fn earlier_life_report(op: &Operation, earlier: &Attempt, report: &Report, said: &str) -> Plan {
+    let token = earlier.fencing_token;
+    let (kind, what) = match report {
+        Report::Absent { .. } => (EventKind::ReportedAbsent, "that it did nothing"),
+        _ => (
+            EventKind::ReportedUnknown,
+            "that it cannot tell whether its effect happened",
+        ),
+    };
+    let mut event = NewEvent::note(op, kind, earlier.number, earlier.actor.clone())
+        .because(format!(
+            "attempt {} of an earlier life (fencing token {token}) reported late, after its life ended ABSENT, {what}: {said}; an effect of it, if any, is under the provider key this life took over",
+            earlier.number
+        ))
+        .with_details(json!({ "late": true, "fencing_token": token.get() }))
+        .in_earlier_life(op, earlier.life);
+    event.dedupe_key = Some(format!("EARLIER_LIFE_REPORT:{token}"));
+    Plan {
+        events: vec![event],
+        ..Plan::default()
     }
 }
 

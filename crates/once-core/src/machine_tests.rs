@@ -634,10 +634,43 @@ fn a_report_for_an_earlier_life_is_recorded_in_it() {
     let plan = late(&doubtful, confirm_report(b"r", Some("re_1")));
     assert!(written(&plan).held_for_operator());
 
-    // Saying it did nothing, or cannot tell, adds nothing; another credential adds nothing.
-    for report in [absent(), unknown()] {
-        assert!(late(&next, report).is_empty());
+    // Saying it did nothing, or cannot tell, moves nothing here (its effect, if any, is under
+    // this life's key) and is recorded in its own life, once for its token.
+    for (report, kind) in [
+        (absent(), EventKind::ReportedAbsent),
+        (unknown(), EventKind::ReportedUnknown),
+    ] {
+        let plan = late(&next, report);
+        assert!(plan.operation.is_none());
+        assert_eq!(kinds(&plan), [(kind, TOKEN)]);
+        let event = &plan.events[0];
+        assert_eq!((event.from, event.to), (None, None));
+        assert_eq!(event.attempt, Some(stalled.number));
+        assert_eq!(
+            event.dedupe_key.as_deref(),
+            Some(format!("EARLIER_LIFE_REPORT:{TOKEN}").as_str())
+        );
+        let details = event.details.as_deref().unwrap();
+        assert!(details.contains("\"current_life\":1009"), "{details}");
     }
+    // A superseded attempt of this life saying so adds nothing: whoever superseded it knew.
+    let this_life = Attempt {
+        fencing_token: next.fencing_token,
+        life: next.life,
+        ..stalled.clone()
+    };
+    let mut later = next.clone();
+    later.fencing_token = next.fencing_token + 1;
+    later.attempt += 1;
+    let (_, plan) = report_from(
+        &later,
+        next.fencing_token,
+        Some(&this_life),
+        unknown(),
+        after + 5,
+    );
+    assert!(plan.is_empty(), "{plan:?}");
+    // Another credential adds nothing.
     let (_, plan) = super::report(
         &next,
         &ReportCommand {
