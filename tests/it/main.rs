@@ -36,6 +36,7 @@ mod plans;
 mod reconcile;
 mod retention;
 mod service;
+mod startup;
 mod stats;
 mod telemetry;
 mod tls;

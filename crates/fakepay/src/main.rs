@@ -12,16 +12,33 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let args = Args::parse();
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    match serve(args.listen).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // One line, never a backtrace.
+        Err(error) => {
+            tracing::error!("fakepay stopped: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(address: std::net::SocketAddr) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("listening on {address} (--listen)"))?;
     tracing::info!(address = %listener.local_addr()?, "fakepay listening");
     axum::serve(listener, fakepay::router(fakepay::Provider::default()))
         .with_graceful_shutdown(async {

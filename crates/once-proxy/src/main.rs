@@ -281,8 +281,14 @@ fn main() -> std::process::ExitCode {
     };
     match ran {
         Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        // One line, in the log's format once it is set up.
         Err(error) => {
-            eprintln!("once-proxy: {error:#}");
+            let said = once_telemetry::sentence(&error);
+            if tracing::dispatcher::has_been_set() {
+                tracing::error!("once-proxy stopped: {said}");
+            } else {
+                eprintln!("once-proxy: {said}");
+            }
             std::process::ExitCode::FAILURE
         }
     }

@@ -25,6 +25,17 @@ pub type PgBackend = Store<Postgres>;
 /// How long a pooled connection may sit unused before it is pinged on its way out.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
+/// Why [`PgBackend::reach`] reached no server.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{cause}")]
+pub struct Unreached {
+    /// What the connection met, in its own words.
+    pub cause: String,
+    /// Whether it may pass: nothing listening yet, a server starting or shutting down, no
+    /// answer; not a password refused or a database that does not exist.
+    pub passes: bool,
+}
+
 /// Pool settings for [`PgBackend::connect`].
 #[derive(Debug, Clone)]
 pub struct PgSettings {
@@ -154,6 +165,37 @@ impl Dialect for Postgres {
 impl Store<Postgres> {
     /// Connects to `url` and applies pending migrations (serialised across replicas by
     /// PostgreSQL's advisory lock).
+    /// Opens one connection to the server `url` names, outside any pool, and closes it: at
+    /// start, what a pool's timeout would hide (nothing listening, a name that does not
+    /// resolve, a password refused, no such database), in the words of its cause.
+    pub async fn reach(url: &str, within: Duration) -> Result<(), Unreached> {
+        let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| Unreached {
+            cause: e.to_string(),
+            passes: false,
+        })?;
+        let options = options.application_name("onced");
+        match tokio::time::timeout(within, sqlx::Connection::connect_with(&options)).await {
+            Ok(Ok(connection)) => {
+                let connection: PgConnection = connection;
+                let _ = sqlx::Connection::close(connection).await;
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                let cause = match &error {
+                    sqlx::Error::Io(io) => io.to_string(),
+                    sqlx::Error::Database(db) => db.message().to_owned(),
+                    other => other.to_string(),
+                };
+                let passes = StoreError::from(error).is_retryable();
+                Err(Unreached { cause, passes })
+            }
+            Err(_) => Err(Unreached {
+                cause: format!("no answer within {within:?}"),
+                passes: true,
+            }),
+        }
+    }
+
     pub async fn connect(url: &str, settings: &PgSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Internal)?;
         let options = options.application_name("onced");

@@ -167,9 +167,25 @@ fn creates_a_file(url: &str) -> bool {
 /// shared-memory files the same mode), or warns when an existing one is readable by others: it
 /// holds every stored result.
 fn private_file(path: &std::path::Path) -> Result<(), StoreError> {
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
     if path.as_os_str().is_empty() {
         return Ok(());
+    }
+    let cannot = |what: &str, error: std::io::Error| {
+        StoreError::Internal(sqlx::Error::Configuration(
+            format!("cannot create {what}: {error}").into(),
+        ))
+    };
+    // Missing directories are made, for the owner only, as the file is.
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| cannot(&format!("the directory {}", parent.display()), e))?;
+            tracing::info!(directory = %parent.display(), "created the database file's directory");
+        }
     }
     let created = std::fs::OpenOptions::new()
         .write(true)
@@ -191,13 +207,10 @@ fn private_file(path: &std::path::Path) -> Result<(), StoreError> {
             }
             Ok(())
         }
-        Err(error) => Err(StoreError::Internal(sqlx::Error::Configuration(
-            format!(
-                "cannot create the database file {}: {error}",
-                path.display()
-            )
-            .into(),
-        ))),
+        Err(error) => Err(cannot(
+            &format!("the database file {}", path.display()),
+            error,
+        )),
     }
 }
 

@@ -70,6 +70,23 @@ pub fn revision() -> &'static str {
     env!("ONCE_GIT_COMMIT")
 }
 
+/// An error and its causes on one line, each cause left out when the words before it say it
+/// already.
+pub fn sentence(error: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if said.contains(&text) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&text);
+    }
+    said
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LogFormat {
@@ -254,7 +271,9 @@ impl Telemetry {
             None
         };
 
-        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+        // PostgreSQL's notices (a migration's "already exists, skipping") are not news.
+        let filter = EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new("info,sqlx::postgres::notice=warn"));
         let text = (process.log_format == LogFormat::Text).then(|| {
             tracing_subscriber::fmt::layer()
                 .fmt_fields(LogFields)

@@ -211,6 +211,12 @@ pub struct Config {
     /// How long a request waits for a database connection before answering UNAVAILABLE.
     #[arg(long, env = "ONCE_DB_ACQUIRE_TIMEOUT", hide_env_values = true, default_value = "3s", value_parser = humantime::parse_duration)]
     pub db_acquire_timeout: Duration,
+
+    /// At start, how long to keep trying a PostgreSQL that cannot be reached (not started yet,
+    /// restarting) before giving up; 0 gives up at once. Each try that fails is a WARN line
+    /// naming the server and the cause.
+    #[arg(long, env = "ONCE_WAIT_FOR_DATABASE", hide_env_values = true, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub wait_for_database: Duration,
 }
 
 /// A setting `onced` cannot start with; the message names it.

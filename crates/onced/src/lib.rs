@@ -40,16 +40,55 @@ pub use config::{Config, ConfigError, StoreKind};
 pub use service::LedgerService;
 pub use status::ERROR_DOMAIN;
 
-/// Serves the ledger on `listener` until `shutdown` completes.
+/// Serves the ledger on `listener` until `shutdown` completes. Everything the configuration
+/// names in files (the reconcilers, the admin key, TLS, the metrics token) is read and checked
+/// before the database is opened: a typo fails before anything is touched.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    let files = Files::read(&config)?;
     match config.store_kind()? {
-        StoreKind::Sqlite => serve(sqlite(&config).await?, &config, listener, shutdown).await,
-        StoreKind::Postgres => serve(postgres(&config).await?, &config, listener, shutdown).await,
+        StoreKind::Sqlite => {
+            let backend = sqlite(&config).await?;
+            serve(backend, &config, files, listener, shutdown).await
+        }
+        StoreKind::Postgres => {
+            let backend = postgres(&config).await?;
+            serve(backend, &config, files, listener, shutdown).await
+        }
+    }
+}
+
+/// What the configuration names in files, read and checked.
+struct Files {
+    metrics_token: Option<once_core::access::SecretHash>,
+    admin_key: Option<once_core::access::ApiKey>,
+    tls: Option<tls::Tls>,
+    reconciliation: once_reconcile::config::Reconciliation,
+}
+
+impl Files {
+    fn read(config: &Config) -> anyhow::Result<Self> {
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => Some(
+                tls::Tls::load(tls::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: config.tls_client_ca.clone(),
+                })
+                .context("loading TLS")?,
+            ),
+            _ => None,
+        };
+        Ok(Self {
+            metrics_token: config.metrics_token()?,
+            admin_key: config.admin_key()?,
+            tls,
+            reconciliation: config.reconciliation()?,
+        })
     }
 }
 
@@ -62,24 +101,69 @@ pub async fn administer(config: Config, command: cli::Command) -> anyhow::Result
 }
 
 async fn sqlite(config: &Config) -> anyhow::Result<SqliteBackend> {
-    SqliteBackend::connect(&config.database_url)
-        .await
-        .context("opening the SQLite database")
+    let opening = || format!("opening the SQLite database {}", config.database_shown());
+    match SqliteBackend::connect(&config.database_url).await {
+        Ok(backend) => Ok(backend),
+        // A file or directory that cannot be made: its own words, which name it.
+        Err(once_store::StoreError::Internal(sqlx::Error::Configuration(cause))) => {
+            Err(anyhow::anyhow!("{cause}").context(opening()))
+        }
+        Err(error) => Err(anyhow::Error::new(error).context(opening())),
+    }
 }
 
 async fn postgres(config: &Config) -> anyhow::Result<PgBackend> {
+    reach_postgres(config).await?;
     let settings = PgSettings {
         max_connections: config.db_max_connections,
         acquire_timeout: config.db_acquire_timeout,
     };
     PgBackend::connect(&config.database_url, &settings)
         .await
-        .context("connecting to PostgreSQL")
+        .with_context(|| format!("connecting to PostgreSQL at {}", config.database_shown()))
+}
+
+/// Returns once one connection to PostgreSQL opens, trying for `--wait-for-database` while
+/// what stops it may pass; else says where and why, and what to do.
+async fn reach_postgres(config: &Config) -> anyhow::Result<()> {
+    let shown = config.database_shown();
+    let deadline = tokio::time::Instant::now() + config.wait_for_database;
+    let mut tries = 0u32;
+    loop {
+        let unreached =
+            match PgBackend::reach(&config.database_url, config.db_acquire_timeout).await {
+                Ok(()) => return Ok(()),
+                Err(unreached) => unreached,
+            };
+        tries += 1;
+        let waiting = unreached.passes && tokio::time::Instant::now() < deadline;
+        if !waiting {
+            let hint = match (unreached.passes, config.wait_for_database.is_zero()) {
+                (true, true) => " (--wait-for-database 60s keeps trying while it comes up)",
+                (true, false) => &*format!(
+                    " (tried for --wait-for-database {})",
+                    humantime::format_duration(config.wait_for_database)
+                ),
+                (false, _) => "",
+            };
+            anyhow::bail!(
+                "cannot connect to PostgreSQL at {shown}: {}{hint}",
+                unreached.cause
+            );
+        }
+        // The first failures, then one in ten: a person watching sees it wait, a log is not
+        // flooded.
+        if tries <= 3 || tries % 10 == 0 {
+            tracing::warn!(database = %shown, cause = %unreached.cause, tries, "waiting for PostgreSQL");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 async fn serve<B: Backend>(
     backend: B,
     config: &Config,
+    files: Files,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -89,7 +173,12 @@ async fn serve<B: Backend>(
         true => Ledger::new(backend.clone()).observed(metrics.clone()),
         false => Ledger::new(backend.clone()),
     };
-    let metrics_token = config.metrics_token()?;
+    let Files {
+        metrics_token,
+        admin_key,
+        tls,
+        reconciliation: configured,
+    } = files;
     let metrics_listener = match config.metrics_listen {
         Some(address) => {
             let prometheus = once_telemetry::prometheus().context(
@@ -102,7 +191,6 @@ async fn serve<B: Backend>(
         }
         None => None,
     };
-    let admin_key = config.admin_key()?;
     if let Some(key) = &admin_key {
         admin::Admin::new(backend.clone())
             .bootstrap(key, access::LEDGER_TENANT)
@@ -119,18 +207,6 @@ async fn serve<B: Backend>(
              create a key (onced keys create) or set ONCE_ADMIN_KEY to turn it on"
         );
     }
-    let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(cert), Some(key)) => Some(
-            tls::Tls::load(tls::TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: config.tls_client_ca.clone(),
-            })
-            .context("loading TLS")?,
-        ),
-        _ => None,
-    };
-    let configured = config.reconciliation()?;
     if !configured.registry.is_empty() {
         let names: Vec<String> = configured
             .registry

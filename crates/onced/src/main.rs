@@ -1,36 +1,54 @@
 //! The `onced` binary: configuration, telemetry, the listener and the shutdown signal.
 
+use std::process::ExitCode;
+
+use anyhow::Context as _;
 use clap::Parser;
 use once_telemetry::{Process, Telemetry};
 use onced::Config;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let mut config = Config::parse();
-    if let Some(command) = config.command.take() {
-        let telemetry = Telemetry::init(Process {
-            name: "onced",
-            log_format: config.log_format,
-            prometheus: false,
-        })?;
-        let done = onced::administer(config, command).await;
-        telemetry.shutdown();
-        return done;
-    }
-    let telemetry = Telemetry::init(Process {
+    let prometheus = config.command.is_none() && config.metrics_listen.is_some();
+    let telemetry = match Telemetry::init(Process {
         name: "onced",
         log_format: config.log_format,
-        prometheus: config.metrics_listen.is_some(),
-    })?;
+        prometheus,
+    }) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("onced: {}", once_telemetry::sentence(&error));
+            return ExitCode::FAILURE;
+        }
+    };
+    let done = match config.command.take() {
+        Some(command) => onced::administer(config, command).await,
+        None => serve(config).await,
+    };
+    let code = match done {
+        Ok(()) => ExitCode::SUCCESS,
+        // One line, never a backtrace (whatever RUST_BACKTRACE says), in the log's format.
+        Err(error) => {
+            tracing::error!("onced stopped: {}", once_telemetry::sentence(&error));
+            ExitCode::FAILURE
+        }
+    };
+    telemetry.shutdown();
+    code
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    config.validate()?;
     // SIGHUP re-reads the TLS files once serving; until then (the store is being opened) it
     // must not end the process, as it would by default. A handler registered once stays.
     drop(tokio::signal::unix::signal(
         tokio::signal::unix::SignalKind::hangup(),
     )?);
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    let served = onced::run(config, listener, shutdown_signal()).await;
-    telemetry.shutdown();
-    served
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listening on {} (--listen)", config.listen))?;
+    onced::run(config, listener, shutdown_signal()).await
 }
 
 /// Completes on Ctrl-C or SIGTERM.

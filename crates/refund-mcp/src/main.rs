@@ -105,18 +105,31 @@ impl std::fmt::Debug for Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     // stdout carries the MCP protocol in stdio mode: logs go to stderr.
-    let telemetry = once_telemetry::Telemetry::init(once_telemetry::Process {
+    let telemetry = match once_telemetry::Telemetry::init(once_telemetry::Process {
         name: "refund-mcp",
         log_format: args.log_format,
         prometheus: false,
-    })?;
-    let served = serve(args).await;
+    }) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("refund-mcp: {}", once_telemetry::sentence(&error));
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let code = match serve(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // One line, never a backtrace, in the log's format.
+        Err(error) => {
+            tracing::error!("refund-mcp stopped: {}", once_telemetry::sentence(&error));
+            std::process::ExitCode::FAILURE
+        }
+    };
     // What is still queued is exported before the process ends.
     telemetry.shutdown();
-    served
+    code
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
@@ -158,7 +171,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
                 StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token()),
             );
             let router = axum::Router::new().nest_service("/mcp", service);
-            let listener = tokio::net::TcpListener::bind(address).await?;
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| anyhow::anyhow!("listening on {address} (--http): {e}"))?;
             tracing::info!(address = %listener.local_addr()?, "refund-mcp serving MCP over Streamable HTTP at /mcp");
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {
