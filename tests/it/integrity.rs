@@ -633,7 +633,14 @@ async fn a_new_life_is_never_confirmed_by_an_earlier_lifes_refund(store: Store) 
     );
     let ledger = TestLedger::spawn_with(
         &db,
-        &["--config", config.as_str(), "--retention-explicit", "1ms"],
+        &[
+            "--config",
+            config.as_str(),
+            "--retention-explicit",
+            "1ms",
+            "--retention-sweep-interval",
+            "50ms",
+        ],
     )
     .await;
     let client = Client::connect(ClientConfig::new(format!("http://{}", ledger.addr))).unwrap();
@@ -671,6 +678,16 @@ async fn a_new_life_is_never_confirmed_by_an_earlier_lifes_refund(store: Store) 
     let Outcome::Executed { operation_id, .. } = outcome else {
         panic!("{outcome:?}")
     };
+    // Past its retention: swept (a Begin within the millisecond of its retention replays).
+    eventually(Duration::from_secs(10), "life 1 to be swept", || async {
+        let rows = db
+            .scalar(&format!(
+                "SELECT count(*) FROM operations WHERE operation_id = '{operation_id}'"
+            ))
+            .await;
+        (rows == 0).then_some(())
+    })
+    .await;
     // Life 2 of the same id crashes before it calls the provider.
     let outcome = client
         .run(&spec, |_| async {
