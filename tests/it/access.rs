@@ -1183,6 +1183,84 @@ async fn each_tenant_is_looked_up_with_its_own_credentials(store: Store) {
     assert!(onced.terminate().await.success());
 }
 
+on_both_backends!(a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal);
+
+/// A reconciler configured for acme only: onced warns at start that it serves no reconciler
+/// for globex, naming what each reconciler serves; globex's Reconcile of an operation naming it
+/// is refused with NO_RECONCILER saying that the reconciler does not serve globex, and naming
+/// no other tenant.
+async fn a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal(store: Store) {
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    let db = TestDb::new(store).await;
+    let keys = keys_by_command(&db.url);
+    let config = config_file(
+        &db,
+        format!(
+            "[[reconciler]]\nname = \"stripe\"\nkind = \"stripe\"\nendpoint = \"{provider}\"\n\
+             api_key_env = {{ acme = \"ONCE_IT_ACME_STRIPE\" }}\n"
+        ),
+    );
+    let log = db.scratch_dir().join("unserved.log");
+    let onced = OncedProcess::spawn_with_env(
+        &db.url,
+        log.clone(),
+        &["--config", config.as_str()],
+        &[("ONCE_IT_ACME_STRIPE", "sk_acme")],
+    )
+    .await;
+    let said = onced.log();
+    let warned: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("no reconciler serves tenant"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{said}");
+    assert!(
+        warned[0].contains("WARN")
+            && warned[0].contains("\"globex\"")
+            && warned[0].contains("stripe serves acme"),
+        "{said}"
+    );
+    let globex = &keys.iter().find(|(t, _)| t == "globex").unwrap().1;
+    let mut grpc = onced.client().await;
+    let mut request = begin("unserved-1", ARGS);
+    request.provider = "stripe".into();
+    let grant = expect_execute(
+        &grpc
+            .begin(with_key(request, Some(globex)))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    grpc.report_unknown(with_key(
+        pb::ReportUnknownRequest {
+            operation_id: "unserved-1".into(),
+            fencing_token: grant.fencing_token,
+            reason: "timeout".into(),
+        },
+        Some(globex),
+    ))
+    .await
+    .unwrap();
+    let refused = grpc
+        .reconcile(with_key(
+            pb::ReconcileRequest {
+                operation_id: "unserved-1".into(),
+            },
+            Some(globex),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&refused), "NO_RECONCILER");
+    assert!(
+        refused
+            .message()
+            .contains("reconciler \"stripe\" does not serve tenant \"globex\""),
+        "{refused:?}"
+    );
+    assert!(!refused.message().contains("acme"), "{refused:?}");
+    assert!(onced.terminate().await.success());
+}
+
 /// An operation as `key` reads it.
 async fn read_as(
     ledger: &mut LedgerClient<Channel>,

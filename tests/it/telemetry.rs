@@ -283,6 +283,14 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         )
         .await;
     prometheus.expect(r#"sum(once_anomalies_total)"#, 0.0).await;
+    // Each tenant's anomaly series exists at 0 before its first anomaly, so a rule sees the
+    // first as an increase.
+    prometheus
+        .expect(
+            r#"once_anomalies_total{kind="DOUBLE_EXECUTION", tenant="default"}"#,
+            0.0,
+        )
+        .await;
     // …and read from the database: one operation is still UNKNOWN, none IN_FLIGHT.
     prometheus
         .expect(r#"sum(once_operations{state="UNKNOWN"})"#, 1.0)
@@ -297,14 +305,20 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         .expect(r#"sum(once_operations{state="IN_FLIGHT"})"#, 0.0)
         .await;
     prometheus
-        .expect(r#"once_unknown_older_than{age_seconds="0"}"#, 1.0)
+        .expect(
+            r#"once_unknown_older_than{tenant="default", age_seconds="0"}"#,
+            1.0,
+        )
         .await;
     prometheus
-        .expect(r#"once_unknown_older_than{age_seconds="3600"}"#, 0.0)
+        .expect(
+            r#"once_unknown_older_than{tenant="default", age_seconds="3600"}"#,
+            0.0,
+        )
         .await;
     prometheus.expect("once_store_up", 1.0).await;
     let oldest = prometheus
-        .value("once_unknown_oldest_age_seconds")
+        .value(r#"once_unknown_oldest_age_seconds{tenant="default"}"#)
         .await
         .expect("the oldest UNKNOWN age");
     assert!((0.0..600.0).contains(&oldest), "{oldest}");
@@ -327,7 +341,10 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         )
         .await;
     prometheus
-        .expect(r#"once_unknown_older_than{age_seconds="0"}"#, 0.0)
+        .expect(
+            r#"once_unknown_older_than{tenant="default", age_seconds="0"}"#,
+            0.0,
+        )
         .await;
 
     // A superseded attempt confirms another provider object than the attempt that settled
@@ -356,7 +373,10 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         assert_eq!(reason(&refused), "EXECUTION_RIGHT_LOST");
     }
     prometheus
-        .expect(r#"sum(once_anomalies_total{kind="DOUBLE_EXECUTION"})"#, 1.0)
+        .expect(
+            r#"sum(once_anomalies_total{kind="DOUBLE_EXECUTION", tenant="default"})"#,
+            1.0,
+        )
         .await;
     prometheus
         .expect(

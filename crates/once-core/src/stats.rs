@@ -141,13 +141,16 @@ pub const UNKNOWN_AGE_THRESHOLDS: [Millis; 7] = [
 pub struct Gauges {
     /// How many operations are open (IN_FLIGHT or UNKNOWN), by state, tenant and tool.
     pub open: Vec<(State, String, String, i64)>,
-    /// For each of [`UNKNOWN_AGE_THRESHOLDS`], how many UNKNOWN operations have been UNKNOWN
-    /// at least that long.
-    pub unknown_older_than: Vec<(Millis, i64)>,
-    /// How long the oldest UNKNOWN operation has been UNKNOWN; none when none is.
-    pub oldest_unknown: Option<Millis>,
+    /// For each tenant with UNKNOWN operations and each of [`UNKNOWN_AGE_THRESHOLDS`], how many
+    /// of its UNKNOWN operations have been UNKNOWN at least that long (none listed: none).
+    pub unknown_older_than: Vec<(String, Millis, i64)>,
+    /// For each tenant with UNKNOWN operations, how long its oldest has been UNKNOWN.
+    pub oldest_unknown: Vec<(String, Millis)>,
     /// IN_FLIGHT operations whose lease has ended (the lease sweeper has yet to move them).
     pub past_lease: i64,
+    /// Every tenant the store knows, so per-tenant series exist (at 0) before their first
+    /// event: a counter's first sample would otherwise be its first increase, unseen.
+    pub tenants: Vec<String>,
 }
 
 #[cfg(test)]

@@ -125,6 +125,17 @@ impl Registry {
         self.reconcilers.is_empty()
     }
 
+    /// The tenants the reconciler `name` serves, in order.
+    pub fn tenants_of(&self, name: &str) -> Vec<&str> {
+        let mut tenants: Vec<&str> = self
+            .names()
+            .filter(|(_, n)| *n == name)
+            .map(|(tenant, _)| tenant)
+            .collect();
+        tenants.sort_unstable();
+        tenants
+    }
+
     /// Every (tenant, reconciler name) served.
     pub fn names(&self) -> impl Iterator<Item = (&str, &str)> {
         self.reconcilers

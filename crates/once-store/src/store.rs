@@ -974,8 +974,8 @@ where
     async fn gauges(&self) -> Result<Gauges, StoreError> {
         let now = now_once::<D>();
         // One statement, each part on the open operations only (their partial indexes): the
-        // open counts, then one row for each age threshold, the oldest age, and the leases past.
-        // A tenant name has no `/`, so `tenant/tool` splits at its first.
+        // open counts, then for each tenant one row for each age threshold and the oldest age,
+        // and the leases past. A tenant name has no `/`, so `tenant/tool` splits at its first.
         let mut sql = String::from(
             "SELECT state, tenant || '/' || tool, COUNT(*) FROM operations \
              WHERE state IN ('IN_FLIGHT', 'UNKNOWN') GROUP BY state, tenant, tool",
@@ -983,28 +983,36 @@ where
         let since = "COALESCE(unknown_since, updated_at)";
         for threshold in UNKNOWN_AGE_THRESHOLDS {
             sql.push_str(&format!(
-                " UNION ALL SELECT 'AGE', '{threshold}', COUNT(*) FROM operations \
-                 WHERE state = 'UNKNOWN' AND {since} <= {now} - {threshold}"
+                " UNION ALL SELECT 'AGE', tenant || '/{threshold}', COUNT(*) FROM operations \
+                 WHERE state = 'UNKNOWN' AND {since} <= {now} - {threshold} GROUP BY tenant"
             ));
         }
         sql.push_str(&format!(
-            " UNION ALL SELECT 'OLDEST', '', COALESCE({now} - MIN({since}), -1) FROM operations \
-             WHERE state = 'UNKNOWN' \
+            " UNION ALL SELECT 'OLDEST', tenant, {now} - MIN({since}) FROM operations \
+             WHERE state = 'UNKNOWN' GROUP BY tenant \
              UNION ALL SELECT 'PAST_LEASE', '', COUNT(*) FROM operations \
-             WHERE state = 'IN_FLIGHT' AND lease_deadline < {now}"
+             WHERE state = 'IN_FLIGHT' AND lease_deadline < {now} \
+             UNION ALL SELECT 'TENANT', name, 0 FROM tenants"
         ));
         let rows: Vec<(String, String, i64)> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
         let mut gauges = Gauges::default();
         for (kind, key, n) in rows {
             match kind.as_str() {
                 "AGE" => {
-                    let threshold = key.parse().map_err(|_| {
-                        StoreError::Corrupt(format!("an age threshold read back as {key:?}"))
-                    })?;
-                    gauges.unknown_older_than.push((threshold, n));
+                    let threshold = key
+                        .rsplit_once('/')
+                        .and_then(|(tenant, t)| Some((tenant, t.parse().ok()?)))
+                        .ok_or_else(|| {
+                            StoreError::Corrupt(format!("an age threshold read back as {key:?}"))
+                        })?;
+                    let (tenant, threshold) = threshold;
+                    gauges
+                        .unknown_older_than
+                        .push((tenant.to_owned(), threshold, n));
                 }
-                "OLDEST" => gauges.oldest_unknown = (n >= 0).then_some(n),
+                "OLDEST" => gauges.oldest_unknown.push((key, n.max(0))),
                 "PAST_LEASE" => gauges.past_lease = n,
+                "TENANT" => gauges.tenants.push(key),
                 state => {
                     let (tenant, tool) = key.split_once('/').ok_or_else(|| {
                         StoreError::Corrupt(format!("an open count read back as {key:?}"))

@@ -160,6 +160,42 @@ async fn reach_postgres(config: &Config) -> anyhow::Result<()> {
     }
 }
 
+/// Warns of each tenant of the store that no configured reconciler serves: its UNKNOWN
+/// operations wait for a late report or an operator, whatever provider they name.
+async fn unserved_tenants<B: Backend>(backend: &B, registry: &once_reconcile::Registry) {
+    let Ok(tenants) = backend.tenants().await else {
+        return;
+    };
+    let served: std::collections::BTreeMap<&str, Vec<&str>> =
+        registry
+            .names()
+            .fold(Default::default(), |mut served, (tenant, name)| {
+                served.entry(name).or_insert_with(Vec::new).push(tenant);
+                served
+            });
+    let serving: Vec<String> = served
+        .iter()
+        .map(|(name, tenants)| {
+            let mut tenants = tenants.clone();
+            tenants.sort_unstable();
+            format!("{name} serves {}", tenants.join(", "))
+        })
+        .collect();
+    // The ledger's own tenant holds the admin keys and may run no operation at all.
+    let unserved = tenants
+        .iter()
+        .map(|t| t.name.as_str())
+        .filter(|tenant| *tenant != access::LEDGER_TENANT)
+        .filter(|tenant| !registry.names().any(|(t, _)| t == *tenant));
+    for tenant in unserved {
+        tracing::warn!(
+            tenant,
+            "no reconciler serves tenant {tenant:?}: its UNKNOWN operations wait for a late report or an operator ({}); add it to a reconciler in --config",
+            serving.join("; ")
+        );
+    }
+}
+
 async fn serve<B: Backend>(
     backend: B,
     config: &Config,
@@ -214,6 +250,7 @@ async fn serve<B: Backend>(
             .map(|(tenant, name)| format!("{tenant}/{name}"))
             .collect();
         tracing::info!(reconcilers = ?names, "reconciliation on");
+        unserved_tenants(&backend, &configured.registry).await;
     }
     let limits = config.limits();
     // Room for the largest result and everything around it; a larger request is refused before

@@ -59,8 +59,13 @@ pub enum Refused {
     HeldForOperator,
     #[error("another lookup of the operation is running")]
     LookupInProgress,
-    #[error("no reconciler named {0:?} is configured")]
-    NoReconciler(String),
+    #[error("no reconciler named {provider:?} serves tenant {tenant:?}")]
+    NoReconciler {
+        provider: String,
+        tenant: String,
+        /// A reconciler of that name serves other tenants.
+        elsewhere: bool,
+    },
 }
 
 impl<B: Backend> Reconciliation<B> {
@@ -172,6 +177,14 @@ impl<B: Backend> Reconciliation<B> {
         }
     }
 
+    fn no_reconciler(&self, tenant: &str, provider: String) -> Refused {
+        Refused::NoReconciler {
+            elsewhere: !self.reconcilers.tenants_of(&provider).is_empty(),
+            tenant: tenant.to_owned(),
+            provider,
+        }
+    }
+
     /// Looks `id` up with its reconciler now, whatever the backoff says, and applies the
     /// verdict. An operator's action, under the same claim as the workers' lookups, so it never
     /// runs beside one.
@@ -182,7 +195,7 @@ impl<B: Backend> Reconciliation<B> {
         }
         // Claim only what this replica can look up.
         if self.reconciler_of(&op).is_none() {
-            return Err(Refused::NoReconciler(op.provider.unwrap_or_default()));
+            return Err(self.no_reconciler(tenant, op.provider.unwrap_or_default()));
         }
         let claimed = self
             .ledger
@@ -196,7 +209,7 @@ impl<B: Backend> Reconciliation<B> {
         // since it was read).
         let reconciler = op.provider.clone().unwrap_or_default();
         let Some(registered) = self.reconcilers.get(tenant, &reconciler) else {
-            return Err(Refused::NoReconciler(reconciler));
+            return Err(self.no_reconciler(tenant, reconciler));
         };
         let (verdict, applied) = self.look_up(registered, &op, &lookup).await;
         let state = match applied?.0 {

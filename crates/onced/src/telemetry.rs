@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use once_core::machine::Plan;
-use once_core::stats::{Door, Gauges};
+use once_core::stats::{Door, Gauges, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{EventKind, Millis, Operation, State};
 use once_store::{Backend, Ledger, PoolUse};
 use once_telemetry::CappedLabel;
+
+use crate::access::DEFAULT_TENANT;
 use opentelemetry::metrics::{Counter, Histogram, ObservableGauge};
 use opentelemetry::KeyValue;
 use tokio_util::sync::CancellationToken;
@@ -71,6 +73,18 @@ struct Read {
     pool: Option<PoolUse>,
     /// The open operations of the last read by state, tenant and tool label.
     tools: Vec<(State, String, String, i64)>,
+    /// Each tenant's UNKNOWN operations at least as old as each threshold, and the age of its
+    /// oldest (0 when it has none): every tenant seen goes on being reported, at 0.
+    unknown: Vec<TenantUnknown>,
+    /// Every tenant seen since the replica started.
+    tenants: std::collections::BTreeSet<String>,
+}
+
+#[derive(Debug, Default)]
+struct TenantUnknown {
+    tenant: String,
+    older_than: Vec<(Millis, i64)>,
+    oldest: Millis,
 }
 
 impl Metrics {
@@ -123,10 +137,19 @@ impl Metrics {
                 "once.unknown.older_than",
                 "UNKNOWN operations that have been UNKNOWN at least `age_seconds`",
                 |read| {
-                    read.store
+                    read.unknown
                         .iter()
-                        .flat_map(|g| &g.unknown_older_than)
-                        .map(|(age, n)| (*n, vec![KeyValue::new("age_seconds", age / 1000)]))
+                        .flat_map(|u| {
+                            u.older_than.iter().map(|(age, n)| {
+                                (
+                                    *n,
+                                    vec![
+                                        KeyValue::new("tenant", u.tenant.clone()),
+                                        KeyValue::new("age_seconds", age / 1000),
+                                    ],
+                                )
+                            })
+                        })
                         .collect()
                 },
             ),
@@ -178,13 +201,13 @@ impl Metrics {
                 .f64_observable_gauge("once.unknown.oldest_age")
                 .with_unit("s")
                 .with_description(
-                    "How long the oldest UNKNOWN operation has been UNKNOWN (0 when none is)",
+                    "How long each tenant's oldest UNKNOWN operation has been UNKNOWN (0 when none is)",
                 )
                 .with_callback(move |observer| {
                     let read = read.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(store) = &read.store {
-                        let age = store.oldest_unknown.unwrap_or(0) as f64 / 1000.0;
-                        observer.observe(age, &[]);
+                    for u in &read.unknown {
+                        let age = u.oldest as f64 / 1000.0;
+                        observer.observe(age, &[KeyValue::new("tenant", u.tenant.clone())]);
                     }
                 })
                 .build()
@@ -203,11 +226,13 @@ impl Metrics {
                 .build(),
             anomalies: meter
                 .u64_counter("once.anomalies")
-                .with_description("Anomalies recorded: DOUBLE_EXECUTION, RESOLUTION_CONTRADICTED")
+                .with_description(
+                    "Anomalies recorded (DOUBLE_EXECUTION, RESOLUTION_CONTRADICTED), by tenant",
+                )
                 .build(),
             escalations: meter
                 .u64_counter("once.escalations")
-                .with_description("UNKNOWN operations escalated to people")
+                .with_description("UNKNOWN operations escalated to people, by tenant")
                 .build(),
             became_unknown: meter
                 .u64_counter("once.unknown.entered")
@@ -243,16 +268,8 @@ impl Metrics {
             _gauges: gauges,
             _ages: ages,
         });
-        // The counters alerts watch start at 0, so the first anomaly is an increase.
-        for kind in [
-            EventKind::DoubleExecution,
-            EventKind::ResolutionContradicted,
-        ] {
-            metrics
-                .anomalies
-                .add(0, &[KeyValue::new("kind", kind.as_str())]);
-        }
-        metrics.escalations.add(0, &[]);
+        // The counters alerts watch start at 0, so the first anomaly is an increase: the
+        // tenant-less ones here, each tenant's as the gauges first see it.
         metrics.webhook_failures.add(0, &[]);
         for cause in ["reported", "lease_expired"] {
             metrics
@@ -359,6 +376,25 @@ impl Metrics {
     }
 
     /// Takes in what the database holds now.
+    /// The counters alerts watch, at 0 for `tenant`, so its first anomaly or escalation is an
+    /// increase a rule sees.
+    fn counters_start(&self, tenant: &str) {
+        for kind in [
+            EventKind::DoubleExecution,
+            EventKind::ResolutionContradicted,
+        ] {
+            self.anomalies.add(
+                0,
+                &[
+                    KeyValue::new("kind", kind.as_str()),
+                    KeyValue::new("tenant", tenant.to_owned()),
+                ],
+            );
+        }
+        self.escalations
+            .add(0, &[KeyValue::new("tenant", tenant.to_owned())]);
+    }
+
     fn refreshed(&self, store: Gauges, pool: PoolUse) {
         // Tools past the cap are summed under `other`, as the counters count them.
         let mut tools: Vec<(State, String, String, i64)> = Vec::new();
@@ -389,6 +425,40 @@ impl Metrics {
                 tools.push((state, other.clone(), other, 0));
             }
         }
+        // Every tenant ever seen, its series at 0 when it has nothing UNKNOWN. In open mode
+        // every caller is tenant `default`, which no row names.
+        let candidates = std::iter::once(DEFAULT_TENANT.to_owned())
+            .chain(store.tenants.iter().cloned())
+            .chain(store.oldest_unknown.iter().map(|(t, _)| t.clone()))
+            .chain(store.open.iter().map(|(_, t, _, _)| t.clone()));
+        for tenant in candidates {
+            if read.tenants.insert(tenant.clone()) {
+                self.counters_start(&tenant);
+            }
+        }
+        read.unknown = read
+            .tenants
+            .iter()
+            .map(|tenant| TenantUnknown {
+                tenant: tenant.clone(),
+                older_than: UNKNOWN_AGE_THRESHOLDS
+                    .iter()
+                    .map(|threshold| {
+                        let n = store
+                            .unknown_older_than
+                            .iter()
+                            .find(|(t, at, _)| t == tenant && at == threshold)
+                            .map_or(0, |(_, _, n)| *n);
+                        (*threshold, n)
+                    })
+                    .collect(),
+                oldest: store
+                    .oldest_unknown
+                    .iter()
+                    .find(|(t, _)| t == tenant)
+                    .map_or(0, |(_, age)| *age),
+            })
+            .collect();
         read.store = Some(store);
         read.pool = Some(pool);
         read.tools = tools;
@@ -439,13 +509,26 @@ impl once_store::Observer for Metrics {
             .iter()
             .zip(&written.events)
             .filter_map(|(event, written)| written.then_some(event));
+        let tenant = plan
+            .operation
+            .as_ref()
+            .map(|w| w.operation())
+            .or(before)
+            .map_or(DEFAULT_TENANT, |op| op.tenant.as_str());
         for event in events {
             match event.kind {
                 EventKind::DoubleExecution | EventKind::ResolutionContradicted => {
-                    self.anomalies
-                        .add(1, &[KeyValue::new("kind", event.kind.as_str())]);
+                    self.anomalies.add(
+                        1,
+                        &[
+                            KeyValue::new("kind", event.kind.as_str()),
+                            KeyValue::new("tenant", tenant.to_owned()),
+                        ],
+                    );
                 }
-                EventKind::Escalated => self.escalations.add(1, &[]),
+                EventKind::Escalated => self
+                    .escalations
+                    .add(1, &[KeyValue::new("tenant", tenant.to_owned())]),
                 _ => {}
             }
             if event.to == Some(State::Unknown) && event.from != Some(State::Unknown) {
