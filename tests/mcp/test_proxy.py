@@ -602,15 +602,26 @@ async def test_a_call_longer_than_its_lease_is_kept_alive_by_heartbeats(orders):
     assert texts(result) == ["order o-30 placed for 1 cents (#1)"]
 
 
+def checked(tmp_path: Path, policy: str, *against: str) -> tuple[int, dict[str, str]]:
+    """`once-proxy check` of `policy` with `against`'s flags: its exit code, and its lines by
+    the tool each starts with (a tool's lines joined)."""
+    path = tmp_path / "policy.toml"
+    path.write_text(policy)
+    done = subprocess.run(
+        [str(BIN / "once-proxy"), "check", str(path), *against],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "ORDERS_EFFECTS": str(tmp_path / "effects.jsonl")})
+    lines: dict[str, str] = {}
+    for line in done.stdout.splitlines()[1:]:
+        if line.strip() and not line.startswith(" "):
+            tool = line.split()[0]
+            lines[tool] = lines.get(tool, "") + line + "\n"
+    return done.returncode, lines
+
+
 def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp_path):
     def check(policy: str) -> tuple[int, dict[str, str]]:
-        path = tmp_path / "policy.toml"
-        path.write_text(policy)
-        done = subprocess.run(
-            [str(BIN / "once-proxy"), "check", str(path), "--against", "--", sys.executable, str(UPSTREAM)],
-            capture_output=True, text=True, timeout=60,
-            env={**os.environ, "ORDERS_EFFECTS": str(tmp_path / "effects.jsonl")})
-        return done.returncode, {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+        return checked(tmp_path, policy, "--against", "--", sys.executable, str(UPSTREAM))
 
     code, lines = check(POLICY + "\n[tools.place_typed_order]\n")
     assert code == 0, lines
@@ -622,6 +633,44 @@ def test_the_linter_lists_the_upstreams_tools_and_warns_about_unguarded_ones(tmp
     assert "WARNING: may change state" in lines["place_order"]
     assert "lists no such tool" in lines["refund_order"]
     assert "WARNING" not in lines["get_order"]
+
+
+TYPO_POLICY = """
+[tools.place_order]
+intent = ["order", "{/order_d}"]
+volatile = ["nte"]
+lookup_hints = { order_id = "{/order_id}" }
+on_error = "absent"
+
+[tools.place_typed_order]
+intent = ["order", "{/order_id}"]
+"""
+
+
+def test_the_linter_compares_what_a_policy_reads_with_each_tools_input_schema(tmp_path):
+    """A typo in a pointer or a volatile name is a warning naming the setting and the members
+    the tool has (exit 1); a guarded tool left at the default on_error gets a note saying what
+    that costs, which alone does not fail the check; the policy alone only parses."""
+    code, lines = checked(tmp_path, TYPO_POLICY, "--against", "--", sys.executable, str(UPSTREAM))
+    assert code == 1, lines
+    place = lines["place_order"]
+    assert 'WARNING: intent reads {/order_d}, but the inputSchema has no "order_d"' in place, place
+    assert "order_id" in place and "every call would be refused" in place, place
+    assert 'WARNING: volatile reads nte, but the inputSchema has no "nte"' in place, place
+    assert "lookup_hints" not in place, place
+    assert "note:" not in place, "on_error = absent: no note"
+    typed = lines["place_typed_order"]
+    assert "WARNING" not in typed and 'note: on_error = "unknown" (the default)' in typed, typed
+
+    fixed = TYPO_POLICY.replace("order_d", "order_id").replace('"nte"', '"note"') \
+        .replace('on_error = "absent"\n', "")
+    code, lines = checked(tmp_path, fixed, "--against", "--", sys.executable, str(UPSTREAM))
+    assert code == 0, lines
+    assert "WARNING" not in "".join(lines.values()), lines
+
+    code, lines = checked(tmp_path, TYPO_POLICY)
+    assert code == 0, lines
+    assert "guarded, intent order" in lines["place_order"], lines
 
 
 # Streamable HTTP: the proxy as an MCP endpoint in front of the upstream's.
@@ -732,6 +781,14 @@ async def test_http_in_front_of_the_typescript_server_a_double_call_runs_once(ht
     assert json.loads(texts(found)[0])["order_id"] == "t-1"
     assert failed.is_error and "being verified" in " ".join(texts(failed)), texts(failed)
     assert len(http_ts_orders.placed("t-1")) == 1
+
+
+def test_the_linter_reads_a_streamable_http_servers_tools(http_orders):
+    code, lines = checked(http_orders.tmp, TYPO_POLICY, "--against-url",
+                          f"http://127.0.0.1:{http_orders.upstream_port}/mcp")
+    assert code == 1, lines
+    assert 'WARNING: intent reads {/order_d}' in lines["place_order"], lines
+    assert "passes through (readOnlyHint)" in lines["get_order"], lines
 
 
 async def test_http_a_double_call_reaches_the_upstream_once_with_progress_relayed(http_orders):

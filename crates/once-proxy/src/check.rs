@@ -1,5 +1,6 @@
-//! `once-proxy check`: lists an upstream's tools beside the policy, and warns about what the
-//! policy leaves open.
+//! `once-proxy check`: reads a policy alone, or lists an upstream's tools beside it, and warns
+//! about what the policy leaves open or reads wrong: an argument its `{/pointer}`s, key or
+//! volatile names read that the tool's input schema does not have, or does not require.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::policy::{OnError, Policy};
+use crate::policy::{OnError, Policy, ToolPolicy};
 
 /// How long the upstream has to answer each request of the check.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -23,6 +24,8 @@ pub struct Listed {
     pub idempotent: bool,
     /// Whether it declares an `outputSchema` (validated by the server after the tool ran).
     pub output_schema: bool,
+    /// Its `inputSchema`, or null.
+    pub input_schema: Value,
 }
 
 impl Listed {
@@ -33,19 +36,223 @@ impl Listed {
             read_only: hint("readOnlyHint"),
             idempotent: hint("idempotentHint"),
             output_schema: !matches!(tool.get("outputSchema"), None | Some(Value::Null)),
+            input_schema: tool.get("inputSchema").cloned().unwrap_or(Value::Null),
         }
     }
 }
 
-/// Runs `command`, lists its tools over stdio and reports on `policy`. The report, and whether
-/// it warns.
-pub async fn check(policy: &Policy, command: &[String]) -> anyhow::Result<(String, bool)> {
-    let tools: Vec<Listed> = list_tools(command, &[])
-        .await?
+/// What a JSON Schema says of a path into the values it describes.
+#[derive(Debug, Clone, PartialEq)]
+enum Found {
+    /// It is there; `required` when every object on the way requires the next member.
+    Yes { required: bool },
+    /// An object on the way lists its members, and this one is not among them.
+    No { member: String, has: Vec<String> },
+    /// The schema does not say (no `properties`, or other members allowed).
+    CannotTell,
+}
+
+/// Follows `path` through `schema` (its `properties`, `items`, local `$ref`s and the
+/// alternatives of `anyOf`, `oneOf` and `allOf`), `root` being the schema `$ref`s point into.
+fn find(root: &Value, schema: &Value, path: &[String], depth: usize) -> Found {
+    if depth > 32 {
+        return Found::CannotTell;
+    }
+    if let Some(target) = schema.get("$ref").and_then(Value::as_str) {
+        return match target.strip_prefix('#').and_then(|p| root.pointer(p)) {
+            Some(target) => find(root, target, path, depth + 1),
+            None => Found::CannotTell,
+        };
+    }
+    let Some((member, rest)) = path.split_first() else {
+        return Found::Yes { required: true };
+    };
+    let alternatives: Vec<&Value> = ["anyOf", "oneOf", "allOf"]
         .iter()
-        .map(Listed::of)
+        .filter_map(|k| schema.get(*k).and_then(Value::as_array))
+        .flatten()
         .collect();
+    if !alternatives.is_empty() {
+        let found: Vec<Found> = alternatives
+            .iter()
+            .map(|alt| find(root, alt, path, depth + 1))
+            .collect();
+        if let Some(yes) = found.iter().find(|f| matches!(f, Found::Yes { .. })) {
+            return yes.clone();
+        }
+        if found.iter().all(|f| matches!(f, Found::No { .. })) {
+            return found.into_iter().next().expect("not empty");
+        }
+        return Found::CannotTell;
+    }
+    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+        if let Some(inner) = properties.get(member) {
+            let required = schema
+                .get("required")
+                .and_then(Value::as_array)
+                .is_some_and(|r| r.iter().any(|n| n.as_str() == Some(member)));
+            return match find(root, inner, rest, depth + 1) {
+                Found::Yes { required: deeper } => Found::Yes {
+                    required: required && deeper,
+                },
+                other => other,
+            };
+        }
+        let open = matches!(schema.get("additionalProperties"), Some(v) if v != &Value::Bool(false))
+            || schema.get("patternProperties").is_some();
+        if open {
+            return Found::CannotTell;
+        }
+        return Found::No {
+            member: member.clone(),
+            has: properties.keys().cloned().collect(),
+        };
+    }
+    if let (Some(items), Ok(_)) = (schema.get("items"), member.parse::<usize>()) {
+        return find(root, items, rest, depth + 1);
+    }
+    Found::CannotTell
+}
+
+/// What `guarded`'s settings read that `schema` does not have or does not require: one
+/// warning each.
+fn unread(guarded: &ToolPolicy, schema: &Value) -> Vec<String> {
+    if schema.is_null() {
+        return Vec::new();
+    }
+    let mut warnings = Vec::new();
+    for read in guarded.reads() {
+        match find(schema, schema, &read.path, 0) {
+            Found::No { member, has } => warnings.push(format!(
+                "{} reads {}, but the inputSchema has no {member:?} (it has: {}): {}",
+                read.setting,
+                read.said,
+                has.join(", "),
+                if read.needed {
+                    "every call would be refused, not performed"
+                } else {
+                    "the setting does nothing"
+                }
+            )),
+            Found::Yes { required: false } if read.needed => warnings.push(format!(
+                "{} reads {}, which the inputSchema does not require: a call without it \
+                 cannot be named and is not performed",
+                read.setting, read.said
+            )),
+            _ => {}
+        }
+    }
+    warnings
+}
+
+/// What leaving `on_error` at its default costs, for a guarded tool that does.
+fn on_error_note(guarded: &ToolPolicy) -> Option<String> {
+    (guarded.on_error == OnError::Unknown).then(|| {
+        "note: on_error = \"unknown\" (the default): a call the tool refuses (isError) is \
+         UNKNOWN until a reconciler or an operator settles it, and the model's corrected call \
+         waits for that; if the tool's errors always come before any effect and it declares \
+         no outputSchema, on_error = \"absent\" lets the corrected call run"
+            .to_owned()
+    })
+}
+
+/// What the policy alone says: each guarded tool, how it is named, and the notes. It never
+/// warns: the file parsed, and only a listing can tell what the tools take.
+pub fn report_alone(policy: &Policy) -> String {
+    let mut out = String::new();
+    let width = policy
+        .tools
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(out, "{:<width$}  verdict", "tool");
+    for (name, guarded) in &policy.tools {
+        let _ = writeln!(out, "{name:<width$}  guarded, {}", naming(guarded));
+        if let Some(note) = on_error_note(guarded) {
+            let _ = writeln!(out, "{:<width$}  {note}", "");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nThe policy parses. With --against -- COMMAND (stdio) or --against-url URL (Streamable \
+         HTTP), each guarded tool's settings are compared with the tool's inputSchema, and \
+         unguarded tools that may change state are named."
+    );
+    out
+}
+
+/// How a guarded tool's calls are named.
+fn naming(guarded: &ToolPolicy) -> String {
+    match &guarded.intent {
+        Some(parts) => {
+            let parts: Vec<&str> = parts.iter().map(|p| p.as_str()).collect();
+            format!("intent {}", parts.join(" · "))
+        }
+        None => "named by its arguments or an explicit key".to_owned(),
+    }
+}
+
+/// What a policy is checked against.
+#[derive(Debug)]
+pub enum Against {
+    /// Nothing: the policy alone.
+    Nothing,
+    /// The stdio MCP server this command runs.
+    Command(Vec<String>),
+    /// The Streamable HTTP MCP server at this URL, asked with these headers.
+    Url(
+        reqwest::Url,
+        Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
+    ),
+}
+
+/// Reports on `policy`, beside the tools of what it is checked `against`. The report, and
+/// whether it warns.
+pub async fn check(policy: &Policy, against: Against) -> anyhow::Result<(String, bool)> {
+    let listed = match against {
+        Against::Nothing => return Ok((report_alone(policy), false)),
+        Against::Command(command) => list_tools(&command, &[]).await?,
+        Against::Url(url, headers) => list_tools_at(&url, &headers).await?,
+    };
+    let tools: Vec<Listed> = listed.iter().map(Listed::of).collect();
     Ok(report(policy, &tools))
+}
+
+/// Lists the tools of the Streamable HTTP MCP server at `url`.
+async fn list_tools_at(
+    url: &reqwest::Url,
+    headers: &[(axum::http::HeaderName, axum::http::HeaderValue)],
+) -> anyhow::Result<Vec<Value>> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(PATIENCE)
+        .build()?;
+    let send = |method, mut asked: axum::http::HeaderMap, body: Option<axum::body::Bytes>| {
+        for (name, value) in headers {
+            asked.insert(name.clone(), value.clone());
+        }
+        let mut request = http.request(method, url.clone()).headers(asked);
+        if let Some(body) = body {
+            request = request
+                .header(axum::http::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        request.send()
+    };
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let mint = || {
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("once-proxy-check:{n}")
+    };
+    let listed = crate::http::list_tools(send, mint).await.map_err(|e| {
+        anyhow::anyhow!(
+            "listing the tools at {}: {e:#}",
+            crate::redacted(url.as_str())
+        )
+    })?;
+    Ok(listed["tools"].as_array().cloned().unwrap_or_default())
 }
 
 /// What the policy does with each listed tool, and its warnings.
@@ -79,16 +286,7 @@ pub fn report(policy: &Policy, tools: &[Listed]) -> (String, bool) {
                         .to_owned(),
                 )
             }
-            (Some(guarded), _) => {
-                let named = match &guarded.intent {
-                    Some(parts) => {
-                        let parts: Vec<&str> = parts.iter().map(|p| p.as_str()).collect();
-                        format!("intent {}", parts.join(" · "))
-                    }
-                    None => "named by its arguments or an explicit key".to_owned(),
-                };
-                ("yes", format!("guarded, {named}"))
-            }
+            (Some(guarded), _) => ("yes", format!("guarded, {}", naming(guarded))),
             (None, false) => ("no", format!("passes through ({})", hints.join(", "))),
             (None, true) => {
                 warned = true;
@@ -101,6 +299,15 @@ pub fn report(policy: &Policy, tools: &[Listed]) -> (String, bool) {
             }
         };
         let _ = writeln!(out, "{:<width$}  {guarded:<8}  {verdict}", tool.name);
+        if let Some(policy) = policy.guarded(&tool.name) {
+            for warning in unread(policy, &tool.input_schema) {
+                warned = true;
+                let _ = writeln!(out, "{:<width$}  {:<8}  WARNING: {warning}", tool.name, "");
+            }
+            if let Some(note) = on_error_note(policy) {
+                let _ = writeln!(out, "{:<width$}  {:<8}  {note}", tool.name, "");
+            }
+        }
     }
     for name in policy.tools.keys() {
         if !tools.iter().any(|t| &t.name == name) {
@@ -211,6 +418,7 @@ mod tests {
             read_only,
             idempotent,
             output_schema: false,
+            input_schema: Value::Null,
         }
     }
 
@@ -252,6 +460,83 @@ mod tests {
         assert!(line("get_order").contains("passes through (readOnlyHint)"));
         assert!(line("cancel_order").contains("WARNING: may change state"));
         assert!(line("gone").contains("the upstream lists no such tool"));
+    }
+
+    fn path(pointer: &str) -> Vec<String> {
+        pointer.split('/').skip(1).map(str::to_owned).collect()
+    }
+
+    /// The shapes SDKs write input schemas in: pydantic's `$defs` and `$ref`, optional fields
+    /// as `anyOf` with null, zod's `additionalProperties: false`, arrays.
+    #[test]
+    fn paths_are_followed_through_the_shapes_sdks_write() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "order_id": {"type": "string"},
+                "customer": {"$ref": "#/$defs/Customer"},
+                "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "lines": {"type": "array", "items": {"type": "object", "properties": {"sku": {"type": "string"}}}},
+                "extra": {"type": "object", "additionalProperties": true},
+            },
+            "required": ["order_id", "customer"],
+            "additionalProperties": false,
+            "$defs": {"Customer": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}},
+        });
+        let found = |pointer: &str| find(&schema, &schema, &path(pointer), 0);
+        assert_eq!(found("/order_id"), Found::Yes { required: true });
+        assert_eq!(found("/customer/id"), Found::Yes { required: true });
+        assert_eq!(found("/note"), Found::Yes { required: false });
+        assert_eq!(found("/lines/0/sku"), Found::Yes { required: false });
+        assert_eq!(found("/extra/anything"), Found::CannotTell);
+        assert!(matches!(found("/order_d"), Found::No { member, .. } if member == "order_d"));
+        assert!(
+            matches!(found("/customer/name"), Found::No { member, has } if member == "name" && has == ["id"])
+        );
+        // A schema that says nothing of its members cannot be held against the policy.
+        assert_eq!(
+            find(
+                &json!({"type": "object"}),
+                &json!({"type": "object"}),
+                &path("/x"),
+                0
+            ),
+            Found::CannotTell
+        );
+        let open = json!({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}});
+        assert_eq!(find(&open, &open, &path("/b"), 0), Found::CannotTell);
+    }
+
+    #[test]
+    fn what_a_policy_reads_is_held_against_the_input_schema() {
+        let policy = Policy::parse(
+            "[tools.place_order]\nintent = [\"order\", \"{/order_d}\"]\nvolatile = [\"nte\"]\n\
+             key = [\"argument:request_key\"]\nlookup_hints = { id = \"{/note}\" }\n",
+        )
+        .unwrap();
+        let schema = json!({
+            "type": "object",
+            "properties": {"order_id": {}, "note": {}, "request_key": {}},
+            "required": ["order_id"],
+        });
+        let warnings = unread(policy.guarded("place_order").unwrap(), &schema);
+        assert_eq!(warnings.len(), 3, "{warnings:#?}");
+        assert!(warnings[0].starts_with("intent reads {/order_d}, but the inputSchema has no \"order_d\" (it has: note, order_id, request_key): every call"), "{warnings:#?}");
+        assert!(
+            warnings[1].starts_with(
+                "lookup_hints.id reads {/note}, which the inputSchema does not require"
+            ),
+            "{warnings:#?}"
+        );
+        assert!(
+            warnings[2].starts_with("volatile reads nte"),
+            "{warnings:#?}"
+        );
+        // The default key sources are only tried: a tool without idempotency_key is fine.
+        let plain = Policy::parse("[tools.place_order]\n").unwrap();
+        assert!(unread(plain.guarded("place_order").unwrap(), &schema).is_empty());
+        // No schema listed: nothing to hold it against.
+        assert!(unread(policy.guarded("place_order").unwrap(), &Value::Null).is_empty());
     }
 
     #[test]

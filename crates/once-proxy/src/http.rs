@@ -111,7 +111,11 @@ where
         .values()
         .any(|t| t.on_error == crate::policy::OnError::Absent)
     {
-        match list_tools(&proxy).await {
+        let send = |method, headers: HeaderMap, body| {
+            let proxy = proxy.clone();
+            async move { proxy.send(method, &headers, None, body).await }
+        };
+        match list_tools(send, || proxy.minter.mint()).await {
             Ok(result) => {
                 proxy.guard.learn(&result);
             }
@@ -889,9 +893,15 @@ async fn listing(
         .unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY, "once-proxy: a bad upstream answer"))
 }
 
-/// The upstream's tools, listed in a session of the proxy's own (with the upstream headers):
-/// `initialize`, `tools/list` page by page, and the session ended.
-async fn list_tools(proxy: &Proxy) -> anyhow::Result<Value> {
+/// The tools of a Streamable HTTP MCP server, listed in a session of the proxy's own, each
+/// request sent by `send` (method, headers, JSON body): `initialize`, `tools/list` page by
+/// page, and the session ended. Request ids come from `mint`.
+pub async fn list_tools<S, F>(send: S, mint: impl Fn() -> String) -> anyhow::Result<Value>
+where
+    S: Fn(Method, HeaderMap, Option<Bytes>) -> F,
+    F: std::future::Future<Output = Result<reqwest::Response, reqwest::Error>>,
+{
+    let send = &send;
     let mut headers = HeaderMap::new();
     headers.insert(
         header::ACCEPT,
@@ -903,8 +913,7 @@ async fn list_tools(proxy: &Proxy) -> anyhow::Result<Value> {
             message["id"] = Value::String(id.clone());
         }
         let body = Bytes::from(message.to_string());
-        let upstream = proxy
-            .send(Method::POST, &headers, None, Some(body))
+        let upstream = send(Method::POST, headers, Some(body))
             .await
             .map_err(|e| anyhow::anyhow!("{}", error_text(&e)))?;
         let session = upstream.headers().get(SESSION).cloned();
@@ -943,7 +952,7 @@ async fn list_tools(proxy: &Proxy) -> anyhow::Result<Value> {
     };
     let (session, _) = ask(
         headers.clone(),
-        Some(proxy.minter.mint()),
+        Some(mint()),
         "initialize",
         serde_json::json!({
             "protocolVersion": crate::check::PROTOCOL_VERSION,
@@ -973,13 +982,7 @@ async fn list_tools(proxy: &Proxy) -> anyhow::Result<Value> {
             Some(cursor) => serde_json::json!({"cursor": cursor}),
             None => serde_json::json!({}),
         };
-        let (_, page) = ask(
-            headers.clone(),
-            Some(proxy.minter.mint()),
-            "tools/list",
-            params,
-        )
-        .await?;
+        let (_, page) = ask(headers.clone(), Some(mint()), "tools/list", params).await?;
         tools.extend(
             page.get("tools")
                 .and_then(Value::as_array)
@@ -992,7 +995,7 @@ async fn list_tools(proxy: &Proxy) -> anyhow::Result<Value> {
         }
     }
     if headers.contains_key(SESSION) {
-        let _ = proxy.send(Method::DELETE, &headers, None, None).await;
+        let _ = send(Method::DELETE, headers, None).await;
     }
     Ok(serde_json::json!({ "tools": tools }))
 }

@@ -192,17 +192,28 @@ struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum Lint {
-    /// Lists the upstream's tools beside the policy: which are guarded, which pass through,
-    /// and a warning for each tool that may change state but is not guarded. Exits 1 when it
-    /// warns.
+    /// Reads a policy; against an MCP server, lists its tools beside the policy: which are
+    /// guarded, which pass through, a warning for each tool that may change state but is not
+    /// guarded, and for each argument a guarded tool's settings read that its inputSchema does
+    /// not have or require. Exits 1 when it warns (notes do not count).
+    #[command(
+        override_usage = "once-proxy check POLICY\n       once-proxy check POLICY --against -- COMMAND [ARGS...]\n       once-proxy check POLICY --against-url URL [--header 'Name: value']..."
+    )]
     Check {
         /// The policy to check.
         policy: PathBuf,
-        /// Check against the MCP server run by the command after `--`.
-        #[arg(long, required = true)]
+        /// Check against the stdio MCP server run by the command after `--`.
+        #[arg(long, requires = "command", conflicts_with = "against_url")]
         against: bool,
-        /// The MCP server to list the tools of.
-        #[arg(last = true, required = true)]
+        /// Check against the Streamable HTTP MCP server at this URL (its `/mcp` endpoint).
+        #[arg(long, value_name = "URL")]
+        against_url: Option<reqwest::Url>,
+        /// A header sent with every request to --against-url, `Name: value` (its
+        /// credentials); repeatable.
+        #[arg(long = "header", value_parser = http::header, requires = "against_url")]
+        headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
+        /// The MCP server to list the tools of, with --against.
+        #[arg(last = true, requires = "against")]
         command: Vec<String>,
     },
 }
@@ -275,8 +286,19 @@ fn main() -> std::process::ExitCode {
     };
     let ran = match args.lint {
         Some(Lint::Check {
-            policy, command, ..
-        }) => runtime.block_on(lint(&policy, &command)),
+            policy,
+            command,
+            against_url,
+            headers,
+            ..
+        }) => {
+            let against = match against_url {
+                Some(url) => check::Against::Url(url, headers),
+                None if command.is_empty() => check::Against::Nothing,
+                None => check::Against::Command(command),
+            };
+            runtime.block_on(lint(&policy, against))
+        }
         None => runtime.block_on(proxy(args)),
     };
     match ran {
@@ -319,9 +341,9 @@ async fn stopped() {
     }
 }
 
-async fn lint(policy: &std::path::Path, command: &[String]) -> anyhow::Result<i32> {
+async fn lint(policy: &std::path::Path, against: check::Against) -> anyhow::Result<i32> {
     let policy = policy::Policy::load(policy)?;
-    let (report, warned) = check::check(&policy, command).await?;
+    let (report, warned) = check::check(&policy, against).await?;
     print!("{report}");
     Ok(i32::from(warned))
 }

@@ -251,13 +251,7 @@ impl ToolPolicy {
             .flatten()
             .chain(self.lookup_hints.values())
             .flat_map(Template::pointers)
-            .map(|pointer| {
-                pointer
-                    .split('/')
-                    .skip(1)
-                    .map(|token| token.replace("~1", "/").replace("~0", "~"))
-                    .collect()
-            });
+            .map(pointer_path);
         let top = self
             .volatile
             .iter()
@@ -265,6 +259,53 @@ impl ToolPolicy {
             .chain(self.key_arguments())
             .map(|name| vec![name.to_owned()]);
         templates.chain(top).collect()
+    }
+
+    /// Where the policy reads the call's arguments, setting by setting, as `once-proxy check`
+    /// compares them with the tool's input schema. Key arguments are listed only when the
+    /// policy names its key sources (the default ones are only tried).
+    pub fn reads(&self) -> Vec<Read> {
+        let mut reads = Vec::new();
+        let templates = self
+            .intent
+            .iter()
+            .flatten()
+            .map(|t| ("intent".to_owned(), t))
+            .chain(
+                self.lookup_hints
+                    .iter()
+                    .map(|(name, t)| (format!("lookup_hints.{name}"), t)),
+            );
+        for (setting, template) in templates {
+            for pointer in template.pointers() {
+                reads.push(Read {
+                    setting: setting.clone(),
+                    said: format!("{{{pointer}}}"),
+                    path: pointer_path(pointer),
+                    needed: true,
+                });
+            }
+        }
+        let named = |setting: &str, said: String, name: &str| Read {
+            setting: setting.to_owned(),
+            said,
+            path: vec![name.to_owned()],
+            needed: false,
+        };
+        for name in &self.volatile {
+            reads.push(named("volatile", name.clone(), name));
+        }
+        if self.key != default_key_sources() {
+            for source in &self.key {
+                if let KeySource::Argument(name) = source {
+                    reads.push(named("key", format!("argument:{name}"), name));
+                }
+            }
+        }
+        if let Some(KeySink::Argument(name)) = &self.provider_key {
+            reads.push(named("provider_key", format!("argument:{name}"), name));
+        }
+        reads
     }
 
     /// The operation a `tools/call` request's params describe, or why it cannot be named.
@@ -331,6 +372,29 @@ impl ToolPolicy {
                 .map(str::to_owned)
         })
     }
+}
+
+/// One place a guarded tool's policy reads the call's arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// The setting that reads it: `intent`, `lookup_hints.NAME`, `volatile`, `key`,
+    /// `provider_key`.
+    pub setting: String,
+    /// What the setting says: `{/order_id}`, `note`, `argument:idempotency_key`.
+    pub said: String,
+    /// The member names down into the arguments.
+    pub path: Vec<String>,
+    /// A call without it cannot be named, and is not performed.
+    pub needed: bool,
+}
+
+/// A JSON pointer's member names, unescaped.
+fn pointer_path(pointer: &str) -> Vec<String> {
+    pointer
+        .split('/')
+        .skip(1)
+        .map(|token| token.replace("~1", "/").replace("~0", "~"))
+        .collect()
 }
 
 /// One piece of a template: literal text, or a JSON pointer into the arguments.
