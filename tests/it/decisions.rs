@@ -16,7 +16,6 @@ on_both_backends!(
     confirmed_replays_the_result_byte_for_byte,
     unknown_stays_unknown,
     different_fingerprint_conflicts_in_every_state,
-    other_arguments_after_an_absent_nothing_can_contradict_are_a_new_life,
     bounded_wait_returns_the_settled_outcome,
     identity_forms_and_fresh_id_guard,
 );
@@ -222,11 +221,10 @@ async fn different_fingerprint_conflicts_in_every_state(store: Store) {
     let mut client = ledger.client().await;
     let other_args = r#"{"order":"o-1","amount_cents":900,"currency":"eur"}"#;
 
-    // ABSENT by the attempt's own report is not among them: other arguments are a new life
-    // then (other_arguments_after_an_absent_nothing_can_contradict_are_a_new_life).
     let states = [
         ("c-in-flight", pb::OperationState::InFlight),
         ("c-confirmed", pb::OperationState::Confirmed),
+        ("c-absent", pb::OperationState::Absent),
         ("c-unknown", pb::OperationState::Unknown),
     ];
     for (id, state) in states {
@@ -266,80 +264,6 @@ async fn different_fingerprint_conflicts_in_every_state(store: Store) {
             "a conflict changes nothing"
         );
         assert_eq!(db.snapshot().await, before);
-    }
-    ledger.stop().await;
-}
-
-/// A tool refused a call (the attempt reported ABSENT by itself), or an operator declared the
-/// only attempt ABSENT: the model's corrected call, same intent with other arguments, is a new
-/// life with a provider key of its own, and its CLAIMED event says what changed. The same
-/// arguments again after that new life is settled are its own, as ever; an operation still
-/// UNKNOWN keeps CONFLICT.
-async fn other_arguments_after_an_absent_nothing_can_contradict_are_a_new_life(store: Store) {
-    let db = TestDb::new(store).await;
-    let ledger = TestLedger::spawn(&db).await;
-    let mut client = ledger.client().await;
-    let corrected = r#"{"order":"o-1","amount_cents":900,"currency":"eur"}"#;
-    for (id, by_operator) in [("n-declined", false), ("n-resolved", true)] {
-        let first = claim(&mut client, begin(id, ARGS)).await;
-        if by_operator {
-            report_unknown(&mut client, id, first.fencing_token)
-                .await
-                .unwrap();
-            let still = client
-                .begin(begin(id, corrected))
-                .await
-                .unwrap()
-                .into_inner();
-            assert!(
-                matches!(decision(&still), Decision::Conflict(_)),
-                "{still:?}"
-            );
-            resolve(&mut client, id, pb::OperationState::Absent, "n-res")
-                .await
-                .unwrap();
-        } else {
-            report_absent(&mut client, id, first.fencing_token)
-                .await
-                .unwrap();
-        }
-        let next = claim(&mut client, begin(id, corrected)).await;
-        assert_eq!(next.attempt, 1, "{id}: a new life");
-        assert_ne!(
-            next.provider_key, first.provider_key,
-            "{id}: a key of its own"
-        );
-        let history = get(&mut client, id).await;
-        let claimed = history.events.last().unwrap();
-        assert_eq!(claimed.kind, "CLAIMED", "{id}");
-        let details: serde_json::Value = serde_json::from_str(&claimed.details_json).unwrap();
-        assert_eq!(details["arguments_changed"], true, "{id}: {details}");
-        assert_eq!(
-            details["previous_life"], first.fencing_token,
-            "{id}: {details}"
-        );
-        // The old attempt's token is of a life that kept its key: it changes nothing.
-        let stale = confirm(&mut client, id, first.fencing_token, b"old")
-            .await
-            .unwrap_err();
-        assert_eq!(reason(&stale), "EXECUTION_RIGHT_LOST", "{id}");
-        confirm(&mut client, id, next.fencing_token, b"new")
-            .await
-            .unwrap();
-        let replayed = client
-            .begin(begin(id, corrected))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(
-            matches!(decision(&replayed), Decision::Replay(_)),
-            "{replayed:?}"
-        );
-        let conflict = client.begin(begin(id, ARGS)).await.unwrap().into_inner();
-        assert!(
-            matches!(decision(&conflict), Decision::Conflict(_)),
-            "{id}: CONFIRMED keeps its arguments: {conflict:?}"
-        );
     }
     ledger.stop().await;
 }

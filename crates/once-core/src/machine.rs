@@ -121,9 +121,6 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
         _ => return BeginStep::Claim,
     };
     if op.fingerprint != cmd.fingerprint {
-        if arguments_may_change(op) {
-            return BeginStep::Claim;
-        }
         let decision = BeginDecision::Conflict {
             stored: op.fingerprint,
             requested: cmd.fingerprint,
@@ -196,9 +193,7 @@ pub fn claim(
     match guard {
         Guard::Blocked(blocking) => (guarded(&blocking, now), Plan::default()),
         Guard::Clear { token } => match current {
-            Some(op) if !op.is_expired(now) && op.fingerprint == cmd.fingerprint => {
-                claim_again(op, cmd, token, now)
-            }
+            Some(op) if !op.is_expired(now) => claim_again(op, cmd, token, now),
             previous => claim_new_life(previous, cmd, token, now),
         },
     }
@@ -244,30 +239,7 @@ fn guarded(blocking: &Blocking, now: Millis) -> BeginDecision {
     }
 }
 
-/// Whether a Begin with other arguments may start a new life over `op` (with a provider key of
-/// its own) instead of CONFLICT: `op` ended ABSENT, and no attempt of its old arguments can
-/// still land. That holds when its latest attempt said by itself that it did nothing and no
-/// attempt under its key was declared ABSENT by anyone else (a declaration carries over with
-/// the key), or when an operator declared ABSENT its life's only attempt under the life's own
-/// key. An ABSENT a reconciler declared is the provider not finding the effect *yet*: a
-/// stalled attempt may still land, so other arguments stay CONFLICT.
-pub fn arguments_may_change(op: &Operation) -> bool {
-    if op.state != State::Absent {
-        return false;
-    }
-    match op.source {
-        Source::Attempt => op.declared_absent_token.is_none(),
-        Source::Operator => {
-            op.attempt == 1
-                && op.declared_absent_token == Some(op.fencing_token)
-                && op.provider_key == provider_key(&op.tenant, &op.operation_id, op.life)
-        }
-        _ => false,
-    }
-}
-
-/// A first claim, a claim on an id whose previous life ended with retention, or one with other
-/// arguments over a life that ended ABSENT ([`arguments_may_change`]).
+/// A first claim, or a claim on an id whose previous life ended with retention.
 fn claim_new_life(
     previous: Option<&Operation>,
     cmd: &BeginCommand,
@@ -313,18 +285,9 @@ fn claim_new_life(
         reconcile_next_at: None,
         lookup_claimed_until: None,
     };
-    let details = previous.map(|p| {
-        let mut details = json!({
-            "previous_life_expired_at": p.expires_at,
-            "previous_state": p.state.as_str(),
-        });
-        if p.fingerprint != cmd.fingerprint {
-            details["arguments_changed"] = true.into();
-            details["previous_fingerprint"] = p.fingerprint.to_hex().into();
-            details["previous_life"] = p.life.get().into();
-        }
-        details
-    });
+    let details = previous.map(
+        |p| json!({ "previous_life_expired_at": p.expires_at, "previous_state": p.state.as_str() }),
+    );
     let write = if previous.is_some() {
         Write::Update(op)
     } else {

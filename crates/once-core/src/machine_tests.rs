@@ -279,7 +279,7 @@ fn decision_table() {
         "UNKNOWN",
         Some(State::Unknown),
     );
-    for stored in [&in_flight, &done, &unsure] {
+    for stored in [&in_flight, &done, &gone, &unsure] {
         check(
             Some(stored),
             &other_args,
@@ -288,15 +288,6 @@ fn decision_table() {
             Some(stored.state),
         );
     }
-    // An attempt that said by itself it did nothing leaves nothing to land: other arguments
-    // are a new life (see other_arguments_start_a_new_life_only_when_no_attempt_of_the_old_can_land).
-    check(
-        Some(&gone),
-        &other_args,
-        T0 + 20,
-        "EXECUTE",
-        Some(State::InFlight),
-    );
 }
 
 /// A life that ended ABSENT hands its provider key to the next life of the same intent, so a
@@ -1133,80 +1124,4 @@ fn a_superseded_attempts_confirm_counts_only_from_its_own_credential() {
         T0 + 3,
     );
     assert!(!plan.is_empty());
-}
-
-/// Other arguments under an id that ended ABSENT start a new life with a key of its own when no
-/// attempt of the old arguments can still land: the latest attempt said by itself it did
-/// nothing (and no attempt under the key was declared ABSENT by anyone else), or an operator
-/// declared the life's only attempt ABSENT under the life's own key. An ABSENT a reconciler
-/// declared keeps CONFLICT: a stalled attempt may still land.
-#[test]
-fn other_arguments_start_a_new_life_only_when_no_attempt_of_the_old_can_land() {
-    let other = BeginCommand {
-        fingerprint: fp(2),
-        ..cmd("a9")
-    };
-    let later = T0 + 100;
-    let executes = |stored: &Operation| {
-        let (decision, plan) = begin_with(Some(stored), &other, TOKEN + 20, later);
-        (matches!(decision, BeginDecision::Execute(_)), plan)
-    };
-
-    // The attempt said by itself that it did nothing.
-    let declined = with_state(&claimed(), absent(), T0 + 10);
-    let (executed, plan) = executes(&declined);
-    assert!(executed);
-    let next = written(&plan);
-    assert_eq!(
-        (next.life, next.attempt, next.fingerprint),
-        (TOKEN + 20, 1, fp(2))
-    );
-    assert_ne!(next.provider_key, declined.provider_key, "a key of its own");
-    assert!(plan.forgets_attempts);
-    let claimed_event = &plan.events[0];
-    let details = claimed_event.details.as_deref().unwrap();
-    assert!(details.contains("\"arguments_changed\":true"), "{details}");
-    assert!(details.contains(&fp(1).to_hex()), "{details}");
-
-    // An operator declared the only attempt ABSENT.
-    let unsure = with_state(&claimed(), unknown(), T0 + 10);
-    let (_, plan) = resolve(
-        &unsure,
-        &resolution(Resolution::Absent, TOKEN, "r-only"),
-        None,
-        T0 + 20,
-    )
-    .unwrap();
-    let resolved = written(&plan);
-    assert!(executes(&resolved).0);
-
-    // An earlier attempt of the life was declared ABSENT by someone else: it may be stalled,
-    // even though the latest attempt said it did nothing by itself.
-    let second = second_attempt_after_absent_resolution();
-    let declined_second = with_state(&second, absent(), T0 + 40);
-    assert!(!executes(&declined_second).0);
-
-    // A reconciler's ABSENT.
-    let mut looked_up = unsure.clone();
-    looked_up.state = State::Absent;
-    looked_up.source = Source::Reconciler;
-    looked_up.declared_absent_token = Some(looked_up.fencing_token);
-    let (decision, plan) = begin_with(Some(&looked_up), &other, TOKEN + 20, later);
-    assert!(
-        matches!(decision, BeginDecision::Conflict { .. }),
-        "{decision:?}"
-    );
-    assert!(plan.is_empty());
-
-    // An operator's ABSENT of a life that took over an earlier life's key: that life's
-    // attempts may be stalled under it.
-    let mut inherited = resolved.clone();
-    inherited.provider_key = declined.provider_key.clone();
-    inherited.life = TOKEN + 5;
-    inherited.fencing_token = TOKEN + 5;
-    inherited.declared_absent_token = Some(TOKEN + 5);
-    assert!(!executes(&inherited).0);
-    // The same arguments again: the same life goes on, as always.
-    let (decision, _) = begin_with(Some(&declined), &cmd("a2"), TOKEN + 20, later);
-    assert!(matches!(decision, BeginDecision::Execute(_)));
 }
