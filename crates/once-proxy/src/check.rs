@@ -149,9 +149,10 @@ fn unread(guarded: &ToolPolicy, schema: &Value) -> Vec<String> {
 fn on_error_note(guarded: &ToolPolicy) -> Option<String> {
     (guarded.on_error == OnError::Unknown).then(|| {
         "note: on_error = \"unknown\" (the default): a call the tool refuses (isError) is \
-         UNKNOWN until a reconciler or an operator settles it, and the model's corrected call \
-         waits for that; if the tool's errors always come before any effect and it declares \
-         no outputSchema, on_error = \"absent\" lets the corrected call run"
+         UNKNOWN until a reconciler or an operator settles it, and the same call waits for \
+         that; if the tool's errors always come before any effect and it declares no \
+         outputSchema, on_error = \"absent\" makes them ABSENT, and the same call may run \
+         again at once"
             .to_owned()
     })
 }

@@ -46,7 +46,10 @@ pub fn operation(op: &OperationView) -> Value {
         "fencing_token": op.fencing_token,
         "fingerprint": op.fingerprint,
         "provider": op.provider,
-        "lookup_hints": op.lookup_hints,
+        // The hints are JSON the executor sent: kept as JSON, not as a string of it.
+        "lookup_hints": op.lookup_hints.as_deref().map(|hints| {
+            serde_json::from_str::<Value>(hints).unwrap_or_else(|_| Value::String(hints.to_owned()))
+        }),
         "provider_key": op.provider_key,
         "provider_ref": op.provider_ref,
         "result": result(&op.result),

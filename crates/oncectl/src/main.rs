@@ -16,7 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use clap::{CommandFactory, Parser};
 use once_client::{
-    ClientError, LedgerClient, ListFilter, Resolution, Truth, WatchRequest, Watched, WatchedEvent,
+    ClientError, LedgerClient, ListFilter, OperationView, Resolution, Truth, WatchRequest, Watched,
+    WatchedEvent,
 };
 use once_core::access::Roles;
 use once_core::{EventKind, State};
@@ -238,16 +239,61 @@ async fn list(ledger: &LedgerClient, out: &Out, args: ListArgs) -> Result<(), Fa
 }
 
 async fn show(ledger: &LedgerClient, out: &Out, operation: &str) -> Result<(), Failure> {
-    let op = ledger
-        .get(operation)
-        .await
-        .map_err(|e| not_found(e, operation))?;
+    let op = find(ledger, operation).await?;
     if out.json {
         out.json(&json::operation(&op));
     } else {
         out.print(&render::operation(&out.look, &op));
     }
     Ok(())
+}
+
+/// How many operations a prefix is looked for among, at most.
+const PREFIX_SCAN: usize = 20_000;
+
+/// The operation `given` names: its whole id, or (as git takes a commit's) the start of exactly
+/// one operation's id in the tenant, `refund:885d` for `refund:885d2c…`.
+async fn find(ledger: &LedgerClient, given: &str) -> Result<OperationView, Failure> {
+    match ledger.get(given).await {
+        Err(ClientError::NotFound) => {}
+        found => return found.map_err(|e| not_found(e, given)),
+    }
+    let every = ListFilter {
+        states: Vec::new(),
+        tool: None,
+        provider: None,
+        older_than: None,
+    };
+    let mut matching = Vec::new();
+    let (mut page, mut scanned) = (None, 0);
+    loop {
+        let got = ledger.list_page(&every, 1000, page.as_deref()).await?;
+        scanned += got.operations.len();
+        matching.extend(
+            got.operations
+                .into_iter()
+                .map(|op| op.operation_id)
+                .filter(|id| id.starts_with(given)),
+        );
+        page = got.next;
+        if page.is_none() || scanned >= PREFIX_SCAN || matching.len() > 10 {
+            break;
+        }
+    }
+    match matching.as_slice() {
+        [] => Err(not_found(ClientError::NotFound, given)),
+        [one] => ledger.get(one).await.map_err(|e| not_found(e, one)),
+        several => Err(Failure::Usage(format!(
+            "{given:?} is the start of several operations' ids ({}{}): give more of it",
+            several
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            if several.len() > 10 { ", …" } else { "" }
+        ))),
+    }
 }
 
 /// A missing operation, named.
@@ -271,10 +317,7 @@ async fn resolve(
             "--reason is mandatory: say why you believe this outcome".into(),
         ));
     }
-    let op = ledger
-        .get(&args.operation)
-        .await
-        .map_err(|e| not_found(e, &args.operation))?;
+    let op = find(ledger, &args.operation).await?;
     let number = args.attempt.unwrap_or(op.attempt);
     let examined = op
         .attempts
@@ -289,8 +332,17 @@ async fn resolve(
         })?;
     let truth = if args.confirmed {
         let result = match args.result.as_deref() {
-            Some(path) if path.starts_with('@') => std::fs::read(&path[1..])
-                .map_err(|e| Failure::Usage(format!("--result {path}: {e}")))?,
+            // A file as an editor saves it: without the line end it closes with.
+            Some(path) if path.starts_with('@') => {
+                let mut bytes = std::fs::read(&path[1..])
+                    .map_err(|e| Failure::Usage(format!("--result {path}: {e}")))?;
+                if bytes.ends_with(b"\r\n") {
+                    bytes.truncate(bytes.len() - 2);
+                } else if bytes.ends_with(b"\n") {
+                    bytes.truncate(bytes.len() - 1);
+                }
+                bytes
+            }
             Some(text) => text.as_bytes().to_vec(),
             None => Vec::new(),
         };
@@ -365,6 +417,15 @@ async fn reconcile(
     operation: &str,
     wait: Duration,
 ) -> Result<(), Failure> {
+    let op = find(ledger, operation).await?;
+    let operation = op.operation_id.as_str();
+    // Settled already: nothing to look up (exit 4, as the ledger would refuse it).
+    if op.state != State::Unknown {
+        return Err(Failure::Refused(format!(
+            "{operation} is {} already: only an UNKNOWN operation is reconciled; nothing was looked up",
+            op.state
+        )));
+    }
     let reconciled = ledger
         .reconcile(operation, wait)
         .await
@@ -440,6 +501,9 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
     let mut operations = Operations::new(args.provider, args.older_than);
     let mut received = 0;
     let mut caught_up = false;
+    // Said once when the stream breaks, and once when it is back, however many tries between:
+    // where it broke, while it is broken.
+    let mut broken: Option<String> = None;
     loop {
         if args.count.is_some_and(|count| received >= count) {
             return Ok(());
@@ -448,6 +512,11 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
             item = watch.next() => item?,
             _ = tokio::signal::ctrl_c() => return Ok(()),
         };
+        if !matches!(item, Watched::Reconnecting { .. }) {
+            if let Some(after) = broken.take() {
+                eprintln!("(reconnected; watching after {after})");
+            }
+        }
         match item {
             Watched::Event(event) => {
                 if !operations.wanted(ledger, &event).await? {
@@ -467,8 +536,11 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
                 }
             }
             Watched::Reconnecting { after, error } => {
-                let after = after.map_or_else(|| "now".to_owned(), |a| format!("#{a}"));
-                eprintln!("(stream broken: {error}; reconnecting after {after})");
+                if broken.is_none() {
+                    let after = after.map_or_else(|| "now".to_owned(), |a| format!("#{a}"));
+                    eprintln!("(stream broken: {error}; reconnecting after {after}, for as long as it takes)");
+                    broken = Some(after);
+                }
             }
         }
     }

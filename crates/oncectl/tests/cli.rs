@@ -21,6 +21,7 @@ on_both_backends!(
     a_watch_narrowed_by_provider_and_age_prints_only_their_operations,
     a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file,
     keys_are_created_listed_and_revoked_by_an_admin,
+    operations_are_named_by_a_unique_start_of_their_id,
 );
 
 /// Runs `oncectl --addr http://ADDR ARGS…` with a home of its own (so no profile of the
@@ -467,7 +468,11 @@ async fn reconcile_looks_up_now_and_shows_the_verdict(store: Store) {
     // Only UNKNOWN operations are looked up.
     let again = oncectl(ledger.addr, &["reconcile", "refund:o-4"]).await;
     assert_eq!(code(&again), 4, "{}", stderr(&again));
-    assert!(stderr(&again).contains("NOT_UNKNOWN"), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("refund:o-4 is CONFIRMED already"),
+        "{}",
+        stderr(&again)
+    );
     ledger.stop().await;
 }
 
@@ -548,22 +553,24 @@ async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
     })
     .await;
 
-    // Down for more reconnection tries than a plain call makes.
+    // Down for more reconnection tries than a plain call makes: a stand-in at the ledger's
+    // address accepts each try and closes it. The watch says once that it broke.
     ledger.stop().await;
+    until_said(
+        &mut said,
+        "reconnecting after #4",
+        "the watch to say it broke",
+    )
+    .await;
+    let stand_in = tokio::net::TcpListener::bind(addr).await.unwrap();
     within(Duration::from_secs(30), "the watch to keep trying", async {
-        let mut tries = 0;
-        while tries < 6 {
-            let line = said
-                .next_line()
-                .await
-                .unwrap()
-                .expect("oncectl watch gave up");
-            if line.contains("reconnecting after #4") {
-                tries += 1;
-            }
+        for _ in 0..6 {
+            let (tried, _) = stand_in.accept().await.unwrap();
+            drop(tried);
         }
     })
     .await;
+    drop(stand_in);
     let ledger = TestLedger::spawn_at(&db.url, addr, &[]).await;
     let mut client = ledger.client().await;
     let grant = claim(&mut client, begin("refund:o-5", ARGS)).await;
@@ -584,6 +591,22 @@ async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
         .await
         .unwrap();
     assert!(status.success(), "{status}");
+    // Once that it broke (said above), once that it is back, however many tries between.
+    let mut rest = Vec::new();
+    while let Some(line) = said.next_line().await.unwrap() {
+        rest.push(line);
+    }
+    assert_eq!(
+        rest.iter()
+            .filter(|l| l.contains("reconnected; watching after #4"))
+            .count(),
+        1,
+        "{rest:?}"
+    );
+    assert!(
+        !rest.iter().any(|l| l.contains("stream broken")),
+        "{rest:?}"
+    );
     let sequences: Vec<i64> = lines
         .iter()
         .map(|line| serde_json::from_str::<Value>(line).expect("a JSON line"))
@@ -696,9 +719,10 @@ async fn a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file(store
         .unwrap()
         .into_inner();
     let replay = expect_replay(&replay);
+    // The file's bytes without the line end it closes with.
     assert_eq!(
         (replay.result.as_slice(), replay.provider_ref.as_str()),
-        (&result[..], "re_9")
+        (&result[..result.len() - 1], "re_9")
     );
     let missing = oncectl(
         ledger.addr,
@@ -725,6 +749,51 @@ async fn a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file(store
     assert_eq!(
         state_of(&mut client, "refund:o-1").await,
         pb::OperationState::Unknown
+    );
+    ledger.stop().await;
+}
+
+/// An operation is named by its id or by the start of exactly one operation's id; several are
+/// named back (exit 2), none is not found (exit 3). `reconcile` on a settled operation says so
+/// and looks nothing up (exit 4); the lookup hints are JSON in JSON.
+async fn operations_are_named_by_a_unique_start_of_their_id(store: Store) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    let mut hinted = begin("refund:885d2c01", ARGS);
+    hinted.provider = "stripe".into();
+    hinted.lookup_hints_json = r#"{"payment_intent":"pi_885d"}"#.into();
+    let done = claim(&mut client, hinted).await;
+    confirm(&mut client, "refund:885d2c01", done.fencing_token, b"{}")
+        .await
+        .unwrap();
+    let open = claim(&mut client, begin("refund:8899aa", ARGS)).await;
+    report_unknown(&mut client, "refund:8899aa", open.fencing_token)
+        .await
+        .unwrap();
+
+    let shown = json(&oncectl(ledger.addr, &["show", "refund:885d", "--json"]).await);
+    assert_eq!(shown["operation_id"], "refund:885d2c01");
+    assert_eq!(
+        shown["lookup_hints"],
+        serde_json::json!({"payment_intent": "pi_885d"})
+    );
+    let several = oncectl(ledger.addr, &["show", "refund:88"]).await;
+    assert_eq!(code(&several), 2, "{}", stderr(&several));
+    for id in ["refund:885d2c01", "refund:8899aa", "give more of it"] {
+        assert!(stderr(&several).contains(id), "{}", stderr(&several));
+    }
+    let none = oncectl(ledger.addr, &["show", "refund:77"]).await;
+    assert_eq!(code(&none), 3, "{}", stderr(&none));
+
+    let settled = oncectl(ledger.addr, &["reconcile", "refund:885d"]).await;
+    assert_eq!(code(&settled), 4, "{}", stderr(&settled));
+    assert!(
+        stderr(&settled).contains(
+            "refund:885d2c01 is CONFIRMED already: only an UNKNOWN operation is reconciled; nothing was looked up"
+        ),
+        "{}",
+        stderr(&settled)
     );
     ledger.stop().await;
 }
