@@ -1,5 +1,5 @@
 # Each target is one command a person could type.
-.PHONY: run test build bench bench-proxy fmt lint demo model-long fuzz fuzz-proxy
+.PHONY: run test build bench bench-proxy fmt lint demo demo-up model-long fuzz fuzz-proxy
 
 VENV := .venv
 # The TypeScript MCP server once-proxy is tested in front of, and its packages (npm, Node 20).
@@ -56,6 +56,11 @@ fuzz:
 # cases): no input both reaches the upstream as a guarded call and skips the ledger.
 fuzz-proxy:
 	PROPTEST_CASES=200000 cargo test --release -p once-proxy fuzz
+
+# The README walkthrough's three processes (onced, fakepay, refund-mcp), built once, in one
+# terminal; Ctrl-C stops them.
+demo-up:
+	examples/demo-up.sh
 
 # The README walkthrough's client: calls the refund tool through the Python MCP SDK.
 demo: $(VENV)/installed

@@ -170,7 +170,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
                 LocalSessionManager::default().into(),
                 StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token()),
             );
-            let router = axum::Router::new().nest_service("/mcp", service);
+            // A session ended by DELETE is answered 204, not the transport's 202, which MCP
+            // clients (the Python SDK) report as a failed termination.
+            let router = axum::Router::new()
+                .nest_service("/mcp", service)
+                .layer(axum::middleware::from_fn(ended_sessions_answer_no_content));
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .map_err(|e| anyhow::anyhow!("listening on {address} (--http): {e}"))?;
@@ -190,4 +194,18 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// DELETE of a session that was ended answers 204 No Content.
+async fn ended_sessions_answer_no_content(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let delete = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+        *response.body_mut() = axum::body::Body::empty();
+    }
+    response
 }
