@@ -200,12 +200,7 @@ async fn prometheus_scrapes_what_the_run_did(store: Store) {
         ],
     )
     .await;
-    let metrics = eventually(
-        Duration::from_secs(10),
-        "onced to say where it serves metrics",
-        || async { announced_address(&onced.log(), "serving Prometheus metrics") },
-    )
-    .await;
+    let metrics = metrics_address(&onced).await;
     let prometheus = Prometheus::scraping(metrics, &dir).await;
     let mut grpc = onced.client().await;
 
@@ -729,13 +724,7 @@ async fn the_metrics_listener_is_closed_beyond_loopback() {
         ],
     )
     .await;
-    let port = eventually(
-        Duration::from_secs(10),
-        "onced to say where it serves metrics",
-        || async { announced_address(&onced.log(), "serving Prometheus metrics") },
-    )
-    .await
-    .port();
+    let port = metrics_address(&onced).await.port();
     let url = format!("http://127.0.0.1:{port}/metrics");
     let scrape = |bearer: Option<String>| {
         let url = url.clone();
@@ -792,12 +781,7 @@ async fn the_version_and_the_process_are_in_the_log_and_the_metrics() {
         &[("ONCE_LOG_FORMAT", "json")],
     )
     .await;
-    let metrics = eventually(
-        Duration::from_secs(10),
-        "onced to say where it serves metrics",
-        || async { announced_address(&onced.log(), "serving Prometheus metrics") },
-    )
-    .await;
+    let metrics = metrics_address(&onced).await;
     let log = onced.log();
     let lines: Vec<serde_json::Value> = log
         .lines()
@@ -855,4 +839,14 @@ fn onced_logs_contain(dir: &Path, text: &str) -> bool {
             entry.path().extension().is_some_and(|e| e == "log") && log.contains(text)
         })
     })
+}
+
+/// Where `onced` says it serves metrics, once it says so.
+async fn metrics_address(onced: &OncedProcess) -> std::net::SocketAddr {
+    eventually(
+        Duration::from_secs(10),
+        "onced to say where it serves metrics",
+        || async { announced_address(&onced.log(), "serving Prometheus metrics") },
+    )
+    .await
 }

@@ -253,6 +253,21 @@ async def test_without_a_ledger_nothing_is_performed(orders):
     assert f"nothing listens at {address}" in refused[0], refused
 
 
+def until_answered(proxy: subprocess.Popen) -> str:
+    """What a starting proxy logged until it said the ledger answers it; the proxy is then
+    stopped."""
+    try:
+        said = ""
+        deadline = time.monotonic() + 30
+        while "the ledger answers" not in said:
+            assert time.monotonic() < deadline and proxy.poll() is None, said
+            said += proxy.stderr.readline()
+        return said
+    finally:
+        proxy.kill()
+        proxy.wait()
+
+
 def started_proxy(stack, tmp: Path, ledger: str, key: str | None) -> subprocess.Popen:
     policy = write(tmp / "policy.toml", POLICY)
     env = {k: v for k, v in os.environ.items() if k != "ONCE_LEDGER_KEY"}
@@ -292,16 +307,7 @@ def test_the_proxy_checks_the_ledger_and_its_key_at_start(tenant_stack, tmp_path
         assert "ERROR" in line and says in line and ledger in line, said
         assert "not-a-key-of-this-ledger" not in said and reader not in said, "no key in a log"
 
-    proxy = started_proxy(stack, tmp_path, address, stack.keys["acme"])
-    try:
-        said = ""
-        deadline = time.monotonic() + 30
-        while "the ledger answers" not in said:
-            assert time.monotonic() < deadline and proxy.poll() is None, said
-            said += proxy.stderr.readline()
-    finally:
-        proxy.kill()
-        proxy.wait()
+    said = until_answered(started_proxy(stack, tmp_path, address, stack.keys["acme"]))
     line = next(line for line in said.splitlines() if "the ledger answers" in line)
     assert 'tenant="acme"' in line or "tenant=acme" in line, line
     assert "acme-refund-mcp" in line and "version=" in line, line
@@ -1098,16 +1104,7 @@ def test_the_proxy_presents_a_client_certificate_to_a_ledger_that_asks_for_one(t
         assert anonymous.returncode == 1, said
         assert f"{address} asks for a client certificate" in said and "--ledger-cert" in said, said
 
-        certified = proxy("--ledger-cert", str(leaf), "--ledger-cert-key", str(leaf_key))
-        try:
-            said = ""
-            deadline = time.monotonic() + 30
-            while "the ledger answers" not in said:
-                assert time.monotonic() < deadline and certified.poll() is None, said
-                said += certified.stderr.readline()
-        finally:
-            certified.kill()
-            certified.wait()
+        until_answered(proxy("--ledger-cert", str(leaf), "--ledger-cert-key", str(leaf_key)))
     finally:
         ledger.stop()
 
