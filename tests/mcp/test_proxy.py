@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import selectors
 import socket
 import subprocess
@@ -66,6 +67,8 @@ class Orders:
         self.hold = tmp / "hold"
         self.policy = tmp / "policy.toml"
         self.policy.write_text(POLICY)
+        # The proxy's own flags besides the policy and the ledger.
+        self.flags: list[str] = []
 
     def lines(self) -> list[dict]:
         if not self.effects.exists():
@@ -85,6 +88,7 @@ class Orders:
             args=[
                 "--policy", str(self.policy),
                 "--ledger", f"http://127.0.0.1:{self.stack.ledger_port}",
+                *self.flags,
                 "--", *self.command,
             ],
             env={"ORDERS_EFFECTS": str(self.effects), "ORDERS_HOLD": str(self.hold)},
@@ -266,6 +270,47 @@ def until_answered(proxy: subprocess.Popen) -> str:
     finally:
         proxy.kill()
         proxy.wait()
+
+
+async def test_the_proxys_metrics_count_guarded_calls_by_how_they_ended(tmp_path, backend):
+    """--metrics-listen serves once_proxy_guarded_calls_total by tool and outcome: every series
+    at 0 from the start, then one executed, one replayed, one conflict, and, with the ledger
+    gone, one refused."""
+    stack = make_stack(tmp_path, backend, "none", reconcile=False)
+    try:
+        orders = Orders(stack, tmp_path, "python")
+        orders.flags = ["--metrics-listen", "127.0.0.1:0"]
+        log = tmp_path / "once-proxy.log"
+
+        def counted(text: str) -> dict[str, float]:
+            found = {}
+            for line in text.splitlines():
+                if line.startswith("once_proxy_guarded_calls_total{") and 'tool="place_order"' in line:
+                    outcome = re.search(r'outcome="([a-z_]+)"', line).group(1)
+                    found[outcome] = float(line.rsplit(" ", 1)[1])
+            return found
+
+        async with orders.session() as session:
+            port = wait_for("the proxy's metrics", lambda: served_port(log, "serving Prometheus metrics", 0))
+
+            def scrape() -> dict[str, float]:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                    return counted(response.read().decode())
+
+            assert set(scrape()) == {"executed", "not_performed", "ambiguous", "replayed", "in_progress",
+                                     "unknown", "conflict", "refused"}
+            assert sum(scrape().values()) == 0
+            order = {"order_id": "o-m1", "amount_cents": 100}
+            await session.call_tool("place_order", order)
+            await session.call_tool("place_order", order)
+            await session.call_tool("place_order", {**order, "amount_cents": 999})
+            stack.ledger.kill()
+            await session.call_tool("place_order", {"order_id": "o-m2", "amount_cents": 100})
+            after = scrape()
+        assert {k: v for k, v in after.items() if v} == \
+            {"executed": 1, "replayed": 1, "conflict": 1, "refused": 1}, after
+    finally:
+        stack.close()
 
 
 def started_proxy(stack, tmp: Path, ledger: str, key: str | None) -> subprocess.Popen:

@@ -221,6 +221,9 @@ pub struct NewCredential {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SecretHash(pub [u8; 32]);
 
+/// A check of a secret as sent (a bearer token, or none).
+pub type Admits = std::sync::Arc<dyn Fn(Option<&str>) -> bool + Send + Sync>;
+
 impl SecretHash {
     pub fn of(secret: &[u8]) -> Self {
         SecretHash(Sha256::digest(secret).into())
@@ -229,6 +232,14 @@ impl SecretHash {
     /// The first bytes in hex, to tell certificates apart in listings.
     pub fn short_hex(&self) -> String {
         hex::encode(&self.0[..8])
+    }
+
+    /// A check that admits exactly the secret this is the hash of (a bearer token as sent, or
+    /// nothing). Compared by hash, so the time taken says nothing of how much of it matched.
+    pub fn admits(self) -> Admits {
+        std::sync::Arc::new(move |sent| {
+            sent.is_some_and(|sent| SecretHash::of(sent.as_bytes()) == self)
+        })
     }
 }
 

@@ -54,7 +54,24 @@ pub struct Guard {
     pub ledger: LedgerClient,
     /// What the upstream's listings said of each tool, learned from every `tools/list` answer.
     listed: Mutex<HashMap<String, Listed>>,
+    /// Guarded calls by tool and how each ended ([`CALL_OUTCOMES`]).
+    calls: opentelemetry::metrics::Counter<u64>,
 }
+
+/// How a guarded call ends, as `once_proxy_guarded_calls_total` counts it: forwarded and
+/// `executed`, `not_performed` or `ambiguous` (UNKNOWN); answered by the ledger without
+/// forwarding, `replayed`, `in_progress`, `unknown` or `conflict`; or `refused`: not forwarded
+/// because the ledger could not be reached or refused the proxy, or the policy cannot name it.
+pub const CALL_OUTCOMES: [&str; 8] = [
+    "executed",
+    "not_performed",
+    "ambiguous",
+    "replayed",
+    "in_progress",
+    "unknown",
+    "conflict",
+    "refused",
+];
 
 /// How a guarded call ended for the client.
 #[derive(Debug, PartialEq)]
@@ -140,11 +157,34 @@ fn reserved(value: Option<&Json>) -> bool {
 
 impl Guard {
     pub fn new(policy: Policy, ledger: LedgerClient) -> Self {
+        let calls = once_telemetry::meter()
+            .u64_counter("once_proxy.guarded_calls")
+            .with_description("Guarded calls, by tool and how each ended")
+            .build();
+        // Every series exists from the start, at 0, so a rule sees the first of each.
+        for tool in policy.tools.keys() {
+            for outcome in CALL_OUTCOMES {
+                calls.add(0, &Self::labels(tool, outcome));
+            }
+        }
         Self {
             policy,
             ledger,
             listed: Mutex::default(),
+            calls,
         }
+    }
+
+    fn labels(tool: &str, outcome: &'static str) -> [opentelemetry::KeyValue; 2] {
+        [
+            opentelemetry::KeyValue::new("tool", tool.to_owned()),
+            opentelemetry::KeyValue::new("outcome", outcome),
+        ]
+    }
+
+    /// Counts a guarded call of `tool` that ended as `outcome`.
+    fn ended(&self, tool: &str, outcome: &'static str) {
+        self.calls.add(1, &Self::labels(tool, outcome));
     }
 
     /// What to do with `message`. Fails closed: a message that another reader could take for a
@@ -345,6 +385,7 @@ impl Guard {
         let spec = match policy.spec(tool, &params) {
             Ok(spec) => spec,
             Err(unnamed) => {
+                self.ended(tool, "refused");
                 tracing::warn!(tool, reason = %unnamed, "a guarded call was not forwarded: the policy cannot name its operation from these arguments");
                 let failure = ClientError::Invalid(unnamed.to_string());
                 return reply(&id, to_value(&not_performed(&failure)));
@@ -390,6 +431,19 @@ impl Guard {
             _ => None,
         };
         let status = self.status_tool();
+        self.ended(
+            tool,
+            match &outcome {
+                Ok(Outcome::Executed { .. }) => "executed",
+                Ok(Outcome::NotPerformed { .. }) => "not_performed",
+                Ok(Outcome::Ambiguous { .. }) => "ambiguous",
+                Ok(Outcome::Replayed(_)) => "replayed",
+                Ok(Outcome::InProgress(_)) => "in_progress",
+                Ok(Outcome::Unknown(_)) => "unknown",
+                Ok(Outcome::Conflict(_)) => "conflict",
+                Err(_) => "refused",
+            },
+        );
         match (outcome, upstream, verbatim) {
             (_, Some(Upstream::Gone { reply: false, .. } | Upstream::Unsent), _) => Answer::Nothing,
             (Ok(Outcome::Executed { .. } | Outcome::NotPerformed { .. }), _, Some(answer)) => {

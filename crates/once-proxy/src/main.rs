@@ -84,6 +84,19 @@ struct Args {
         default_value = "text"
     )]
     log_format: once_telemetry::LogFormat,
+    /// Serve Prometheus metrics at http://ADDR/metrics: guarded calls by tool and how each
+    /// ended (once_proxy_guarded_calls_total). Beyond loopback only with --metrics-token-file
+    /// (or --insecure).
+    #[arg(long, env = "ONCE_PROXY_METRICS_LISTEN", hide_env_values = true)]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token every scrape must send (as strong as an API key).
+    #[arg(
+        long,
+        env = "ONCE_PROXY_METRICS_TOKEN_FILE",
+        hide_env_values = true,
+        requires = "metrics_listen"
+    )]
+    metrics_token_file: Option<PathBuf>,
     /// The client name recorded in the ledger's attempt log.
     #[arg(
         long,
@@ -174,7 +187,8 @@ struct Args {
     /// The largest request body read (bytes; K, M suffixes for KiB and MiB).
     #[arg(long, env = "ONCE_PROXY_MAX_BODY", hide_env_values = true, default_value = "4M", value_parser = bytes)]
     max_body: usize,
-    /// Serve beyond loopback without TLS or a client credential. Never in production.
+    /// Serve beyond loopback without TLS or a client credential, and metrics without a token.
+    /// Never in production.
     #[arg(long, env = "ONCE_PROXY_INSECURE", hide_env_values = true)]
     insecure: bool,
     /// An environment variable the upstream command does not inherit (the ledger key never
@@ -353,8 +367,11 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
     let telemetry = once_telemetry::Telemetry::init(once_telemetry::Process {
         name: "once-proxy",
         log_format: args.log_format,
-        prometheus: false,
+        prometheus: args.metrics_listen.is_some(),
     })?;
+    if let Some(address) = args.metrics_listen {
+        serve_metrics(address, args.metrics_token_file.as_deref(), args.insecure).await?;
+    }
     let path = args.policy.clone().expect("required without a subcommand");
     let policy = policy::Policy::load(&path)?;
     let mut config = ClientConfig::new(args.ledger.clone());
@@ -389,6 +406,49 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
     };
     telemetry.shutdown();
     code
+}
+
+/// Serves the metrics on `address` (in the background, for as long as the proxy runs): beyond
+/// loopback only with a token or `insecure`.
+async fn serve_metrics(
+    address: std::net::SocketAddr,
+    token_file: Option<&std::path::Path>,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    let token = match token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--metrics-token-file {}: {e}", path.display()))?;
+            let token = text.trim();
+            once_core::access::check_key_strength(token).map_err(|message| {
+                anyhow::anyhow!(
+                    "--metrics-token-file {}: {}",
+                    path.display(),
+                    message.replacen("an API key", "a metrics token", 1)
+                )
+            })?;
+            Some(once_core::access::SecretHash::of(token.as_bytes()))
+        }
+        None => None,
+    };
+    if !address.ip().is_loopback() && token.is_none() && !insecure {
+        anyhow::bail!(
+            "refusing to serve metrics on {address} without a token: anyone who reaches it could \
+             read them. Listen on loopback, give --metrics-token-file, or pass --insecure"
+        );
+    }
+    let prometheus = once_telemetry::prometheus()
+        .ok_or_else(|| anyhow::anyhow!("the metrics exporter is not set up"))?;
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics-listen {address}: {e}"))?;
+    tokio::spawn(once_telemetry::serve_metrics(
+        listener,
+        prometheus,
+        token.map(once_core::access::SecretHash::admits),
+        std::future::pending(),
+    ));
+    Ok(())
 }
 
 /// Asks the ledger, once, who the proxy is to it before serving. What no retry mends (TLS on

@@ -159,6 +159,65 @@ impl Prometheus {
     }
 }
 
+/// Whether a scrape's bearer token (as sent, or none) may read the metrics.
+pub type ScrapeCheck = std::sync::Arc<dyn Fn(Option<&str>) -> bool + Send + Sync>;
+
+/// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop` resolves. With
+/// `admits`, only to scrapes whose bearer token it admits (it is given the token sent, if any);
+/// others are answered 401.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    prometheus: Prometheus,
+    admits: Option<ScrapeCheck>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use axum::http::{header, HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    let scrape = move |headers: HeaderMap| {
+        let (prometheus, admits) = (prometheus.clone(), admits.clone());
+        async move {
+            let sent = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, sent)| sent.trim());
+            if admits.is_some_and(|admits| !admits(sent)) {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer realm=\"metrics\"")],
+                    "this endpoint needs `Authorization: Bearer <the --metrics-token-file token>`\n",
+                )
+                    .into_response();
+            }
+            match prometheus.render() {
+                Ok(text) => (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+                    .into_response(),
+                Err(error) => {
+                    tracing::warn!(%error, "could not render the metrics");
+                    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+                }
+            }
+        }
+    };
+    let router = axum::Router::new().route("/metrics", axum::routing::get(scrape));
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "serving Prometheus metrics at /metrics");
+    }
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(stop)
+        .await;
+    if let Err(error) = served {
+        tracing::warn!(%error, "the metrics endpoint stopped");
+    }
+}
+
 /// Which OpenTelemetry signals the environment turns on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Signals {

@@ -337,11 +337,12 @@ async fn serve<B: Backend>(
     ];
 
     let scrapes = metrics_listener.map(|(listener, prometheus)| {
-        tokio::spawn(telemetry::serve_metrics(
+        let stop = stop_sweepers.clone();
+        tokio::spawn(once_telemetry::serve_metrics(
             listener,
             prometheus,
-            metrics_token,
-            stop_sweepers.clone(),
+            metrics_token.map(once_core::access::SecretHash::admits),
+            async move { stop.cancelled().await },
         ))
     });
 

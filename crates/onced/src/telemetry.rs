@@ -735,62 +735,6 @@ fn server_error(code: i32) -> bool {
     )
 }
 
-/// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop`; with `token` (the
-/// hash of the bearer token), only to scrapes that send it, others answered 401.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    prometheus: once_telemetry::Prometheus,
-    token: Option<once_core::access::SecretHash>,
-    stop: CancellationToken,
-) {
-    use axum::http::{header, HeaderMap, StatusCode};
-    use axum::response::IntoResponse;
-    let scrape = move |headers: HeaderMap| {
-        let prometheus = prometheus.clone();
-        async move {
-            // Compared by hash, so the time taken says nothing of how much of it matched.
-            let sent = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.split_once(' '))
-                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, sent)| once_core::access::SecretHash::of(sent.trim().as_bytes()));
-            if token.is_some_and(|token| sent != Some(token)) {
-                return (
-                    StatusCode::UNAUTHORIZED,
-                    [(header::WWW_AUTHENTICATE, "Bearer realm=\"metrics\"")],
-                    "this endpoint needs `Authorization: Bearer <the --metrics-token-file token>`\n",
-                )
-                    .into_response();
-            }
-            match prometheus.render() {
-                Ok(text) => (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    text,
-                )
-                    .into_response(),
-                Err(error) => {
-                    tracing::warn!(%error, "could not render the metrics");
-                    StatusCode::INTERNAL_SERVER_ERROR.into_response()
-                }
-            }
-        }
-    };
-    let router = axum::Router::new().route("/metrics", axum::routing::get(scrape));
-    if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, "serving Prometheus metrics at /metrics");
-    }
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
-    if let Err(error) = served {
-        tracing::warn!(%error, "the metrics endpoint stopped");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
