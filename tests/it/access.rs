@@ -1185,10 +1185,10 @@ async fn each_tenant_is_looked_up_with_its_own_credentials(store: Store) {
 
 on_both_backends!(a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal);
 
-/// A reconciler configured for acme only: onced warns at start that it serves no reconciler
-/// for globex, naming what each reconciler serves; globex's Reconcile of an operation naming it
-/// is refused with NO_RECONCILER saying that the reconciler does not serve globex, and naming
-/// no other tenant.
+/// A reconciler configured for acme only: onced warns at start that no reconciler serves
+/// globex, naming what each reconciler serves; globex's Reconcile of an operation naming it is
+/// refused with NO_RECONCILER saying that it serves not globex, in the words it would use for a
+/// name no reconciler has, and naming no other tenant.
 async fn a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal(store: Store) {
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     let db = TestDb::new(store).await;
@@ -1221,41 +1221,50 @@ async fn a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal(stor
         "{said}"
     );
     let globex = &keys.iter().find(|(t, _)| t == "globex").unwrap().1;
-    let mut grpc = onced.client().await;
-    let mut request = begin("unserved-1", ARGS);
-    request.provider = "stripe".into();
-    let grant = expect_execute(
-        &grpc
-            .begin(with_key(request, Some(globex)))
-            .await
-            .unwrap()
-            .into_inner(),
-    );
-    grpc.report_unknown(with_key(
-        pb::ReportUnknownRequest {
-            operation_id: "unserved-1".into(),
-            fencing_token: grant.fencing_token,
-            reason: "timeout".into(),
-        },
-        Some(globex),
-    ))
-    .await
-    .unwrap();
-    let refused = grpc
-        .reconcile(with_key(
-            pb::ReconcileRequest {
-                operation_id: "unserved-1".into(),
-            },
-            Some(globex),
-        ))
-        .await
-        .unwrap_err();
+    let grpc = onced.client().await;
+    // globex's UNKNOWN operation naming `provider`, and its Reconcile's refusal.
+    let refusal = |id: &'static str, provider: &'static str| {
+        let mut grpc = grpc.clone();
+        async move {
+            let mut request = begin(id, ARGS);
+            request.provider = provider.into();
+            let grant = expect_execute(
+                &grpc
+                    .begin(with_key(request, Some(globex)))
+                    .await
+                    .unwrap()
+                    .into_inner(),
+            );
+            let unknown = pb::ReportUnknownRequest {
+                operation_id: id.into(),
+                fencing_token: grant.fencing_token,
+                reason: "timeout".into(),
+            };
+            grpc.report_unknown(with_key(unknown, Some(globex)))
+                .await
+                .unwrap();
+            let reconcile = pb::ReconcileRequest {
+                operation_id: id.into(),
+            };
+            grpc.reconcile(with_key(reconcile, Some(globex)))
+                .await
+                .unwrap_err()
+        }
+    };
+    let refused = refusal("unserved-1", "stripe").await;
     assert_eq!(reason(&refused), "NO_RECONCILER");
     assert!(
         refused
             .message()
-            .contains("reconciler \"stripe\" does not serve tenant \"globex\""),
+            .contains("no reconciler named \"stripe\" serves tenant \"globex\""),
         "{refused:?}"
+    );
+    // The same words as for a name no reconciler has: nothing of what another tenant has
+    // configured shows.
+    let nowhere = refusal("unserved-2", "nowhere").await;
+    assert_eq!(
+        nowhere.message().replace("nowhere", "stripe"),
+        refused.message()
     );
     assert!(!refused.message().contains("acme"), "{refused:?}");
     assert!(onced.terminate().await.success());

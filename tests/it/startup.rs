@@ -36,10 +36,10 @@ async fn a_start_up_error_is_one_line_naming_what_and_where() {
     let dir = db.scratch_dir();
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = holder.local_addr().unwrap();
-    let closed = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap()
-    };
+    // A port bound and never listened on: held for the test, and every connection refused.
+    let unlistened = tokio::net::TcpSocket::new_v4().unwrap();
+    unlistened.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let closed = unlistened.local_addr().unwrap();
     let untouched = dir.join("untouched.db");
     let untouched_url = format!("sqlite://{}", untouched.display());
     let missing = dir.join("missing.toml");
@@ -101,7 +101,7 @@ async fn a_start_up_error_is_one_line_naming_what_and_where() {
         !untouched.exists(),
         "a configuration that cannot be read touches no database"
     );
-    drop(holder);
+    drop((holder, unlistened));
 }
 
 /// A SQLite file in directories that do not exist yet is served: the directories are made,

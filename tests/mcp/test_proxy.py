@@ -257,6 +257,44 @@ async def test_without_a_ledger_nothing_is_performed(orders):
     assert f"nothing listens at {address}" in refused[0], refused
 
 
+async def test_the_proxys_metrics_are_closed_beyond_loopback_and_ask_for_their_token(tmp_path, backend):
+    """Beyond loopback without a token, or with a weak one, the proxy does not start (exit 1,
+    naming the flag); with a token, a scrape without it is answered 401 and one with it 200."""
+    stack = make_stack(tmp_path, backend, "none", reconcile=False)
+    try:
+        orders = Orders(stack, tmp_path, "python")
+        weak = write(tmp_path / "weak.token", "password\n")
+        for flags, says in [
+            (["--metrics-listen", "0.0.0.0:0"], "refusing to serve metrics on 0.0.0.0:0 without a token"),
+            (["--metrics-listen", "127.0.0.1:0", "--metrics-token-file", str(weak)],
+             f"--metrics-token-file {weak}"),
+        ]:
+            params = orders.params()
+            ran = subprocess.run([params.command, *flags, *params.args], capture_output=True, text=True,
+                                 timeout=60, stdin=subprocess.DEVNULL, env={**os.environ, **params.env})
+            assert ran.returncode == 1 and says in ran.stderr, ran.stderr
+            assert "password" not in ran.stderr.replace(str(weak), ""), "no token in a log"
+        token = "4f1c0d9e6a534f0e9d7b2c1c3e0a9b41a8d3e6f70b5c4d2e91f0a7c3b8e2d6f5"
+        orders.flags = ["--metrics-listen", "127.0.0.1:0",
+                        "--metrics-token-file", str(write(tmp_path / "metrics.token", token + "\n"))]
+        async with orders.session():
+            log = tmp_path / "once-proxy.log"
+            port = wait_for("the proxy's metrics", lambda: served_port(log, "serving Prometheus metrics", 0))
+            url = f"http://127.0.0.1:{port}/metrics"
+            try:
+                urllib.request.urlopen(url, timeout=10)
+                raise AssertionError("a scrape without the token was answered")
+            except urllib.error.HTTPError as refused:
+                assert refused.code == 401
+            asked = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(asked, timeout=10) as response:
+                assert response.status == 200
+                assert "once_proxy_guarded_calls_total" in response.read().decode()
+        assert token not in log.read_text(), "no token in a log"
+    finally:
+        stack.close()
+
+
 def until_answered(proxy: subprocess.Popen) -> str:
     """What a starting proxy logged until it said the ledger answers it; the proxy is then
     stopped."""

@@ -172,13 +172,12 @@ impl LedgerClient {
             .await
             .unwrap_or_else(|_panic| Err(EffectError::Ambiguous("the effect panicked".into())));
         let reported = attempt.report(Report::from(&performed)).await;
-        let outcome = Outcome::performed(operation_id.clone(), performed);
         if let Err(error) = reported {
             // Never the result: it is the tool's, and may hold what a log must not.
-            let (report, provider_ref) = match &outcome {
-                Outcome::Executed { effect, .. } => ("CONFIRMED", effect.provider_ref.as_deref()),
-                Outcome::NotPerformed { .. } => ("ABSENT", None),
-                _ => ("UNKNOWN", None),
+            let (report, provider_ref) = match &performed {
+                Ok(effect) => ("CONFIRMED", effect.provider_ref.as_deref()),
+                Err(EffectError::NotPerformed(_)) => ("ABSENT", None),
+                Err(EffectError::Ambiguous(_)) => ("UNKNOWN", None),
             };
             tracing::warn!(
                 %operation_id,
@@ -190,7 +189,7 @@ impl LedgerClient {
                 "the effect ran but its report did not reach the ledger; its lease will expire into UNKNOWN, for its reconciler or an operator to settle"
             );
         }
-        Ok(outcome)
+        Ok(Outcome::performed(operation_id, performed))
     }
 
     /// The operation as the ledger holds it, with the history of its current life, for status

@@ -323,13 +323,7 @@ async fn asks_for_client_certificate(endpoint: &str) -> bool {
     let Some(authority) = authority(endpoint) else {
         return false;
     };
-    let Some(host) = authority
-        .rsplit_once(':')
-        .map(|(host, _)| host.trim_matches(['[', ']']))
-    else {
-        return false;
-    };
-    let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_owned()) else {
+    let Some(name) = server_name(&authority) else {
         return false;
     };
     let asked = Arc::new(Asked::default());
@@ -432,14 +426,15 @@ fn authority(endpoint: &str) -> Option<String> {
     })
 }
 
+/// The TLS server name of `authority`'s host (`host:port`, `[v6]:port`).
+fn server_name(authority: &str) -> Option<rustls::pki_types::ServerName<'static>> {
+    let host = authority.rsplit_once(':')?.0.trim_matches(['[', ']']);
+    rustls::pki_types::ServerName::try_from(host.to_owned()).ok()
+}
+
 /// The bytes of a TLS ClientHello to `authority`'s host.
 fn client_hello(authority: &str) -> Option<Vec<u8>> {
-    let host = authority
-        .rsplit_once(':')?
-        .0
-        .trim_matches(['[', ']'])
-        .to_owned();
-    let name = rustls::pki_types::ServerName::try_from(host).ok()?;
+    let name = server_name(authority)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -221,9 +221,6 @@ pub struct NewCredential {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SecretHash(pub [u8; 32]);
 
-/// A check of a secret as sent (a bearer token, or none).
-pub type Admits = std::sync::Arc<dyn Fn(Option<&str>) -> bool + Send + Sync>;
-
 impl SecretHash {
     pub fn of(secret: &[u8]) -> Self {
         SecretHash(Sha256::digest(secret).into())
@@ -234,12 +231,19 @@ impl SecretHash {
         hex::encode(&self.0[..8])
     }
 
+    /// The hash of a metrics token as its file holds it (surrounding whitespace is not part of
+    /// it), once it is as strong as an API key must be.
+    pub fn of_metrics_token(text: &str) -> Result<Self, String> {
+        let token = text.trim();
+        check_key_strength(token)
+            .map_err(|message| message.replacen("an API key", "a metrics token", 1))?;
+        Ok(SecretHash::of(token.as_bytes()))
+    }
+
     /// A check that admits exactly the secret this is the hash of (a bearer token as sent, or
     /// nothing). Compared by hash, so the time taken says nothing of how much of it matched.
-    pub fn admits(self) -> Admits {
-        std::sync::Arc::new(move |sent| {
-            sent.is_some_and(|sent| SecretHash::of(sent.as_bytes()) == self)
-        })
+    pub fn admits(self) -> impl Fn(Option<&str>) -> bool + Clone + Send + Sync + 'static {
+        move |sent| sent.is_some_and(|sent| SecretHash::of(sent.as_bytes()) == self)
     }
 }
 

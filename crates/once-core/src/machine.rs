@@ -515,8 +515,13 @@ pub fn report(
             result,
             provider_ref,
         } => superseded_confirm(op, attempt, result, provider_ref.as_deref(), now, lost),
-        Report::Absent { reason } | Report::Unknown { reason } if attempt.life < op.life => {
-            (lost, earlier_life_report(op, attempt, &cmd.report, reason))
+        Report::Absent { reason } if attempt.life < op.life => {
+            let plan = earlier_life_report(op, attempt, EventKind::ReportedAbsent, reason);
+            (lost, plan)
+        }
+        Report::Unknown { reason } if attempt.life < op.life => {
+            let plan = earlier_life_report(op, attempt, EventKind::ReportedUnknown, reason);
+            (lost, plan)
         }
         // A superseded attempt of this life saying it did nothing, or cannot tell, adds
         // nothing: that its life's truth may be wrong is known already to whoever superseded it.
@@ -529,14 +534,11 @@ pub fn report(
 /// any, is under this life's provider key, which the provider deduplicates, and a confirm of it
 /// would be judged as a superseded attempt's. It is recorded in the life it belongs to, once
 /// for its token, so its life's history shows what its attempt said after the life ended.
-fn earlier_life_report(op: &Operation, earlier: &Attempt, report: &Report, said: &str) -> Plan {
+fn earlier_life_report(op: &Operation, earlier: &Attempt, kind: EventKind, said: &str) -> Plan {
     let token = earlier.fencing_token;
-    let (kind, what) = match report {
-        Report::Absent { .. } => (EventKind::ReportedAbsent, "that it did nothing"),
-        _ => (
-            EventKind::ReportedUnknown,
-            "that it cannot tell whether its effect happened",
-        ),
+    let what = match kind {
+        EventKind::ReportedAbsent => "that it did nothing",
+        _ => "that it cannot tell whether its effect happened",
     };
     let mut event = NewEvent::note(op, kind, earlier.number, earlier.actor.clone())
         .because(format!(

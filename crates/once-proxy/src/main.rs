@@ -419,15 +419,9 @@ async fn serve_metrics(
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("--metrics-token-file {}: {e}", path.display()))?;
-            let token = text.trim();
-            once_core::access::check_key_strength(token).map_err(|message| {
-                anyhow::anyhow!(
-                    "--metrics-token-file {}: {}",
-                    path.display(),
-                    message.replacen("an API key", "a metrics token", 1)
-                )
-            })?;
-            Some(once_core::access::SecretHash::of(token.as_bytes()))
+            let token = once_core::access::SecretHash::of_metrics_token(&text)
+                .map_err(|e| anyhow::anyhow!("--metrics-token-file {}: {e}", path.display()))?;
+            Some(token)
         }
         None => None,
     };

@@ -163,8 +163,6 @@ impl Dialect for Postgres {
 }
 
 impl Store<Postgres> {
-    /// Connects to `url` and applies pending migrations (serialised across replicas by
-    /// PostgreSQL's advisory lock).
     /// Opens one connection to the server `url` names, outside any pool, and closes it: at
     /// start, what a pool's timeout would hide (nothing listening, a name that does not
     /// resolve, a password refused, no such database), in the words of its cause.
@@ -196,6 +194,8 @@ impl Store<Postgres> {
         }
     }
 
+    /// Connects to `url` and applies pending migrations (serialised across replicas by
+    /// PostgreSQL's advisory lock).
     pub async fn connect(url: &str, settings: &PgSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Internal)?;
         let options = options.application_name("onced");

@@ -999,16 +999,13 @@ where
         for (kind, key, n) in rows {
             match kind.as_str() {
                 "AGE" => {
-                    let threshold = key
+                    let (tenant, threshold) = key
                         .rsplit_once('/')
-                        .and_then(|(tenant, t)| Some((tenant, t.parse().ok()?)))
+                        .and_then(|(tenant, t)| Some((tenant.to_owned(), t.parse().ok()?)))
                         .ok_or_else(|| {
                             StoreError::Corrupt(format!("an age threshold read back as {key:?}"))
                         })?;
-                    let (tenant, threshold) = threshold;
-                    gauges
-                        .unknown_older_than
-                        .push((tenant.to_owned(), threshold, n));
+                    gauges.unknown_older_than.push((tenant, threshold, n));
                 }
                 "OLDEST" => gauges.oldest_unknown.push((key, n.max(0))),
                 "PAST_LEASE" => gauges.past_lease = n,

@@ -159,18 +159,17 @@ impl Prometheus {
     }
 }
 
-/// Whether a scrape's bearer token (as sent, or none) may read the metrics.
-pub type ScrapeCheck = std::sync::Arc<dyn Fn(Option<&str>) -> bool + Send + Sync>;
-
 /// Serves `GET /metrics` on `listener` in Prometheus's text format until `stop` resolves. With
 /// `admits`, only to scrapes whose bearer token it admits (it is given the token sent, if any);
 /// others are answered 401.
-pub async fn serve_metrics(
+pub async fn serve_metrics<A>(
     listener: tokio::net::TcpListener,
     prometheus: Prometheus,
-    admits: Option<ScrapeCheck>,
+    admits: Option<A>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
-) {
+) where
+    A: Fn(Option<&str>) -> bool + Clone + Send + Sync + 'static,
+{
     use axum::http::{header, HeaderMap, StatusCode};
     use axum::response::IntoResponse;
     let scrape = move |headers: HeaderMap| {

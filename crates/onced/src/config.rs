@@ -409,14 +409,14 @@ impl Config {
                         path: path.clone(),
                         source,
                     })?;
-                let token = text.trim().to_owned();
-                once_core::access::check_key_strength(&token).map_err(|message| {
-                    ConfigError::MetricsToken {
-                        path: path.clone(),
-                        message: message.replacen("an API key", "a metrics token", 1),
-                    }
-                })?;
-                Some(once_core::access::SecretHash::of(token.as_bytes()))
+                let token =
+                    once_core::access::SecretHash::of_metrics_token(&text).map_err(|message| {
+                        ConfigError::MetricsToken {
+                            path: path.clone(),
+                            message,
+                        }
+                    })?;
+                Some(token)
             }
             None => None,
         };

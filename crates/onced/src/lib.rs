@@ -139,12 +139,12 @@ async fn reach_postgres(config: &Config) -> anyhow::Result<()> {
         let waiting = unreached.passes && tokio::time::Instant::now() < deadline;
         if !waiting {
             let hint = match (unreached.passes, config.wait_for_database.is_zero()) {
-                (true, true) => " (--wait-for-database 60s keeps trying while it comes up)",
-                (true, false) => &*format!(
+                (true, true) => " (--wait-for-database 60s keeps trying while it comes up)".into(),
+                (true, false) => format!(
                     " (tried for --wait-for-database {})",
                     humantime::format_duration(config.wait_for_database)
                 ),
-                (false, _) => "",
+                (false, _) => String::new(),
             };
             anyhow::bail!(
                 "cannot connect to PostgreSQL at {shown}: {}{hint}",
@@ -166,20 +166,10 @@ async fn unserved_tenants<B: Backend>(backend: &B, registry: &once_reconcile::Re
     let Ok(tenants) = backend.tenants().await else {
         return;
     };
-    let served: std::collections::BTreeMap<&str, Vec<&str>> =
-        registry
-            .names()
-            .fold(Default::default(), |mut served, (tenant, name)| {
-                served.entry(name).or_insert_with(Vec::new).push(tenant);
-                served
-            });
-    let serving: Vec<String> = served
+    let names: std::collections::BTreeSet<&str> = registry.names().map(|(_, name)| name).collect();
+    let serving: Vec<String> = names
         .iter()
-        .map(|(name, tenants)| {
-            let mut tenants = tenants.clone();
-            tenants.sort_unstable();
-            format!("{name} serves {}", tenants.join(", "))
-        })
+        .map(|name| format!("{name} serves {}", registry.tenants_of(name).join(", ")))
         .collect();
     // The ledger's own tenant holds the admin keys and may run no operation at all.
     let unserved = tenants

@@ -60,12 +60,7 @@ pub enum Refused {
     #[error("another lookup of the operation is running")]
     LookupInProgress,
     #[error("no reconciler named {provider:?} serves tenant {tenant:?}")]
-    NoReconciler {
-        provider: String,
-        tenant: String,
-        /// A reconciler of that name serves other tenants.
-        elsewhere: bool,
-    },
+    NoReconciler { provider: String, tenant: String },
 }
 
 impl<B: Backend> Reconciliation<B> {
@@ -177,14 +172,6 @@ impl<B: Backend> Reconciliation<B> {
         }
     }
 
-    fn no_reconciler(&self, tenant: &str, provider: String) -> Refused {
-        Refused::NoReconciler {
-            elsewhere: !self.reconcilers.tenants_of(&provider).is_empty(),
-            tenant: tenant.to_owned(),
-            provider,
-        }
-    }
-
     /// Looks `id` up with its reconciler now, whatever the backoff says, and applies the
     /// verdict. An operator's action, under the same claim as the workers' lookups, so it never
     /// runs beside one.
@@ -195,7 +182,10 @@ impl<B: Backend> Reconciliation<B> {
         }
         // Claim only what this replica can look up.
         if self.reconciler_of(&op).is_none() {
-            return Err(self.no_reconciler(tenant, op.provider.unwrap_or_default()));
+            return Err(Refused::NoReconciler {
+                provider: op.provider.unwrap_or_default(),
+                tenant: tenant.to_owned(),
+            });
         }
         let claimed = self
             .ledger
@@ -209,7 +199,10 @@ impl<B: Backend> Reconciliation<B> {
         // since it was read).
         let reconciler = op.provider.clone().unwrap_or_default();
         let Some(registered) = self.reconcilers.get(tenant, &reconciler) else {
-            return Err(self.no_reconciler(tenant, reconciler));
+            return Err(Refused::NoReconciler {
+                provider: reconciler,
+                tenant: tenant.to_owned(),
+            });
         };
         let (verdict, applied) = self.look_up(registered, &op, &lookup).await;
         let state = match applied?.0 {

@@ -91,11 +91,7 @@ pub fn refused(refused: Refused) -> Status {
         Refused::Store(error) => store(error),
         Refused::HeldForOperator => held_for_operator(),
         Refused::LookupInProgress => lookup_in_progress(),
-        Refused::NoReconciler {
-            provider,
-            tenant,
-            elsewhere,
-        } => no_reconciler(&provider, &tenant, elsewhere),
+        Refused::NoReconciler { provider, tenant } => no_reconciler(&provider, &tenant),
     }
 }
 
@@ -176,17 +172,16 @@ pub fn too_large(message: &str) -> Status {
     )
 }
 
-/// The operation names no reconciler that serves its tenant. Which other tenants one serves is
+/// The operation names no reconciler that serves its tenant. The words are the same whether
+/// or not a reconciler of that name serves other tenants: what others have configured is
 /// theirs to know, not the caller's.
-fn no_reconciler(provider: &str, tenant: &str, elsewhere: bool) -> Status {
+fn no_reconciler(provider: &str, tenant: &str) -> Status {
     let message = if provider.is_empty() {
         "the operation names no provider to reconcile with".to_owned()
-    } else if elsewhere {
-        format!(
-            "reconciler {provider:?} does not serve tenant {tenant:?}: add {tenant} to it in onced's --config (a credential in api_key_env, or its tenants list)"
-        )
     } else {
-        format!("no reconciler named {provider:?} is configured")
+        format!(
+            "no reconciler named {provider:?} serves tenant {tenant:?}: add {tenant} to it in onced's --config (a credential in api_key_env, or its tenants list)"
+        )
     };
     status(
         Code::FailedPrecondition,

@@ -17,11 +17,11 @@ use once_core::stats::{Door, Gauges, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{EventKind, Millis, Operation, State};
 use once_store::{Backend, Ledger, PoolUse};
 use once_telemetry::CappedLabel;
-
-use crate::access::DEFAULT_TENANT;
 use opentelemetry::metrics::{Counter, Histogram, ObservableGauge};
 use opentelemetry::KeyValue;
 use tokio_util::sync::CancellationToken;
+
+use crate::access::DEFAULT_TENANT;
 
 /// The most distinct tool names a replica labels a tenant's series with; later ones count as
 /// `other`. Each tenant has its own budget, so one tenant's many tools never fold another's.
@@ -375,7 +375,6 @@ impl Metrics {
         self.read.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes in what the database holds now.
     /// The counters alerts watch, at 0 for `tenant`, so its first anomaly or escalation is an
     /// increase a rule sees.
     fn counters_start(&self, tenant: &str) {
@@ -395,6 +394,7 @@ impl Metrics {
             .add(0, &[KeyValue::new("tenant", tenant.to_owned())]);
     }
 
+    /// Takes in what the database holds now.
     fn refreshed(&self, store: Gauges, pool: PoolUse) {
         // Tools past the cap are summed under `other`, as the counters count them.
         let mut tools: Vec<(State, String, String, i64)> = Vec::new();
