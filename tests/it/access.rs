@@ -835,6 +835,146 @@ async fn only_an_admin_reads_another_tenant(store: Store) {
     server.stop().await;
 }
 
+on_both_backends!(only_an_admin_reads_every_tenant_at_once);
+
+/// With the admin role a listing, a watch and the figures may cover every tenant at once, each
+/// operation and event naming its tenant; every other key is refused as it is for naming
+/// another tenant, and a read that names a tenant and every tenant at once is malformed.
+async fn only_an_admin_reads_every_tenant_at_once(store: Store) {
+    let db = TestDb::new(store).await;
+    let (server, admin_key) = guarded_ledger(&db, &[]).await;
+    let mut ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    let keys = keys_for_matrix(&mut admin, &admin_key).await;
+    for (keys, id) in [(&keys.own, "order-9"), (&keys.other, "order-7")] {
+        let executor = find(keys, "executor");
+        let begun = ledger
+            .begin(with_key(begin(id, ARGS), Some(&executor)))
+            .await
+            .unwrap()
+            .into_inner();
+        expect_execute(&begun);
+    }
+    let every = |page_token: String| pb::ListOperationsRequest {
+        all_tenants: true,
+        page_size: 1,
+        page_token,
+        ..Default::default()
+    };
+    let ledger_admin = find(&keys.other, "admin");
+    // Page by page, in the order they were created: nothing skipped, nothing repeated.
+    let mut listed = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = ledger
+            .list_operations(with_key(every(page_token), Some(&ledger_admin)))
+            .await
+            .unwrap()
+            .into_inner();
+        listed.extend(
+            page.operations
+                .into_iter()
+                .map(|o| format!("{}/{}", o.tenant, o.operation_id)),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(listed, ["acme/order-9", "globex/order-7"]);
+    let mut watched = ledger
+        .watch_operations(with_key(
+            pb::WatchOperationsRequest {
+                all_tenants: true,
+                ..Default::default()
+            },
+            Some(&ledger_admin),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        if let Some(pb::watch_operations_response::Item::Event(e)) =
+            watched.message().await.unwrap().unwrap().item
+        {
+            events.push(format!("{}/{}", e.tenant, e.operation_id));
+        }
+    }
+    assert_eq!(events, ["acme/order-9", "globex/order-7"]);
+    let stats = ledger
+        .get_stats(with_key(
+            pb::GetStatsRequest {
+                all_tenants: true,
+                ..Default::default()
+            },
+            Some(&ledger_admin),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let counted: u64 = stats.operations.iter().map(|c| c.count).sum();
+    assert_eq!(counted, 2, "{:?}", stats.operations);
+
+    let both = ledger
+        .list_operations(with_key(
+            pb::ListOperationsRequest {
+                all_tenants: true,
+                tenant: "acme".into(),
+                ..Default::default()
+            },
+            Some(&ledger_admin),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (both.code(), field(&both)),
+        (Code::InvalidArgument, "tenant".to_owned())
+    );
+    for key in keys
+        .own
+        .iter()
+        .chain(&keys.other)
+        .filter(|(role, _)| *role != "admin")
+    {
+        let key = Some(key.1.as_str());
+        let refusals = [
+            ledger
+                .list_operations(with_key(every(String::new()), key))
+                .await
+                .map(drop),
+            ledger
+                .get_stats(with_key(
+                    pb::GetStatsRequest {
+                        all_tenants: true,
+                        ..Default::default()
+                    },
+                    key,
+                ))
+                .await
+                .map(drop),
+            ledger
+                .watch_operations(with_key(
+                    pb::WatchOperationsRequest {
+                        all_tenants: true,
+                        ..Default::default()
+                    },
+                    key,
+                ))
+                .await
+                .map(drop),
+        ];
+        for refused in refusals {
+            let refused = refused.unwrap_err();
+            assert_eq!(
+                (refused.code(), reason(&refused)),
+                (Code::PermissionDenied, "ROLE_NOT_ALLOWED".to_owned())
+            );
+        }
+    }
+    server.stop().await;
+}
+
 on_both_backends!(an_open_ledger_closes_when_its_first_key_is_created);
 
 /// Without credentials the ledger is open (tenant `default`); once one exists, it is required:

@@ -47,6 +47,7 @@ conformance!(
     lookups_are_due_only_when_unknown_due_and_unclaimed,
     sweeps_see_only_expired_leases_and_settled_rows_past_retention,
     lists_page_in_creation_order_without_results,
+    every_tenants_operations_are_listed_watched_and_counted_together,
     the_store_answers_pings,
     events_are_watched_in_order_with_their_tool_and_state,
     an_unlocked_write_happens_only_over_what_it_was_decided_from,
@@ -54,6 +55,11 @@ conformance!(
 );
 
 const TENANT: &str = "t1";
+
+/// The reads of [`TENANT`] alone.
+fn of_tenant(tenant: &str) -> Scope {
+    Scope::Tenant(tenant.into())
+}
 
 fn id(text: &str) -> OperationId {
     OperationId::parse("id", text).unwrap()
@@ -726,7 +732,7 @@ async fn lists_page_in_creation_order_without_results<B: Backend>(backend: B) {
     }
     let page = backend
         .list(
-            TENANT,
+            &of_tenant(TENANT),
             &ListQuery {
                 states: vec![State::Confirmed],
                 page_size: 2,
@@ -751,10 +757,14 @@ async fn lists_page_in_creation_order_without_results<B: Backend>(backend: B) {
     let last = &page.last().unwrap().operation;
     let rest = backend
         .list(
-            TENANT,
+            &of_tenant(TENANT),
             &ListQuery {
                 page_size: 10,
-                after: Some((last.created_at, last.operation_id.to_string())),
+                after: Some(PageEnd {
+                    created_at: last.created_at,
+                    tenant: String::new(),
+                    operation_id: last.operation_id.to_string(),
+                }),
                 ..ListQuery::default()
             },
         )
@@ -763,7 +773,7 @@ async fn lists_page_in_creation_order_without_results<B: Backend>(backend: B) {
     assert_eq!(rest.len(), 1);
     assert!(backend
         .list(
-            "another-tenant",
+            &of_tenant("another-tenant"),
             &ListQuery {
                 page_size: 10,
                 ..ListQuery::default()
@@ -772,6 +782,92 @@ async fn lists_page_in_creation_order_without_results<B: Backend>(backend: B) {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// A reading of every tenant (an admin's) lists their operations in one order, (created_at,
+/// tenant, operation_id), so pages neither skip nor repeat operations of two tenants created in
+/// the same millisecond under the same id; it watches every tenant's events, each naming its
+/// tenant; and it adds every tenant's figures up.
+async fn every_tenants_operations_are_listed_watched_and_counted_together<B: Backend>(backend: B) {
+    let at = now(&backend).await;
+    for tenant in ["t2", TENANT] {
+        for (n, operation_id) in ["same-b", "same-a"].into_iter().enumerate() {
+            let mut tx = backend.begin_write().await.unwrap();
+            let token = backend.next_token(&mut tx).await.unwrap();
+            let cmd = BeginCommand {
+                tenant: tenant.into(),
+                ..command(operation_id, "refund", n as u8)
+            };
+            let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token }, at);
+            backend
+                .apply(&mut tx, tenant, &cmd.operation_id, &plan, at)
+                .await
+                .unwrap();
+            backend.commit(tx).await.unwrap();
+        }
+    }
+    let mut listed = Vec::new();
+    let mut after = None;
+    loop {
+        let query = ListQuery {
+            page_size: 1,
+            after: after.clone(),
+            ..ListQuery::default()
+        };
+        let page = backend.list(&Scope::AllTenants, &query).await.unwrap();
+        let Some(last) = page.last() else { break };
+        let op = &last.operation;
+        listed.push(format!("{}/{}", op.tenant, op.operation_id));
+        after = Some(PageEnd {
+            created_at: op.created_at,
+            tenant: op.tenant.clone(),
+            operation_id: op.operation_id.to_string(),
+        });
+    }
+    assert_eq!(listed, ["t1/same-a", "t1/same-b", "t2/same-a", "t2/same-b"]);
+    let own = backend
+        .list(
+            &of_tenant("t2"),
+            &ListQuery {
+                page_size: 10,
+                ..ListQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(own.iter().all(|l| l.operation.tenant == "t2") && own.len() == 2);
+
+    let mut mark = once_store::Watermark::default();
+    let reached = mark.observe(backend.event_frontier().await.unwrap());
+    let watched = backend
+        .watch_events(
+            &Scope::AllTenants,
+            (0, reached),
+            &WatchFilter::default(),
+            100,
+        )
+        .await
+        .unwrap();
+    let watched: Vec<String> = watched
+        .iter()
+        .map(|e| format!("{}/{}", e.tenant, e.operation_id))
+        .collect();
+    assert_eq!(
+        watched,
+        ["t2/same-b", "t2/same-a", "t1/same-b", "t1/same-a"]
+    );
+
+    let every = backend.stats(&Scope::AllTenants, 3_600_000).await.unwrap();
+    let one = backend.stats(&of_tenant(TENANT), 3_600_000).await.unwrap();
+    let in_flight = |stats: &once_core::stats::Stats| -> i64 {
+        stats
+            .operations
+            .iter()
+            .filter(|(state, _, _)| *state == State::InFlight)
+            .map(|(_, _, n)| n)
+            .sum()
+    };
+    assert_eq!((in_flight(&every), in_flight(&one)), (4, 2));
 }
 
 async fn the_store_answers_pings<B: Backend>(backend: B) {
@@ -822,7 +918,12 @@ async fn events_are_watched_in_order_with_their_tool_and_state<B: Backend>(backe
     let mut mark = once_store::Watermark::default();
     let reached = mark.observe(backend.event_frontier().await.unwrap());
     let all = backend
-        .watch_events(TENANT, (0, reached), &WatchFilter::default(), 100)
+        .watch_events(
+            &of_tenant(TENANT),
+            (0, reached),
+            &WatchFilter::default(),
+            100,
+        )
         .await
         .unwrap();
     let seen: Vec<(&str, &str, Option<&str>, Option<State>)> = all
@@ -868,17 +969,17 @@ async fn events_are_watched_in_order_with_their_tool_and_state<B: Backend>(backe
     assert_eq!(reached, all.last().unwrap().event.sequence);
     // Other tenants' events are never among them; pages resume after their last event.
     assert!(backend
-        .watch_events("t2", (0, reached), &WatchFilter::default(), 100)
+        .watch_events(&of_tenant("t2"), (0, reached), &WatchFilter::default(), 100)
         .await
         .unwrap()
         .is_empty());
     let page = backend
-        .watch_events(TENANT, (0, reached), &WatchFilter::default(), 2)
+        .watch_events(&of_tenant(TENANT), (0, reached), &WatchFilter::default(), 2)
         .await
         .unwrap();
     let rest = backend
         .watch_events(
-            TENANT,
+            &of_tenant(TENANT),
             (page[1].event.sequence, reached),
             &WatchFilter::default(),
             100,
@@ -893,7 +994,7 @@ async fn events_are_watched_in_order_with_their_tool_and_state<B: Backend>(backe
         ..Default::default()
     };
     let wanted = backend
-        .watch_events(TENANT, (0, reached), &escalations, 100)
+        .watch_events(&of_tenant(TENANT), (0, reached), &escalations, 100)
         .await
         .unwrap();
     let expected: Vec<_> = all.into_iter().filter(|e| escalations.matches(e)).collect();
@@ -942,7 +1043,12 @@ async fn the_watermark_never_passes_an_event_still_being_written() {
     backend.commit(tx).await.unwrap();
     let reached = mark.observe(backend.event_frontier().await.unwrap());
     let watched = backend
-        .watch_events(TENANT, (before, reached), &WatchFilter::default(), 100)
+        .watch_events(
+            &of_tenant(TENANT),
+            (before, reached),
+            &WatchFilter::default(),
+            100,
+        )
         .await
         .unwrap();
     let ids: Vec<&str> = watched.iter().map(|e| e.operation_id.as_str()).collect();

@@ -201,6 +201,7 @@ async fn states_and_kinds_widen_a_watch_and_the_tool_narrows_it(store: Store) {
 /// The event as the domain's filter reads it.
 fn as_domain(e: &WatchedEvent) -> OperationEvent {
     OperationEvent {
+        tenant: e.tenant.clone(),
         operation_id: once_core::OperationId::parse("id", &e.operation_id).unwrap(),
         tool: Some(e.tool.clone()).filter(|t| !t.is_empty()),
         state: e.state,

@@ -315,6 +315,11 @@ pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Inva
 /// A read that may name the tenant whose operations it reads: empty for the caller's own.
 pub trait TenantRead {
     fn tenant(&self) -> &str;
+
+    /// Whether it reads every tenant's operations instead.
+    fn all_tenants(&self) -> bool {
+        false
+    }
 }
 
 macro_rules! tenant_read {
@@ -327,12 +332,27 @@ macro_rules! tenant_read {
     };
 }
 
-tenant_read!(
-    pb::GetOperationRequest,
+tenant_read!(pb::GetOperationRequest, pb::GetForensicsRequest);
+
+/// A read that may name the tenant whose operations it reads, or cover every tenant.
+macro_rules! scoped_read {
+    ($($message:ty),*) => {
+        $(impl TenantRead for $message {
+            fn tenant(&self) -> &str {
+                &self.tenant
+            }
+
+            fn all_tenants(&self) -> bool {
+                self.all_tenants
+            }
+        })*
+    };
+}
+
+scoped_read!(
     pb::ListOperationsRequest,
     pb::WatchOperationsRequest,
-    pb::GetStatsRequest,
-    pb::GetForensicsRequest
+    pb::GetStatsRequest
 );
 
 /// Where a watch starts.
@@ -546,6 +566,7 @@ fn context(c: AttemptContext) -> pb::AttemptContext {
 /// An event with its operation, for a watcher.
 pub fn operation_event(e: OperationEvent) -> pb::OperationEvent {
     pb::OperationEvent {
+        tenant: e.tenant,
         operation_id: e.operation_id.to_string(),
         tool: e.tool.unwrap_or_default(),
         state: e.state.map_or(pb::OperationState::Unspecified, state_to_pb) as i32,
@@ -715,18 +736,32 @@ pub fn state_to_pb(state: State) -> pb::OperationState {
 }
 
 /// An opaque continuation token for `(created_at, operation_id)`.
-pub fn encode_page_token(created_at: Millis, operation_id: &str) -> String {
-    let mut raw = created_at.to_be_bytes().to_vec();
-    raw.extend_from_slice(operation_id.as_bytes());
+/// A page token: where the page ended, as the creation time, then the tenant and a NUL when the
+/// listing covers every tenant (a tenant's name and an operation id hold no NUL), then the id.
+pub fn encode_page_token(end: &PageEnd) -> String {
+    let mut raw = end.created_at.to_be_bytes().to_vec();
+    if !end.tenant.is_empty() {
+        raw.extend_from_slice(end.tenant.as_bytes());
+        raw.push(0);
+    }
+    raw.extend_from_slice(end.operation_id.as_bytes());
     hex::encode(raw)
 }
 
-fn decode_page_token(token: &str) -> Option<(Millis, String)> {
+fn decode_page_token(token: &str) -> Option<PageEnd> {
     let raw = hex::decode(token).ok().filter(|raw| raw.len() > 8)?;
     let created_at = i64::from_be_bytes(raw[..8].try_into().ok()?);
-    let id = String::from_utf8(raw[8..].to_vec()).ok()?;
-    OperationId::parse("page_token", &id).ok()?;
-    Some((created_at, id))
+    let rest = String::from_utf8(raw[8..].to_vec()).ok()?;
+    let (tenant, id) = rest.split_once('\0').unwrap_or(("", &rest));
+    if !tenant.is_empty() {
+        once_core::access::check_tenant_name(tenant).ok()?;
+    }
+    OperationId::parse("page_token", id).ok()?;
+    Some(PageEnd {
+        created_at,
+        tenant: tenant.to_owned(),
+        operation_id: id.to_owned(),
+    })
 }
 
 pub fn timestamp(ms: Millis) -> Timestamp {
@@ -803,6 +838,7 @@ pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb
 
 pub fn operation(op: Operation) -> pb::Operation {
     pb::Operation {
+        tenant: op.tenant,
         operation_id: op.operation_id.to_string(),
         tool: op.tool,
         state: state_to_pb(op.state) as i32,
@@ -874,17 +910,27 @@ mod tests {
 
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {
-        let token = encode_page_token(1_700_000_000_123, "refund:o1");
-        assert_eq!(
-            decode_page_token(&token),
-            Some((1_700_000_000_123, "refund:o1".to_owned()))
-        );
+        let one = PageEnd {
+            created_at: 1_700_000_000_123,
+            tenant: String::new(),
+            operation_id: "refund:o1".into(),
+        };
+        let token = encode_page_token(&one);
+        assert_eq!(decode_page_token(&token), Some(one.clone()));
+        let every = PageEnd {
+            tenant: "acme".into(),
+            ..one
+        };
+        let across = encode_page_token(&every);
+        assert_eq!(decode_page_token(&across), Some(every));
+        let bad_tenant = hex::encode([&[0u8; 8][..], b"Not a tenant\0refund:o1"].concat());
         for bad in [
             "",
             "zz",
             "00",
             &token[..token.len() - 1],
             "0000000000000000",
+            &bad_tenant,
         ] {
             assert_eq!(decode_page_token(bad), None, "{bad:?}");
         }

@@ -24,6 +24,9 @@ pub struct LedgerClient {
     transport: Transport,
     /// The tenant its reads name, if not the key's own (see [`LedgerClient::reading`]).
     tenant: Option<String>,
+    /// Its listings, watches and figures cover every tenant (see
+    /// [`LedgerClient::reading_all_tenants`]).
+    all_tenants: bool,
 }
 
 impl LedgerClient {
@@ -32,6 +35,7 @@ impl LedgerClient {
         Ok(Self {
             transport: Transport::new(config)?,
             tenant: None,
+            all_tenants: false,
         })
     }
 
@@ -41,12 +45,29 @@ impl LedgerClient {
         Self {
             transport: self.transport.clone(),
             tenant: Some(tenant.into()),
+            all_tenants: false,
+        }
+    }
+
+    /// The same client, its listings, watches and figures covering every tenant, for a key
+    /// with the admin role; each operation and event names its tenant. Its other reads are of
+    /// the key's own tenant.
+    pub fn reading_all_tenants(&self) -> Self {
+        Self {
+            transport: self.transport.clone(),
+            tenant: None,
+            all_tenants: true,
         }
     }
 
     /// The tenant reads name: empty for the key's own.
     pub(crate) fn read_tenant(&self) -> String {
         self.tenant.clone().unwrap_or_default()
+    }
+
+    /// Whether listings, watches and figures cover every tenant.
+    pub(crate) fn reads_all_tenants(&self) -> bool {
+        self.all_tenants
     }
 
     pub(crate) fn transport(&self) -> &Transport {

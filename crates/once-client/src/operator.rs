@@ -115,6 +115,8 @@ pub struct Watch {
     request: WatchRequest,
     /// The tenant it names: empty for the key's own.
     tenant: String,
+    /// It covers every tenant's events.
+    all_tenants: bool,
     stream: Option<Streaming<pb::WatchOperationsResponse>>,
     /// Failed tries to open the stream since it last yielded something.
     failures: u32,
@@ -212,6 +214,7 @@ impl Watch {
             kinds: self.request.kinds.clone(),
             tool: self.request.tool.clone().unwrap_or_default(),
             tenant: self.tenant.clone(),
+            all_tenants: self.all_tenants,
         };
         // No deadline: the stream lasts as long as the watcher wants it.
         let request = self.transport.authorized(request);
@@ -246,6 +249,7 @@ impl LedgerClient {
             page_size,
             page_token: page.unwrap_or_default().to_owned(),
             tenant: self.read_tenant(),
+            all_tenants: self.reads_all_tenants(),
         };
         let listed = self
             .transport()
@@ -327,6 +331,7 @@ impl LedgerClient {
         let request = pb::GetStatsRequest {
             window: Some(duration(window)),
             tenant: self.read_tenant(),
+            all_tenants: self.reads_all_tenants(),
         };
         let found = self
             .transport()
@@ -367,6 +372,7 @@ impl LedgerClient {
             transport: self.transport().clone(),
             request,
             tenant: self.read_tenant(),
+            all_tenants: self.reads_all_tenants(),
             stream: None,
             failures: 0,
             opened: false,

@@ -29,6 +29,8 @@ pub struct KeyInfo {
 /// life.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OperationView {
+    /// Its tenant (empty from a ledger older than this field).
+    pub tenant: String,
     pub operation_id: String,
     pub tool: String,
     pub state: State,
@@ -135,6 +137,8 @@ pub struct EventView {
 /// An event as a watcher receives it, with the operation it is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchedEvent {
+    /// The operation's tenant (empty from a ledger older than this field).
+    pub tenant: String,
     pub operation_id: String,
     /// The operation's tool when the event was recorded (empty for old events).
     pub tool: String,

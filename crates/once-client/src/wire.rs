@@ -135,6 +135,7 @@ pub(crate) fn summary(op: pb::Operation) -> OperationView {
         state: state(op.state).unwrap_or(State::Unknown),
         result: Some(op.result)
             .filter(|r| !r.is_empty() || op.state == pb::OperationState::Confirmed as i32),
+        tenant: op.tenant,
         operation_id: op.operation_id,
         tool: op.tool,
         attempt: op.attempt,
@@ -160,6 +161,7 @@ pub(crate) fn summary(op: pb::Operation) -> OperationView {
 
 pub(crate) fn watched(e: pb::OperationEvent) -> WatchedEvent {
     WatchedEvent {
+        tenant: e.tenant,
         operation_id: e.operation_id,
         tool: e.tool,
         state: state(e.state),

@@ -725,13 +725,42 @@ pub struct ListQuery {
     /// Only operations created at least this long ago.
     pub older_than_ms: Option<i64>,
     pub page_size: u32,
-    /// Resume after this `(created_at, operation_id)`, from the previous page.
-    pub after: Option<(Millis, String)>,
+    /// Resume after this operation, from the previous page.
+    pub after: Option<PageEnd>,
+}
+
+/// Where a page of ListOperations ended: its last operation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageEnd {
+    pub created_at: Millis,
+    /// Orders operations of several tenants created in the same millisecond; empty in a token
+    /// of one tenant's listing, which it does not order.
+    pub tenant: String,
+    pub operation_id: String,
+}
+
+/// Whose operations a read covers: one tenant's, or every tenant's (for the admin role, which
+/// is ledger-wide).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Tenant(String),
+    AllTenants,
+}
+
+impl Scope {
+    /// The one tenant read, or `None` for every tenant.
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Scope::Tenant(tenant) => Some(tenant),
+            Scope::AllTenants => None,
+        }
+    }
 }
 
 /// An event of some operation of a tenant, as a watcher receives it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OperationEvent {
+    pub tenant: String,
     pub operation_id: OperationId,
     /// The operation's tool when the event was recorded (unknown for events written before
     /// events named it).

@@ -10,7 +10,7 @@ use once_core::reconcile::Lookup;
 use once_core::stats::{Gauges, Stats};
 use once_core::{
     Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Listed, Millis, Operation,
-    OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
+    OperationEvent, OperationId, Plan, PriorResolution, Scope, WatchFilter,
 };
 
 use crate::watch::Frontier;
@@ -214,11 +214,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
         life: FencingToken,
     ) -> impl Future<Output = Result<(Vec<Attempt>, Vec<Event>), StoreError>> + Send;
 
-    /// One page of operations, oldest first, without their results, each with the latest
-    /// event of its current life.
+    /// One page of the operations of `scope`, oldest first, without their results, each with
+    /// the latest event of its current life.
     fn list(
         &self,
-        tenant: &str,
+        scope: &Scope,
         query: &ListQuery,
     ) -> impl Future<Output = Result<Vec<Listed>, StoreError>> + Send;
 
@@ -317,22 +317,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// events: see [`crate::watch`].
     fn event_frontier(&self) -> impl Future<Output = Result<Frontier, StoreError>> + Send;
 
-    /// The events of `tenant` after the first sequence of `range` and up to the second that
+    /// The events of `scope` after the first sequence of `range` and up to the second that
     /// `filter` wants, oldest first, at most `limit`.
     fn watch_events(
         &self,
-        tenant: &str,
+        scope: &Scope,
         range: (i64, i64),
         filter: &WatchFilter,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<OperationEvent>, StoreError>> + Send;
 
-    /// `tenant`'s figures: its operations by state and tool and the ages of its UNKNOWN ones
-    /// now, and what left UNKNOWN and the anomalies recorded over the last `window_ms`, by the
-    /// store's clock.
+    /// The figures of `scope`: its operations by state and tool and the ages of its UNKNOWN
+    /// ones now, and what left UNKNOWN and the anomalies recorded over the last `window_ms`, by
+    /// the store's clock.
     fn stats(
         &self,
-        tenant: &str,
+        scope: &Scope,
         window_ms: i64,
     ) -> impl Future<Output = Result<Stats, StoreError>> + Send;
 

@@ -496,20 +496,28 @@ impl<B: Backend> Ledger<B> {
         Ok((op, attempts, events))
     }
 
-    /// One page of operations and, when there may be more, where the next page starts.
+    /// One page of the operations of `scope` and, when there may be more, where the next page
+    /// starts.
     pub async fn list(
         &self,
-        tenant: &str,
+        scope: &Scope,
         query: &ListQuery,
-    ) -> Result<(Vec<Listed>, Option<(Millis, String)>), StoreError> {
+    ) -> Result<(Vec<Listed>, Option<PageEnd>), StoreError> {
         let mut probe = query.clone();
         probe.page_size = query.page_size.saturating_add(1);
-        let mut operations = self.backend.list(tenant, &probe).await?;
+        let mut operations = self.backend.list(scope, &probe).await?;
         let next = if operations.len() > query.page_size as usize {
             operations.truncate(query.page_size as usize);
             operations.last().map(|listed| {
                 let op = &listed.operation;
-                (op.created_at, op.operation_id.to_string())
+                PageEnd {
+                    created_at: op.created_at,
+                    tenant: match scope {
+                        Scope::Tenant(_) => String::new(),
+                        Scope::AllTenants => op.tenant.clone(),
+                    },
+                    operation_id: op.operation_id.to_string(),
+                }
             })
         } else {
             None

@@ -400,10 +400,11 @@ impl TryFrom<EventRow> for Event {
 
 /// The columns of `events` a watcher sees, as [`WatchedEventRow`] reads them.
 pub(crate) static WATCHED_EVENT_COLUMNS: LazyLock<String> =
-    LazyLock::new(|| format!("operation_id, tool, state, {EVENT_COLUMNS}"));
+    LazyLock::new(|| format!("tenant, operation_id, tool, state, {EVENT_COLUMNS}"));
 
 #[derive(sqlx::FromRow)]
 pub(crate) struct WatchedEventRow {
+    tenant: String,
     operation_id: String,
     tool: Option<String>,
     state: Option<String>,
@@ -416,6 +417,7 @@ impl TryFrom<WatchedEventRow> for OperationEvent {
 
     fn try_from(row: WatchedEventRow) -> Result<Self, StoreError> {
         Ok(OperationEvent {
+            tenant: row.tenant,
             operation_id: operation_id(row.operation_id)?,
             tool: row.tool,
             state: row.state.as_deref().map(state).transpose()?,

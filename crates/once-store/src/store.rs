@@ -9,7 +9,7 @@ use once_core::reconcile::Lookup;
 use once_core::stats::{Gauges, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
     Attempt, BeginCommand, Blocking, Event, EventKind, FencingToken, ListQuery, Listed, Millis,
-    Operation, OperationEvent, OperationId, Plan, PriorResolution, WatchFilter,
+    Operation, OperationEvent, OperationId, Plan, PriorResolution, Scope, WatchFilter,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{
@@ -559,17 +559,20 @@ where
         Ok((rows::convert(attempts)?, rows::convert(events)?))
     }
 
-    async fn list(&self, tenant: &str, query: &ListQuery) -> Result<Vec<Listed>, StoreError> {
+    async fn list(&self, scope: &Scope, query: &ListQuery) -> Result<Vec<Listed>, StoreError> {
         // Declared before the arguments, which borrow it as long as they live.
         let mut sql = String::new();
         let mut binds = Binds::<D>::default();
+        // `created_at >= 0`, true of every row, lets PostgreSQL read a tenant's rows in order
+        // by their partial index (see `0007_lookups_cannot_take_a_tenant_index.sql`). Every
+        // tenant's are read in (created_at, tenant, operation_id) order, which no index keeps.
         sql += &format!(
-            // `created_at >= 0`, true of every row, lets PostgreSQL read the tenant's rows in
-            // order by their partial index (see `0007_lookups_cannot_take_a_tenant_index.sql`).
-            "SELECT {} FROM operations WHERE tenant = {} AND created_at >= 0",
+            "SELECT {} FROM operations WHERE created_at >= 0",
             LISTED_OPERATION_COLUMNS.as_str(),
-            binds.push(tenant)?
         );
+        if let Some(tenant) = scope.tenant() {
+            sql += &format!(" AND tenant = {}", binds.push(tenant)?);
+        }
         if !query.states.is_empty() {
             let states = query
                 .states
@@ -587,13 +590,27 @@ where
         if let Some(age) = query.older_than_ms {
             sql += &format!(" AND created_at <= {} - {}", D::NOW, binds.push(age)?);
         }
-        if let Some((created_at, id)) = &query.after {
-            let created_at = binds.push(*created_at)?;
-            let id = binds.push(id.as_str())?;
-            sql += &format!(" AND (created_at, operation_id) > ({created_at}, {id})");
-        }
+        let order = match (scope, &query.after) {
+            (Scope::Tenant(_), Some(end)) => {
+                let created_at = binds.push(end.created_at)?;
+                let id = binds.push(end.operation_id.as_str())?;
+                sql += &format!(" AND (created_at, operation_id) > ({created_at}, {id})");
+                "created_at, operation_id"
+            }
+            (Scope::AllTenants, Some(end)) => {
+                let created_at = binds.push(end.created_at)?;
+                let tenant = binds.push(end.tenant.as_str())?;
+                let id = binds.push(end.operation_id.as_str())?;
+                sql += &format!(
+                    " AND (created_at, tenant, operation_id) > ({created_at}, {tenant}, {id})"
+                );
+                "created_at, tenant, operation_id"
+            }
+            (Scope::Tenant(_), None) => "created_at, operation_id",
+            (Scope::AllTenants, None) => "created_at, tenant, operation_id",
+        };
         let limit = binds.push(i64::from(query.page_size))?;
-        sql += &format!(" ORDER BY created_at, operation_id LIMIT {limit}");
+        sql += &format!(" ORDER BY {order} LIMIT {limit}");
         let page: Vec<ListedRow> = sqlx::query_as_with(&sql, binds.arguments)
             .fetch_all(&self.pool)
             .await?;
@@ -849,7 +866,7 @@ where
 
     async fn watch_events(
         &self,
-        tenant: &str,
+        scope: &Scope,
         (after, upto): (i64, i64),
         filter: &WatchFilter,
         limit: u32,
@@ -859,13 +876,14 @@ where
         let mut binds = Binds::<D>::default();
         sql += &format!(
             // `sequence > 0`: see `list`.
-            "SELECT {} FROM events WHERE tenant = {} AND sequence > 0 AND sequence > {} \
-             AND sequence <= {}",
+            "SELECT {} FROM events WHERE sequence > 0 AND sequence > {} AND sequence <= {}",
             WATCHED_EVENT_COLUMNS.as_str(),
-            binds.push(tenant)?,
             binds.push(after)?,
             binds.push(upto)?,
         );
+        if let Some(tenant) = scope.tenant() {
+            sql += &format!(" AND tenant = {}", binds.push(tenant)?);
+        }
         // The rule of `WatchFilter::matches`: states and kinds widen, the tool narrows.
         let mut wide = Vec::new();
         if !filter.states.is_empty() {
@@ -902,46 +920,43 @@ where
         rows::convert(page)
     }
 
-    async fn stats(&self, tenant: &str, window_ms: i64) -> Result<Stats, StoreError> {
+    async fn stats(&self, scope: &Scope, window_ms: i64) -> Result<Stats, StoreError> {
         let now = D::NOW;
-        let counts: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT state, tool, COUNT(*) FROM operations WHERE tenant = $1 \
+        let (mut sql, mut binds) = (String::new(), Binds::<D>::default());
+        sql += &format!(
+            "SELECT state, tool, COUNT(*) FROM operations WHERE {} \
              GROUP BY state, tool ORDER BY state, tool",
-        )
-        .bind(tenant)
-        .fetch_all(&self.pool)
-        .await?;
+            binds.of_scope("tenant", scope)?
+        );
+        let counts: Vec<(String, String, i64)> = sqlx::query_as_with(&sql, binds.arguments)
+            .fetch_all(&self.pool)
+            .await?;
         let counts = counts
             .into_iter()
             .map(|(state, tool, n)| Ok((rows::state(&state)?, tool, n)))
             .collect::<Result<Vec<_>, StoreError>>()?;
-        let ages: Vec<(i64,)> = sqlx::query_as(&format!(
+        let (mut sql, mut binds) = (String::new(), Binds::<D>::default());
+        sql += &format!(
             "SELECT {now} - COALESCE(unknown_since, updated_at) FROM operations \
-             WHERE tenant = $1 AND state = 'UNKNOWN'"
-        ))
-        .bind(tenant)
-        .fetch_all(&self.pool)
-        .await?;
-        // The window's events are read by (tenant, sequence) from the sequence of the first
-        // event in it by time (one probe of the time index), not by scanning the tenant's
-        // (`sequence > 0`: see `list`).
-        let window = format!(
-            "e.tenant = $1 AND e.sequence > 0 AND e.at >= {now} - $2 \
-             AND e.sequence >= COALESCE((SELECT w.sequence FROM events w \
-             WHERE w.at >= {now} - $2 ORDER BY w.at LIMIT 1), 0)"
+             WHERE {} AND state = 'UNKNOWN'",
+            binds.of_scope("tenant", scope)?
         );
+        let ages: Vec<(i64,)> = sqlx::query_as_with(&sql, binds.arguments)
+            .fetch_all(&self.pool)
+            .await?;
         // Each move out of UNKNOWN in the window, and how long after the operation's latest
         // move into UNKNOWN in the same life.
-        let resolved: Vec<(String, Option<i64>)> = sqlx::query_as(&format!(
+        let (mut sql, mut binds) = (String::new(), Binds::<D>::default());
+        sql += &format!(
             "SELECT e.kind, e.at - (SELECT MAX(u.at) FROM events u WHERE u.tenant = e.tenant \
              AND u.operation_id = e.operation_id AND u.life = e.life AND u.to_state = 'UNKNOWN' \
-             AND u.sequence < e.sequence) FROM events e WHERE {window} \
-             AND e.from_state = 'UNKNOWN' AND e.to_state IN ('CONFIRMED', 'ABSENT')"
-        ))
-        .bind(tenant)
-        .bind(window_ms)
-        .fetch_all(&self.pool)
-        .await?;
+             AND u.sequence < e.sequence) FROM events e WHERE {} \
+             AND e.from_state = 'UNKNOWN' AND e.to_state IN ('CONFIRMED', 'ABSENT')",
+            binds.in_window(scope, window_ms)?
+        );
+        let resolved: Vec<(String, Option<i64>)> = sqlx::query_as_with(&sql, binds.arguments)
+            .fetch_all(&self.pool)
+            .await?;
         let resolved = resolved
             .into_iter()
             .filter_map(|(kind, took)| Some((EventKind::parse(&kind)?, took?)))
@@ -950,15 +965,16 @@ where
             .iter()
             .map(|k| format!("'{}'", k.as_str()))
             .collect();
-        let events: Vec<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT e.kind, COUNT(*) FROM events e WHERE {window} AND e.kind IN ({}) \
+        let (mut sql, mut binds) = (String::new(), Binds::<D>::default());
+        sql += &format!(
+            "SELECT e.kind, COUNT(*) FROM events e WHERE {} AND e.kind IN ({}) \
              GROUP BY e.kind",
+            binds.in_window(scope, window_ms)?,
             kinds.join(", ")
-        ))
-        .bind(tenant)
-        .bind(window_ms)
-        .fetch_all(&self.pool)
-        .await?;
+        );
+        let events: Vec<(String, i64)> = sqlx::query_as_with(&sql, binds.arguments)
+            .fetch_all(&self.pool)
+            .await?;
         let events = events
             .into_iter()
             .filter_map(|(kind, n)| Some((EventKind::parse(&kind)?, n)))
@@ -1165,6 +1181,37 @@ impl<'a, D: Database> Binds<'a, D> {
             .map_err(|e| StoreError::Internal(sqlx::Error::Encode(e)))?;
         self.count += 1;
         Ok(format!("${}", self.count))
+    }
+
+    /// The condition that `column` names a tenant of `scope`.
+    fn of_scope(&mut self, column: &str, scope: &'a Scope) -> Result<String, StoreError>
+    where
+        &'a str: Encode<'a, D> + Type<D>,
+    {
+        Ok(match scope.tenant() {
+            Some(tenant) => format!("{column} = {}", self.push(tenant)?),
+            None => "TRUE".to_owned(),
+        })
+    }
+
+    /// The condition that an event `e` is of `scope` and of the last `window_ms` by the
+    /// store's clock. The window's events are read by (tenant, sequence) from the sequence of
+    /// the first event in it by time (one probe of the time index), not by scanning the
+    /// tenant's (`sequence > 0`: see `list`).
+    fn in_window(&mut self, scope: &'a Scope, window_ms: i64) -> Result<String, StoreError>
+    where
+        D: Dialect,
+        &'a str: Encode<'a, D> + Type<D>,
+        i64: Encode<'a, D> + Type<D>,
+    {
+        let now = D::NOW;
+        let ms = self.push(window_ms)?;
+        Ok(format!(
+            "{} AND e.sequence > 0 AND e.at >= {now} - {ms} \
+             AND e.sequence >= COALESCE((SELECT w.sequence FROM events w \
+             WHERE w.at >= {now} - {ms} ORDER BY w.at LIMIT 1), 0)",
+            self.of_scope("e.tenant", scope)?
+        ))
     }
 }
 

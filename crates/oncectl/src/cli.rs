@@ -126,6 +126,9 @@ pub enum Command {
         /// Another tenant's (a key with the admin role).
         #[arg(long)]
         tenant: Option<String>,
+        /// Every tenant's, added up (a key with the admin role).
+        #[arg(long, conflicts_with = "tenant")]
+        all_tenants: bool,
     },
     /// Where repeated calls came from: retries, reconnects, re-issues, other clients.
     Forensics {
@@ -195,6 +198,9 @@ pub struct ListArgs {
     /// Another tenant's (a key with the admin role).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Every tenant's, with a TENANT column (a key with the admin role).
+    #[arg(long, conflicts_with = "tenant")]
+    pub all_tenants: bool,
 }
 
 #[derive(Debug, Args)]
@@ -259,6 +265,9 @@ pub struct WatchArgs {
     /// Another tenant's (a key with the admin role).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Every tenant's, with a TENANT column (a key with the admin role).
+    #[arg(long, conflicts_with = "tenant")]
+    pub all_tenants: bool,
 }
 
 #[derive(Debug, Subcommand)]

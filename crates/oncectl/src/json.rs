@@ -38,6 +38,7 @@ fn result(bytes: &Option<Vec<u8>>) -> Value {
 
 pub fn operation(op: &OperationView) -> Value {
     json!({
+        "tenant": op.tenant,
         "operation_id": op.operation_id,
         "tool": op.tool,
         "state": op.state.as_str(),
@@ -184,6 +185,7 @@ pub fn event(e: &EventView) -> Value {
 
 pub fn watched(e: &WatchedEvent) -> Value {
     let mut value = event(&e.event);
+    value["tenant"] = e.tenant.clone().into();
     value["operation_id"] = e.operation_id.clone().into();
     value["tool"] = e.tool.clone().into();
     value["state"] = state(e.state);

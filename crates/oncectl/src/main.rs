@@ -140,19 +140,32 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let ledger = LedgerClient::connect(settings.client).map_err(Failure::from)?;
     match cli.command {
         Command::Status => status(&ledger, &out, &reached).await,
-        Command::List(args) => list(&reading(&ledger, &args.tenant), &out, args).await,
+        Command::List(args) => {
+            let ledger = reading(&ledger, &args.tenant, args.all_tenants);
+            list(&ledger, &out, args).await
+        }
         Command::Show { operation, tenant } => {
-            show(&reading(&ledger, &tenant), &out, &operation).await
+            show(&reading(&ledger, &tenant, false), &out, &operation).await
         }
         Command::Resolve(args) => resolve(&ledger, &out, &settings.operator, args).await,
         Command::Reconcile { operation, wait } => reconcile(&ledger, &out, &operation, wait).await,
-        Command::Watch(args) => watch(&reading(&ledger, &args.tenant), &out, args).await,
+        Command::Watch(args) => {
+            let ledger = reading(&ledger, &args.tenant, args.all_tenants);
+            watch(&ledger, &out, args).await
+        }
         Command::Forensics {
             tool,
             since,
             tenant,
-        } => forensics(&reading(&ledger, &tenant), &out, tool, since).await,
-        Command::Stats { window, tenant } => stats(&reading(&ledger, &tenant), &out, window).await,
+        } => forensics(&reading(&ledger, &tenant, false), &out, tool, since).await,
+        Command::Stats {
+            window,
+            tenant,
+            all_tenants,
+        } => {
+            let ledger = reading(&ledger, &tenant, all_tenants);
+            stats(&ledger, &out, window, all_tenants).await
+        }
         Command::Keys(command) => keys(&ledger, &out, command).await,
         Command::Completions { .. } => unreachable!("handled above"),
     }
@@ -191,9 +204,10 @@ async fn status(ledger: &LedgerClient, out: &Out, reached: &Reached) -> Result<(
     Ok(())
 }
 
-/// The client, its reads naming `tenant` when one is given.
-fn reading(ledger: &LedgerClient, tenant: &Option<String>) -> LedgerClient {
+/// The client, its reads naming `tenant` when one is given, or covering every tenant.
+fn reading(ledger: &LedgerClient, tenant: &Option<String>, all_tenants: bool) -> LedgerClient {
     match tenant {
+        _ if all_tenants => ledger.reading_all_tenants(),
         Some(tenant) => ledger.reading(tenant),
         None => ledger.clone(),
     }
@@ -233,7 +247,8 @@ async fn list(ledger: &LedgerClient, out: &Out, args: ListArgs) -> Result<(), Fa
         let listed: Vec<_> = operations.iter().map(json::operation).collect();
         out.json(&serde_json::json!({ "operations": listed, "more": more }));
     } else {
-        out.print(&render::operations(&out.look, &operations, more));
+        let tenants = args.all_tenants;
+        out.print(&render::operations(&out.look, &operations, more, tenants));
     }
     Ok(())
 }
@@ -438,13 +453,18 @@ async fn reconcile(
     Ok(())
 }
 
-async fn stats(ledger: &LedgerClient, out: &Out, window: Duration) -> Result<(), Failure> {
+async fn stats(
+    ledger: &LedgerClient,
+    out: &Out,
+    window: Duration,
+    all_tenants: bool,
+) -> Result<(), Failure> {
     let found = ledger.stats(window).await?;
     let window = humantime::format_duration(window).to_string();
     if out.json {
         out.json(&json::stats(&found, &window));
     } else {
-        out.print(&render::stats(&out.look, &found, &window));
+        out.print(&render::stats(&out.look, &found, &window, all_tenants));
     }
     Ok(())
 }
@@ -526,7 +546,7 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
                 if out.json {
                     out.print(&format!("{}\n", json::watched(&event)));
                 } else {
-                    out.print(&render::watched(&out.look, &event));
+                    out.print(&render::watched(&out.look, &event, args.all_tenants));
                 }
             }
             Watched::CaughtUpTo(sequence) => {
@@ -551,8 +571,8 @@ async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), 
 struct Operations {
     provider: Option<String>,
     older_than: Option<Duration>,
-    /// Each operation seen; `None` once deleted.
-    seen: HashMap<String, Option<Seen>>,
+    /// Each operation seen, by tenant and id; `None` once deleted.
+    seen: HashMap<(String, String), Option<Seen>>,
 }
 
 /// An operation's provider, and when it was created.
@@ -578,19 +598,22 @@ impl Operations {
         if self.provider.is_none() && self.older_than.is_none() {
             return Ok(true);
         }
-        if !self.seen.contains_key(&event.operation_id) {
+        let key = (event.tenant.clone(), event.operation_id.clone());
+        if !self.seen.contains_key(&key) {
             if self.seen.len() >= Self::REMEMBERED {
                 self.seen.clear();
             }
-            let found = match ledger.get(&event.operation_id).await {
+            // Each event names its operation's tenant: in a watch of every tenant, the
+            // operation is read there.
+            let found = match ledger.reading(&event.tenant).get(&event.operation_id).await {
                 Ok(op) => Some((op.provider, op.created_at)),
                 // Deleted by retention since: nothing to match it by.
                 Err(ClientError::NotFound) => None,
                 Err(error) => return Err(error),
             };
-            self.seen.insert(event.operation_id.clone(), found);
+            self.seen.insert(key.clone(), found);
         }
-        let Some((provider, created_at)) = &self.seen[&event.operation_id] else {
+        let Some((provider, created_at)) = &self.seen[&key] else {
             return Ok(false);
         };
         let provider_matches = self

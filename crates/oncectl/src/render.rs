@@ -132,11 +132,11 @@ fn clock(at: Option<SystemTime>) -> String {
 /// `oncectl list`: a line an operation, in a table when it fits the width; otherwise each
 /// operation's id on a line of its own (an id is copied into the next command, so it never
 /// wraps), with the rest below it.
-pub fn operations(look: &Look, operations: &[OperationView], more: bool) -> String {
+pub fn operations(look: &Look, operations: &[OperationView], more: bool, tenants: bool) -> String {
     if operations.is_empty() {
         return "No operations match.\n".to_owned();
     }
-    let rows: Vec<[String; 6]> = operations
+    let rows: Vec<[String; 7]> = operations
         .iter()
         .map(|op| {
             let last = match &op.last_event {
@@ -144,6 +144,7 @@ pub fn operations(look: &Look, operations: &[OperationView], more: bool) -> Stri
                 None => "-".to_owned(),
             };
             [
+                op.tenant.clone(),
                 op.operation_id.clone(),
                 op.tool.clone(),
                 op.state.as_str().to_owned(),
@@ -153,22 +154,23 @@ pub fn operations(look: &Look, operations: &[OperationView], more: bool) -> Stri
             ]
         })
         .collect();
+    // The tenant's column only in a listing of every tenant's.
+    let shown = usize::from(!tenants);
     let mut table = look.table();
     table.set_content_arrangement(ContentArrangement::Disabled);
-    look.header(
-        &mut table,
-        &[
-            "OPERATION",
-            "TOOL",
-            "STATE",
-            "AGE",
-            "ATT",
-            "LAST EVENT, AGO",
-        ],
-    );
+    let header = [
+        "TENANT",
+        "OPERATION",
+        "TOOL",
+        "STATE",
+        "AGE",
+        "ATT",
+        "LAST EVENT, AGO",
+    ];
+    look.header(&mut table, &header[shown..]);
     for (row, op) in rows.iter().zip(operations) {
-        let mut cells: Vec<Cell> = row.iter().map(Cell::new).collect();
-        cells[2] = state_cell(op.state);
+        let mut cells: Vec<Cell> = row[shown..].iter().map(Cell::new).collect();
+        cells[3 - shown] = state_cell(op.state);
         table.add_row(cells);
     }
     let mut out = trimmed(&mut table);
@@ -178,8 +180,13 @@ pub fn operations(look: &Look, operations: &[OperationView], more: bool) -> Stri
     if !fits {
         out = String::new();
         for (row, op) in rows.iter().zip(operations) {
-            let [id, tool, _, age, attempts, last] = row;
-            out += &format!("{}\n", look.bold(id));
+            let [tenant, id, tool, _, age, attempts, last] = row;
+            let tenant = if tenants {
+                format!("  tenant {tenant}")
+            } else {
+                String::new()
+            };
+            out += &format!("{}{tenant}\n", look.bold(id));
             out += &format!(
                 "    {tool}  {}  age {age}  attempt {attempts}  last {last} ago\n",
                 look.state(Some(op.state))
@@ -341,8 +348,14 @@ pub fn status(look: &Look, reached: &crate::Reached, info: &ServerInfo) -> Strin
 }
 
 /// `oncectl stats`: the tenant's figures.
-pub fn stats(look: &Look, s: &StatsView, window: &str) -> String {
-    let mut out = format!("{}\n", look.bold("Operations now"));
+/// Every tenant's figures added up when `tenants`.
+pub fn stats(look: &Look, s: &StatsView, window: &str, tenants: bool) -> String {
+    let title = if tenants {
+        "Operations now, every tenant"
+    } else {
+        "Operations now"
+    };
+    let mut out = format!("{}\n", look.bold(title));
     if s.operations.is_empty() {
         out += "  none\n";
     } else {
@@ -513,12 +526,18 @@ fn event_line(look: &Look, e: &EventView, about: Option<(&str, &str)>) -> String
     out
 }
 
-/// `oncectl watch`: one change, with its sequence to resume after.
-pub fn watched(look: &Look, e: &WatchedEvent) -> String {
+/// `oncectl watch`: one change, with its sequence to resume after; with its operation's
+/// tenant when `tenants` (a watch of every tenant's).
+pub fn watched(look: &Look, e: &WatchedEvent, tenants: bool) -> String {
     let sequence = look.dim(&format!("#{}", e.event.sequence));
+    let operation = if tenants {
+        format!("[{}] {}", e.tenant, e.operation_id)
+    } else {
+        e.operation_id.clone()
+    };
     format!(
         "{sequence}{}",
-        event_line(look, &e.event, Some((&e.operation_id, &e.tool)))
+        event_line(look, &e.event, Some((&operation, &e.tool)))
     )
 }
 

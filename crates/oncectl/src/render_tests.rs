@@ -56,6 +56,7 @@ fn unknown_refund() -> OperationView {
     lookup.reason = Some("the provider's list may lag its writes".into());
     lookup.details = Some(r#"{"lookups":1,"next_lookup_at":1796094125000}"#.into());
     OperationView {
+        tenant: "acme".into(),
         operation_id: "refund:order_4821".into(),
         tool: "issue_refund".into(),
         state: State::Unknown,
@@ -154,14 +155,19 @@ fn a_list_is_a_table_when_it_fits_80_columns() {
     other.operation_id = "refund:order_4822".into();
     other.state = State::InFlight;
     other.last_event = Some(("CLAIMED".into(), at(14 * 60)));
-    let listed = operations(&plain(), &[unknown_refund(), other], true);
+    let listed = operations(&plain(), &[unknown_refund(), other], true, false);
     assert!(listed.lines().all(|l| l.chars().count() <= 80), "{listed}");
     insta::assert_snapshot!(listed);
 }
 
 #[test]
 fn a_list_too_wide_for_a_table_puts_each_id_on_its_own_line() {
-    let listed = operations(&plain(), &[unknown_refund(), confirmed_email()], false);
+    let listed = operations(
+        &plain(),
+        &[unknown_refund(), confirmed_email()],
+        false,
+        false,
+    );
     assert!(listed.lines().all(|l| l.chars().count() <= 80), "{listed}");
     insta::assert_snapshot!(listed);
 }
@@ -177,12 +183,13 @@ fn an_operation_reads_at_a_glance() {
 fn a_watched_change_is_one_line_with_its_sequence() {
     let refund = unknown_refund();
     let watched_event = WatchedEvent {
+        tenant: refund.tenant.clone(),
         operation_id: refund.operation_id.clone(),
         tool: refund.tool.clone(),
         state: Some(State::Unknown),
         event: refund.events[1].clone(),
     };
-    let line = watched(&plain(), &watched_event);
+    let line = watched(&plain(), &watched_event, false);
     assert!(line.lines().all(|l| l.chars().count() <= 80), "{line}");
     insta::assert_snapshot!(line);
 }
@@ -211,7 +218,7 @@ fn a_resolution_says_what_it_will_do_and_to_which_attempt() {
 fn colour_only_when_asked_for() {
     let op = unknown_refund();
     let plain_text = [
-        operations(&plain(), std::slice::from_ref(&op), false),
+        operations(&plain(), std::slice::from_ref(&op), false, false),
         operation(&plain(), &op),
     ];
     for text in &plain_text {
@@ -223,7 +230,7 @@ fn colour_only_when_asked_for() {
     };
     let text = operation(&coloured, &op);
     assert!(text.contains('\u{1b}'), "{text}");
-    let listed = operations(&coloured, std::slice::from_ref(&op), false);
+    let listed = operations(&coloured, std::slice::from_ref(&op), false, false);
     assert!(listed.contains('\u{1b}'), "{listed}");
 }
 
@@ -286,7 +293,7 @@ fn stats_fit_80_columns() {
             ("ESCALATED".into(), 1),
         ],
     };
-    let text = stats(&plain(), &figures, "1h");
+    let text = stats(&plain(), &figures, "1h", false);
     assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
     insta::assert_snapshot!(text);
 }

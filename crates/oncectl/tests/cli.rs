@@ -22,6 +22,7 @@ on_both_backends!(
     a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file,
     keys_are_created_listed_and_revoked_by_an_admin,
     operations_are_named_by_a_unique_start_of_their_id,
+    an_admin_lists_counts_and_watches_every_tenant_at_once,
 );
 
 /// Runs `oncectl --addr http://ADDR ARGS…` with a home of its own (so no profile of the
@@ -1348,5 +1349,140 @@ async fn resolve_asks_on_a_terminal_and_does_what_it_is_told() {
     let (accepted, said) = answer("y\n").await;
     assert_eq!(accepted, 0, "{said}");
     assert!(said.contains("refund:o-1 is now ABSENT"), "{said}");
+    ledger.stop().await;
+}
+
+/// `--all-tenants`: an admin's list has a TENANT column, its watch names each event's tenant,
+/// its figures add every tenant's up; any other key is refused as for naming another tenant.
+async fn an_admin_lists_counts_and_watches_every_tenant_at_once(store: Store) {
+    use once_api::admin_pb::{self as apb, admin_client::AdminClient};
+    let db = TestDb::new(store).await;
+    let admin_key = strong_key("oncectl-admin");
+    let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
+    let ledger = TestLedger::spawn_with(&db, &["--admin-key-file", file.to_str().unwrap()]).await;
+    let mut admin = AdminClient::connect(format!("http://{}", ledger.addr))
+        .await
+        .unwrap();
+    admin
+        .put_tenant(with_key(
+            apb::PutTenantRequest {
+                name: "acme".into(),
+                ..Default::default()
+            },
+            Some(&admin_key),
+        ))
+        .await
+        .unwrap();
+    let key_of = |tenant: &'static str, role: &'static str| {
+        let request = with_key(
+            apb::CreateKeyRequest {
+                tenant: tenant.into(),
+                name: format!("{tenant}-{role}"),
+                roles: vec![role.into()],
+                certificate_pem: String::new(),
+            },
+            Some(&admin_key),
+        );
+        let mut admin = admin.clone();
+        async move { admin.create_key(request).await.unwrap().into_inner().secret }
+    };
+    let mut client = ledger.client().await;
+    for (tenant, id) in [("default", "refund:d-1"), ("acme", "refund:a-1")] {
+        let executor = key_of(tenant, "executor").await;
+        let begun = client
+            .begin(with_key(begin(id, ARGS), Some(&executor)))
+            .await
+            .unwrap()
+            .into_inner();
+        let grant = expect_execute(&begun);
+        let unknown = pb::ReportUnknownRequest {
+            operation_id: id.into(),
+            fencing_token: grant.fencing_token,
+            reason: "timeout after sending".into(),
+        };
+        client
+            .report_unknown(with_key(unknown, Some(&executor)))
+            .await
+            .unwrap();
+    }
+    let acme_reader = key_of("acme", "reader").await;
+    let as_admin = [("ONCE_KEY", admin_key.as_str())];
+
+    let listed = oncectl_with(ledger.addr, &["list", "--all-tenants"], &as_admin).await;
+    assert_eq!(code(&listed), 0, "{}", stderr(&listed));
+    let table = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0][..3], ["TENANT", "OPERATION", "TOOL"], "{table}");
+    assert_eq!(lines[1][..2], ["default", "refund:d-1"], "{table}");
+    assert_eq!(lines[2][..2], ["acme", "refund:a-1"], "{table}");
+    let own = oncectl_with(ledger.addr, &["list", "--tenant", "default"], &as_admin).await;
+    let own = format!("{}{}", String::from_utf8_lossy(&own.stdout), stderr(&own));
+    assert!(
+        own.starts_with("OPERATION") && own.contains("refund:d-1") && !own.contains("refund:a-1"),
+        "one tenant's, without the column:\n{own}"
+    );
+    let listed =
+        json(&oncectl_with(ledger.addr, &["list", "--all-tenants", "--json"], &as_admin).await);
+    let tenants: Vec<&str> = listed["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(tenants, ["default", "acme"], "{listed}");
+
+    let counted = json(
+        &oncectl_with(
+            ledger.addr,
+            &["stats", "--all-tenants", "--json"],
+            &as_admin,
+        )
+        .await,
+    );
+    let unknown: i64 = counted["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["state"] == "UNKNOWN")
+        .map(|c| c["count"].as_i64().unwrap())
+        .sum();
+    assert_eq!(unknown, 2, "{counted}");
+
+    let watched = oncectl_with(
+        ledger.addr,
+        &["watch", "--all-tenants", "--after", "0", "--count", "2"],
+        &as_admin,
+    )
+    .await;
+    assert_eq!(code(&watched), 0, "{}", stderr(&watched));
+    let said = String::from_utf8_lossy(&watched.stdout).into_owned();
+    assert!(
+        said.contains("[default] refund:d-1") && said.contains("[acme] refund:a-1"),
+        "{said}"
+    );
+
+    for args in [
+        &["list", "--all-tenants"][..],
+        &["stats", "--all-tenants"],
+        &["watch", "--all-tenants", "--count", "1"],
+    ] {
+        let refused = oncectl_with(ledger.addr, args, &[("ONCE_KEY", acme_reader.as_str())]).await;
+        assert_eq!(code(&refused), 4, "{args:?}: {}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains("the role admin"),
+            "{args:?}: {}",
+            stderr(&refused)
+        );
+    }
+    let both = oncectl_with(
+        ledger.addr,
+        &["list", "--all-tenants", "--tenant", "acme"],
+        &as_admin,
+    )
+    .await;
+    assert_eq!(code(&both), 2, "{}", stderr(&both));
     ledger.stop().await;
 }

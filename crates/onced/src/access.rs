@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use once_api::convert::TenantRead;
 use once_core::access::{Credential, CredentialKind, Role, SecretHash, Tenant};
-use once_core::Actor;
+use once_core::{Actor, Scope};
 use once_store::{Backend, StoreError};
 use tokio::time::Instant;
 use tonic::{Request, Status};
@@ -372,6 +372,30 @@ impl<B: Backend> Access<B> {
         once_core::access::check_tenant_name(named)
             .map_err(|message| status::invalid(once_core::Invalid::new("tenant", message)))?;
         Ok((principal, named.to_owned()))
+    }
+
+    /// [`Access::admit_reader`] for a read that may cover every tenant (`all_tenants`), which
+    /// only the admin role may (it is ledger-wide), and which names no tenant besides.
+    pub async fn admit_scoped<T: TenantRead>(
+        &self,
+        request: &Request<T>,
+        allowed: Allowed,
+    ) -> Result<(Principal, Scope), Status> {
+        if !request.get_ref().all_tenants() {
+            let (principal, tenant) = self.admit_reader(request, allowed).await?;
+            return Ok((principal, Scope::Tenant(tenant)));
+        }
+        let principal = self.admit(request, Allowed::ANY).await?;
+        let roles = principal.credential.as_ref().map(|c| c.roles);
+        if roles.is_some_and(|held| !held.contains(Role::Admin)) {
+            let held = roles.map_or_else(String::new, |r| r.to_string());
+            return Err(status::permission_denied("admin", &held));
+        }
+        if !request.get_ref().tenant().is_empty() {
+            let message = "names one tenant while all_tenants asks for every tenant: send one";
+            return Err(status::invalid(once_core::Invalid::new("tenant", message)));
+        }
+        Ok((principal, Scope::AllTenants))
     }
 
     /// Refuses a Begin that would start a new execution while its tenant holds its cap of

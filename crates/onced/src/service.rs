@@ -229,13 +229,13 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        let tenant = self.access.admit_read(&request, Allowed::READ).await?;
+        let (_, scope) = self.access.admit_scoped(&request, Allowed::READ).await?;
         let window = convert::get_stats(request.into_inner(), self.limits.max_retention_ms)
             .map_err(status::invalid)?;
         let stats = self
             .ledger
             .backend()
-            .stats(&tenant, window)
+            .stats(&scope, window)
             .await
             .map_err(status::store)?;
         Ok(Response::new(convert::stats_response(stats)))
@@ -282,17 +282,17 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::ListOperationsRequest>,
     ) -> Result<Response<pb::ListOperationsResponse>, Status> {
-        let tenant = self.access.admit_read(&request, Allowed::READ).await?;
+        let (_, scope) = self.access.admit_scoped(&request, Allowed::READ).await?;
         let query = convert::list_operations(request.into_inner()).map_err(status::invalid)?;
         let (operations, next) = self
             .ledger
-            .list(&tenant, &query)
+            .list(&scope, &query)
             .await
             .map_err(status::store)?;
         Ok(Response::new(pb::ListOperationsResponse {
             operations: operations.into_iter().map(convert::listed).collect(),
             next_page_token: next
-                .map(|(created_at, id)| convert::encode_page_token(created_at, &id))
+                .map(|end| convert::encode_page_token(&end))
                 .unwrap_or_default(),
         }))
     }
@@ -303,7 +303,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         &self,
         request: Request<pb::WatchOperationsRequest>,
     ) -> Result<Response<Self::WatchOperationsStream>, Status> {
-        let watcher = self.access.admit_reader(&request, Allowed::READ).await?;
+        let watcher = self.access.admit_scoped(&request, Allowed::READ).await?;
         let (start, filter) =
             convert::watch_operations(request.into_inner()).map_err(status::invalid)?;
         let (stream, after) = self

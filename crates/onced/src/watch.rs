@@ -28,7 +28,7 @@ use std::time::Duration;
 use once_api::convert::{self, WatchStart};
 use once_api::pb;
 use once_api::pb::watch_operations_response::Item;
-use once_core::WatchFilter;
+use once_core::{Scope, WatchFilter};
 use once_store::{Announcements, Backend, Ledger, Watermark};
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -256,12 +256,12 @@ impl Feed {
         }
     }
 
-    /// Starts the stream of `watcher`, admitted by `access`: `tenant`'s events `filter` wants,
-    /// from `start`. Returns the stream and the sequence it starts after.
+    /// Starts the stream of `watcher`, admitted by `access`: the events of `scope` that
+    /// `filter` wants, from `start`. Returns the stream and the sequence it starts after.
     pub async fn watch<B: Backend>(
         &self,
         (backend, access): (B, Access<B>),
-        (watcher, tenant): (Principal, String),
+        (watcher, scope): (Principal, Scope),
         start: WatchStart,
         filter: WatchFilter,
     ) -> Result<(Receiver, i64), Status> {
@@ -283,7 +283,7 @@ impl Feed {
         let recheck = tokio::time::Instant::now() + access.recheck_every();
         let stream = Stream {
             backend,
-            tenant,
+            scope,
             filter,
             cursor,
             marks,
@@ -305,7 +305,7 @@ pub type Receiver = mpsc::Receiver<Result<pb::WatchOperationsResponse, Status>>;
 /// One watcher's stream.
 struct Stream<B> {
     backend: B,
-    tenant: String,
+    scope: Scope,
     filter: WatchFilter,
     /// Every wanted event up to here has been sent.
     cursor: i64,
@@ -326,7 +326,7 @@ struct Gone;
 impl<B: Backend> Stream<B> {
     async fn run(mut self) {
         if let Err(Gone) = self.serve().await {
-            tracing::debug!(tenant = %self.tenant, cursor = self.cursor, "watcher gone");
+            tracing::debug!(scope = ?self.scope, cursor = self.cursor, "watcher gone");
         }
     }
 
@@ -354,7 +354,7 @@ impl<B: Backend> Stream<B> {
                 }
                 let page = self
                     .backend
-                    .watch_events(&self.tenant, (self.cursor, reached), &self.filter, PAGE)
+                    .watch_events(&self.scope, (self.cursor, reached), &self.filter, PAGE)
                     .await;
                 let page = match page {
                     Ok(page) => page,
