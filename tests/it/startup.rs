@@ -1,5 +1,6 @@
 //! What `onced` says when it cannot start: one line naming what is wrong and where, never a
-//! backtrace, and nothing touched when the configuration is wrong.
+//! backtrace, and nothing touched (no port bound, no database opened) when the configuration
+//! is wrong.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,6 +58,17 @@ async fn a_start_up_error_is_one_line_naming_what_and_where() {
                 missing.display().to_string(),
             ],
             format!("--config {}: cannot read it", missing.display()),
+        ),
+        // Every file a setting names is read before a port is bound: the file is named, not
+        // the address that is taken too.
+        (
+            vec![
+                "--listen".into(),
+                taken.to_string(),
+                "--admin-key-file".into(),
+                missing.display().to_string(),
+            ],
+            format!("{}: cannot read it", missing.display()),
         ),
         (
             vec!["--database-url".into(), "sqlite:///proc/nowhere/ledger.db".into()],

@@ -322,7 +322,7 @@ async fn an_exposed_listener_needs_tls_and_credentials_or_insecure() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let _ = stop.send(());
-        let ran = onced::run(config, listener, async {
+        let ran = onced::run(config.resolve().unwrap(), listener, async {
             let _ = stopped.await;
         })
         .await;
@@ -356,7 +356,9 @@ async fn an_exposed_listener_needs_tls_and_credentials_or_insecure() {
     ])
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let error = onced::run(config, listener, async {}).await.unwrap_err();
+    let error = onced::run(config.resolve().unwrap(), listener, async {})
+        .await
+        .unwrap_err();
     assert!(
         format!("{error:#}").contains("without credentials"),
         "{error:#}"

@@ -338,9 +338,13 @@ impl TestLedger {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let config = config(url, extra);
-        let task = tokio::spawn(onced::run(config, listener, async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(async move {
+            let settings = config.resolve()?;
+            onced::run(settings, listener, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
         TestLedger {
             addr,
             stop: Some(stop),

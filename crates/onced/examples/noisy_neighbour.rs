@@ -121,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let stop_server = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(onced::run(
-        config,
+        config.resolve()?,
         listener,
         stop_server.clone().cancelled_owned(),
     ));

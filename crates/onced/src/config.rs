@@ -282,6 +282,20 @@ pub enum ConfigError {
     },
 }
 
+/// The configuration resolved before anything is touched: every setting checked, and every
+/// file a setting names read and checked (the reconcilers, the admin key, TLS, the metrics
+/// token), so a typo fails before a port is bound or the database opened.
+#[derive(Debug)]
+pub struct Settings {
+    pub config: Config,
+    pub(crate) store: StoreKind,
+    pub(crate) limits: Limits,
+    pub(crate) metrics_token: Option<once_core::access::SecretHash>,
+    pub(crate) admin_key: Option<once_core::access::ApiKey>,
+    pub(crate) tls: Option<crate::tls::Tls>,
+    pub(crate) reconciliation: once_reconcile::config::Reconciliation,
+}
+
 /// The database `database_url` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
@@ -290,6 +304,32 @@ pub enum StoreKind {
 }
 
 impl Config {
+    /// Checks every setting and reads every file the settings name: see [`Settings`].
+    pub fn resolve(self) -> anyhow::Result<Settings> {
+        use anyhow::Context as _;
+        self.validate()?;
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(
+                crate::tls::Tls::load(crate::tls::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.tls_client_ca.clone(),
+                })
+                .context("loading TLS")?,
+            ),
+            _ => None,
+        };
+        Ok(Settings {
+            store: self.store_kind()?,
+            limits: self.limits(),
+            metrics_token: self.metrics_token()?,
+            admin_key: self.admin_key()?,
+            tls,
+            reconciliation: self.reconciliation()?,
+            config: self,
+        })
+    }
+
     /// Checks what flags alone cannot, and says which setting is wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store_kind()?;

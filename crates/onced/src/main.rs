@@ -39,16 +39,18 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    config.validate()?;
+    // Every setting and every file they name, before a port is bound or the database opened.
+    let settings = config.resolve()?;
     // SIGHUP re-reads the TLS files once serving; until then (the store is being opened) it
     // must not end the process, as it would by default. A handler registered once stays.
     drop(tokio::signal::unix::signal(
         tokio::signal::unix::SignalKind::hangup(),
     )?);
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listen = settings.config.listen;
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .with_context(|| format!("listening on {} (--listen)", config.listen))?;
-    onced::run(config, listener, shutdown_signal()).await
+        .with_context(|| format!("listening on {listen} (--listen)"))?;
+    onced::run(settings, listener, shutdown_signal()).await
 }
 
 /// Completes on Ctrl-C or SIGTERM.

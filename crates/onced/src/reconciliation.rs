@@ -4,6 +4,7 @@
 //! [`Reconciliation::look_up`]: the lookup, then the verdict applied with its events in one
 //! transaction.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use once_core::reconcile::{is_due, Applied, Lookup};
@@ -11,11 +12,27 @@ use once_core::{Operation, OperationId, Rejection, State};
 use once_reconcile::config::Settings;
 use once_reconcile::{LookupRequest, Registered, Registry, Verdict};
 use once_store::{Backend, Ledger, StoreError};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::sweeper;
+use crate::rounds;
 use crate::telemetry::Metrics;
-use crate::wait::Settled;
+
+/// Woken whenever this replica records a report, a resolution or a verdict, so a Begin waiting
+/// on an IN_PROGRESS operation looks again at once instead of at its next poll.
+#[derive(Debug, Clone, Default)]
+pub struct Settled(Arc<Notify>);
+
+impl Settled {
+    pub fn notify(&self) {
+        self.0.notify_waiters();
+    }
+
+    /// Completes at the next [`Settled::notify`] after it is made, polled or not.
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.notified()
+    }
+}
 
 /// Lookups one replica runs at once. Each round claims at most this many operations and looks
 /// them all up together, each within its reconciler's timeout, which the configuration keeps
@@ -243,7 +260,7 @@ impl<B: Backend> Reconciliation<B> {
         // of lookups from the start, so a ledger told to look up rarely (or, with a long
         // interval, only when asked) does not look up as it starts.
         let first = tokio::time::Instant::now() + self.settings.interval;
-        sweeper::every_from(first, self.settings.interval, &stop, || async move {
+        rounds::every_from(first, self.settings.interval, &stop, || async move {
             // Rounds follow one another while there is a full batch of work.
             while this.round(http).await == LOOKUP_CONCURRENCY {}
         })

@@ -12,10 +12,10 @@ use tonic::{Request, Response, Status};
 
 use crate::access::{Access, Allowed, Principal};
 use crate::duplicates::Recorder;
-use crate::reconciliation::Reconciliation;
+use crate::reconciliation::{Reconciliation, Settled};
 use crate::status;
 use crate::telemetry::Metrics;
-use crate::wait::{self, Settled};
+use crate::wait;
 use crate::watch::Feed;
 use once_core::forensics::Duplicate;
 

@@ -5,55 +5,20 @@
 //! All are safe to run on every replica at once: each lease expiry locks its operation and
 //! re-checks it, and each deletion re-checks state and expiry on the row it deletes.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use once_api::pb::ledger_server::LedgerServer;
+use once_api::pb::ledger_server::SERVICE_NAME;
 use once_store::{Backend, Ledger, StoreError};
 use tokio_util::sync::CancellationToken;
 
-use crate::LedgerService;
+use crate::rounds::every;
+use crate::telemetry::Metrics;
 
 /// Operations looked at per lease sweep.
 const LEASE_BATCH: u32 = 500;
 /// Rows deleted per statement by the retention sweeper.
 const RETENTION_BATCH: u32 = 1000;
-
-/// Runs `round` every `interval` until `stop`, the first at once: the loop every sweeper is. A
-/// round that overruns delays the next rather than bunching them up; `stop` ends a round
-/// midway.
-pub async fn every<F, R>(interval: Duration, stop: &CancellationToken, round: F)
-where
-    F: FnMut() -> R,
-    R: Future<Output = ()>,
-{
-    every_from(tokio::time::Instant::now(), interval, stop, round).await;
-}
-
-/// [`every`], the first round at `first`.
-pub async fn every_from<F, R>(
-    first: tokio::time::Instant,
-    interval: Duration,
-    stop: &CancellationToken,
-    mut round: F,
-) where
-    F: FnMut() -> R,
-    R: Future<Output = ()>,
-{
-    let mut ticks = tokio::time::interval_at(first, interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = round() => {}
-        }
-    }
-}
 
 /// Logs what one sweep did: nothing when it found nothing, `done(count)` otherwise.
 fn logged<N>(swept: Result<N, StoreError>, done: impl FnOnce(N), what: &str)
@@ -109,7 +74,7 @@ pub async fn retention<B: Backend>(
 pub async fn health<B: Backend>(
     ledger: Ledger<B>,
     reporter: tonic_health::server::HealthReporter,
-    metrics: std::sync::Arc<crate::telemetry::Metrics>,
+    metrics: std::sync::Arc<Metrics>,
     interval: Duration,
     stop: CancellationToken,
 ) {
@@ -120,18 +85,17 @@ pub async fn health<B: Backend>(
         let up = checked.is_ok();
         metrics.store_up(up);
         if serving.swap(up, Ordering::Relaxed) != up {
-            announce::<B>(reporter, checked.err()).await;
+            announce(reporter, checked.err()).await;
         }
     })
     .await;
 }
 
 /// Tells the health service, and the log, that the ledger serves, or does not for `failed`.
-async fn announce<B: Backend>(
+async fn announce(
     reporter: &tonic_health::server::HealthReporter,
     failed: Option<once_store::StoreError>,
 ) {
-    let up = failed.is_none();
     let status = if let Some(error) = failed {
         let cause = std::error::Error::source(&error).map_or_else(String::new, ToString::to_string);
         tracing::warn!(%error, cause, "the database does not answer or cannot write: not serving");
@@ -140,14 +104,6 @@ async fn announce<B: Backend>(
         tracing::info!("the database answers and writes again: serving");
         tonic_health::ServingStatus::Serving
     };
-    if up {
-        reporter
-            .set_serving::<LedgerServer<LedgerService<B>>>()
-            .await;
-    } else {
-        reporter
-            .set_not_serving::<LedgerServer<LedgerService<B>>>()
-            .await;
-    }
+    reporter.set_service_status(SERVICE_NAME, status).await;
     reporter.set_service_status("", status).await;
 }

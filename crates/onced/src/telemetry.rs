@@ -566,7 +566,7 @@ pub async fn gauges<B: Backend>(
         return;
     }
     let (ledger, metrics) = (&ledger, &metrics);
-    crate::sweeper::every(interval, &stop, || async move {
+    crate::rounds::every(interval, &stop, || async move {
         match ledger.backend().gauges().await {
             Ok(store) => metrics.refreshed(store, ledger.backend().pool_use()),
             Err(error) => {

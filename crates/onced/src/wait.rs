@@ -1,28 +1,15 @@
 //! A Begin that may wait: how long, for what, and what wakes it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use once_core::{BeginCommand, BeginDecision, Millis};
 use once_store::{Backend, Ledger, StoreError};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::reconciliation::Reconciliation;
+use crate::reconciliation::{Reconciliation, Settled};
 
 /// Upper bound on the pause between two looks at an IN_PROGRESS operation during a wait.
 const MAX_WAIT_POLL: Duration = Duration::from_millis(250);
-
-/// Woken whenever this replica records a report, a resolution or a verdict, so a Begin waiting
-/// on an IN_PROGRESS operation looks again at once instead of at its next poll.
-#[derive(Debug, Clone, Default)]
-pub struct Settled(Arc<Notify>);
-
-impl Settled {
-    pub fn notify(&self) {
-        self.0.notify_waiters();
-    }
-}
 
 /// Decides a Begin, waiting up to `wait` for a better answer: while this very operation is
 /// IN_PROGRESS, for its outcome; while it is UNKNOWN, for one synchronous lookup (if one is
@@ -38,7 +25,7 @@ pub async fn begin<B: Backend>(
     let deadline = Instant::now() + wait;
     let mut looked_up = false;
     loop {
-        let woken = settled.0.notified();
+        let woken = settled.notified();
         let (decision, at) = ledger.begin(cmd).await?;
         if let BeginDecision::Unknown { blocking: None, .. } = &decision {
             if !looked_up && !wait.is_zero() {
