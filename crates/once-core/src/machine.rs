@@ -5,7 +5,7 @@
 //! applies the plan and commits before it lets the answer leave the process.
 //!
 //! Where a decision needs more than the operation row, the function says so and the store
-//! fetches it in the same transaction: [`begin`] asks for a [`Guard`] (the fresh-id guard's
+//! fetches it in the same transaction: [`begin`] asks for a [`FreshIdGuard`] (the fresh-id guard's
 //! finding and a new fencing token) before it grants anything, and [`report`] asks for the
 //! attempt record of a superseded fencing token, of this life or of one that handed its provider
 //! key to it ([`needs_attempt_record`]).
@@ -106,7 +106,7 @@ pub enum BeginStep {
 
 /// What the store found before a new execution right is granted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Guard {
+pub enum FreshIdGuard {
     /// Nothing blocks the claim; `token` is a fencing token never issued before.
     Clear { token: FencingToken },
     /// Another open operation with the same tool and fingerprint blocks it.
@@ -187,12 +187,12 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
 pub fn claim(
     current: Option<&Operation>,
     cmd: &BeginCommand,
-    guard: Guard,
+    guard: FreshIdGuard,
     now: Millis,
 ) -> (BeginDecision, Plan) {
     match guard {
-        Guard::Blocked(blocking) => (guarded(&blocking, now), Plan::default()),
-        Guard::Clear { token } => match current {
+        FreshIdGuard::Blocked(blocking) => (guarded(&blocking, now), Plan::default()),
+        FreshIdGuard::Clear { token } => match current {
             Some(op) if !op.is_expired(now) => claim_again(op, cmd, token, now),
             previous => claim_new_life(previous, cmd, token, now),
         },

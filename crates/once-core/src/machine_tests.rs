@@ -64,7 +64,7 @@ fn begin_with(
 ) -> (BeginDecision, Plan) {
     match begin(stored, command, now) {
         BeginStep::Decided(decision, plan) => (decision, plan),
-        BeginStep::Claim => claim(stored, command, Guard::Clear { token }, now),
+        BeginStep::Claim => claim(stored, command, FreshIdGuard::Clear { token }, now),
     }
 }
 
@@ -401,7 +401,7 @@ fn fresh_id_guard_blocks_new_executions_unless_a_new_intent_is_declared() {
     let (decision, plan) = claim(
         None,
         &cmd("a1"),
-        Guard::Blocked(blocking(State::Unknown, T0 - 10)),
+        FreshIdGuard::Blocked(blocking(State::Unknown, T0 - 10)),
         T0,
     );
     assert!(plan.is_empty());
@@ -412,7 +412,7 @@ fn fresh_id_guard_blocks_new_executions_unless_a_new_intent_is_declared() {
     let (decision, _) = claim(
         None,
         &cmd("a1"),
-        Guard::Blocked(blocking(State::InFlight, T0 + 10)),
+        FreshIdGuard::Blocked(blocking(State::InFlight, T0 + 10)),
         T0,
     );
     assert!(
@@ -423,7 +423,7 @@ fn fresh_id_guard_blocks_new_executions_unless_a_new_intent_is_declared() {
     let (decision, _) = claim(
         None,
         &cmd("a1"),
-        Guard::Blocked(blocking(State::InFlight, T0)),
+        FreshIdGuard::Blocked(blocking(State::InFlight, T0)),
         T0,
     );
     assert!(

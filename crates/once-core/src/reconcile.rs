@@ -456,7 +456,7 @@ fn kept_unknown(
 mod tests {
     use super::*;
     use crate::identity::Fingerprint;
-    use crate::machine::{self, BeginStep, Guard};
+    use crate::machine::{self, BeginStep, FreshIdGuard};
 
     const T0: Millis = 1_000_000;
     const LEASE: i64 = 1_000;
@@ -493,7 +493,7 @@ mod tests {
         let (_, plan) = machine::claim(
             None,
             &cmd,
-            Guard::Clear {
+            FreshIdGuard::Clear {
                 token: FencingToken(7),
             },
             T0,

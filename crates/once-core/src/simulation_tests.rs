@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashSet};
 use proptest::prelude::*;
 
 use crate::identity::Fingerprint;
-use crate::machine::{self, BeginStep, Guard, Plan, Write};
+use crate::machine::{self, BeginStep, FreshIdGuard, Plan, Write};
 use crate::model::*;
 use crate::reconcile::{self, Applied, Backoff, Capabilities, Escalation, Lookup, LookupPolicy};
 
@@ -219,7 +219,7 @@ impl Store {
         }
     }
 
-    fn guard(&mut self, op: usize, cmd: &BeginCommand) -> Guard {
+    fn guard(&mut self, op: usize, cmd: &BeginCommand) -> FreshIdGuard {
         if !cmd.new_intent {
             let mut open: Vec<&Operation> = self
                 .rows
@@ -234,7 +234,7 @@ impl Store {
                 .collect();
             open.sort_by_key(|row| row.state != State::Unknown);
             if let Some(row) = open.first() {
-                return Guard::Blocked(Blocking {
+                return FreshIdGuard::Blocked(Blocking {
                     operation_id: row.operation_id.clone(),
                     state: row.state,
                     attempt: row.attempt,
@@ -244,7 +244,7 @@ impl Store {
             }
         }
         self.last_token += 1 + self.last_token.get() % 3;
-        Guard::Clear {
+        FreshIdGuard::Clear {
             token: self.last_token,
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
 use once_core::forensics::Duplicate;
-use once_core::machine::Guard;
+use once_core::machine::FreshIdGuard;
 use once_core::reconcile::Lookup;
 use once_core::stats::{Gauges, Stats};
 use once_core::{
@@ -142,7 +142,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         tx: &mut Self::Tx,
         cmd: &BeginCommand,
-    ) -> impl Future<Output = Result<Guard, StoreError>> + Send;
+    ) -> impl Future<Output = Result<FreshIdGuard, StoreError>> + Send;
 
     /// A fencing token never issued before by this store, larger than every one it issued.
     fn next_token(

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use once_core::forensics;
-use once_core::machine::{self, Guard, Plan};
+use once_core::machine::{self, FreshIdGuard, Plan};
 use once_core::reconcile;
 use once_core::*;
 use tokio::sync::Notify;
@@ -233,7 +233,8 @@ impl<B: Backend> Ledger<B> {
             machine::BeginStep::Decided(decision, plan) => Some((decision, plan, None)),
             machine::BeginStep::Claim => match (&current, token) {
                 (None, Some(token)) => {
-                    let (decision, plan) = machine::claim(None, cmd, Guard::Clear { token }, now);
+                    let (decision, plan) =
+                        machine::claim(None, cmd, FreshIdGuard::Clear { token }, now);
                     Some((decision, plan, (!cmd.new_intent).then_some(cmd)))
                 }
                 _ => None,

@@ -31,5 +31,8 @@ pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};
 pub use postgres::PgBackend;
 pub use sqlite::SqliteBackend;
-pub use store::{call_statements, sweep_statements, CallBinds, Statements, Store, SweepBinds};
+pub use store::Store;
 pub use watch::{Announcements, Frontier, Watermark};
+
+#[cfg(test)]
+mod tests;

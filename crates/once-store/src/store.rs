@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use once_core::access::{Credential, NewCredential, Tenant};
 use once_core::forensics::Duplicate;
-use once_core::machine::{self, Guard, Write};
+use once_core::machine::{self, FreshIdGuard, Write};
 use once_core::reconcile::Lookup;
 use once_core::stats::{Gauges, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
@@ -45,7 +45,8 @@ impl<D: Database> Clone for Store<D> {
 
 impl<D: Database> Store<D> {
     /// The pool, for tests that inspect the database directly.
-    pub fn pool(&self) -> &Pool<D> {
+    #[cfg(test)]
+    pub(crate) fn pool(&self) -> &Pool<D> {
         &self.pool
     }
 }
@@ -143,6 +144,7 @@ const FIND_RESOLUTION: &str = "SELECT to_state, details FROM events \
      WHERE tenant = $1 AND operation_id = $2 AND dedupe_key = $3";
 
 /// What a statement of a call's path is bound with.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallBinds {
     /// `$1` a tenant, `$2` an operation id.
@@ -158,7 +160,8 @@ pub enum CallBinds {
 /// The statements of the Begin and report path that look rows up, as they are sent, with how
 /// each is bound: for tests of their plans (one operation is found by an index whatever the
 /// table holds).
-pub fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
+#[cfg(test)]
+pub(crate) fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
     let statements = D::statements();
     vec![
         ("read", statements.read.clone(), CallBinds::Operation),
@@ -179,6 +182,7 @@ pub fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
 }
 
 /// What a sweeper statement is bound with.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepBinds {
     /// `$1`, a limit.
@@ -194,7 +198,8 @@ pub enum SweepBinds {
 /// Every statement the background sweepers run over a table that grows, as they are sent, with
 /// how each is bound: for tests of their plans (an idle sweep must read an index range, not
 /// the table).
-pub fn sweep_statements<D: Dialect>() -> Vec<(&'static str, String, SweepBinds)> {
+#[cfg(test)]
+pub(crate) fn sweep_statements<D: Dialect>() -> Vec<(&'static str, String, SweepBinds)> {
     vec![
         ("retention", delete_expired_sql::<D>(), SweepBinds::Limit),
         (
@@ -364,13 +369,17 @@ where
         D::apply_unlocked(&mut **conn, decided_from, guard, plan, now).await
     }
 
-    async fn guard(&self, tx: &mut Self::Tx, cmd: &BeginCommand) -> Result<Guard, StoreError> {
+    async fn guard(
+        &self,
+        tx: &mut Self::Tx,
+        cmd: &BeginCommand,
+    ) -> Result<FreshIdGuard, StoreError> {
         // A Begin declaring a new intent reads nothing of the others, so it needs no lock: were
         // it to run beside one that does not declare it, the outcome is the one where it ran
         // second.
         if cmd.new_intent {
             let token = self.next_token(tx).await?;
-            return Ok(Guard::Clear { token });
+            return Ok(FreshIdGuard::Clear { token });
         }
         let token = D::serialise_intent(&mut **tx, cmd).await?;
         // A new statement, so a new snapshot: it sees what the intent's previous holder
@@ -383,11 +392,11 @@ where
             .fetch_optional(&mut **tx)
             .await?;
         let token = match (blocking, token) {
-            (Some(row), _) => return Ok(Guard::Blocked(Blocking::try_from(row)?)),
+            (Some(row), _) => return Ok(FreshIdGuard::Blocked(Blocking::try_from(row)?)),
             (None, Some(token)) => rows::token(token)?,
             (None, None) => self.next_token(tx).await?,
         };
-        Ok(Guard::Clear { token })
+        Ok(FreshIdGuard::Clear { token })
     }
 
     async fn next_token(&self, tx: &mut Self::Tx) -> Result<FencingToken, StoreError> {

@@ -1,4 +1,4 @@
-//! The once-ledger test harness: fresh databases (a SQLite file, a PostgreSQL database), ledgers
+//! The once-ledger test harness: fresh databases (`once-testdb`, re-exported), ledgers
 //! running in the test's process on real sockets, gRPC clients and request builders, and waiting
 //! on conditions with deadlines.
 //!
@@ -20,33 +20,7 @@ use tonic::transport::Channel;
 /// A gRPC client of the ledger.
 pub type Grpc = LedgerClient<Channel>;
 
-/// Which backend a test runs against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Store {
-    Sqlite,
-    Postgres,
-}
-
-/// Defines the tests `name::sqlite` and `name::postgres` from `async fn name(store: Store)`:
-/// one suite, every backend.
-#[macro_export]
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::$name($crate::Store::Sqlite).await
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::$name($crate::Store::Postgres).await
-                }
-            }
-        )*
-    };
-}
+pub use once_testdb::{on_both_backends, postgres_admin_url, Engine, TestDb};
 
 /// How much longer than its stated limit every wait may take: `ONCE_TEST_PATIENCE`, 1 unless
 /// set.
@@ -69,201 +43,6 @@ pub async fn within<F: std::future::Future>(limit: Duration, what: &str, future:
     tokio::time::timeout(limit, future)
         .await
         .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for: {what}"))
-}
-
-/// The PostgreSQL server tests create their databases on. Unreachable means failed, not skipped.
-pub fn postgres_admin_url() -> String {
-    std::env::var("ONCE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-/// A fresh, empty database, dropped when the test ends.
-#[derive(Debug)]
-pub struct TestDb {
-    pub store: Store,
-    pub url: String,
-    /// Its own directory, whichever the store: for the SQLite file, logs and files a test
-    /// writes, never shared with a test running beside it.
-    dir: tempfile::TempDir,
-    pg_name: Option<String>,
-}
-
-impl TestDb {
-    pub async fn new(store: Store) -> Self {
-        match store {
-            Store::Sqlite => {
-                let dir = tempfile::tempdir().expect("temporary directory");
-                let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-                TestDb {
-                    store,
-                    url,
-                    dir,
-                    pg_name: None,
-                }
-            }
-            Store::Postgres => {
-                let name = format!("once_it_{}", uuid::Uuid::new_v4().simple());
-                let admin = postgres_admin_url();
-                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                    .await
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "PostgreSQL must be reachable at {admin} for the postgres tests: {e}"
-                        )
-                    });
-                sqlx::query(&format!("CREATE DATABASE {name}"))
-                    .execute(&mut conn)
-                    .await
-                    .expect("create test database");
-                let url = replace_database(&admin, &name);
-                TestDb {
-                    store,
-                    url,
-                    dir: tempfile::tempdir().expect("temporary directory"),
-                    pg_name: Some(name),
-                }
-            }
-        }
-    }
-
-    /// The PostgreSQL database's name.
-    pub fn pg_name(&self) -> &str {
-        self.pg_name.as_deref().expect("a PostgreSQL test database")
-    }
-
-    /// Runs `sql` on the PostgreSQL server as its administrator, with `{db}` standing for this
-    /// test's database (for settings of the database itself: refusing connections, read-only).
-    pub async fn as_server_admin(&self, sql: &str) {
-        let sql = sql.replace("{db}", self.pg_name());
-        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_admin_url())
-            .await
-            .expect("connect postgres as its administrator");
-        sqlx::query(&sql).execute(&mut conn).await.expect(&sql);
-    }
-
-    /// Ends every session on this PostgreSQL test database: a pool must connect anew.
-    pub async fn end_sessions(&self) {
-        self.as_server_admin(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid()",
-        )
-        .await;
-    }
-
-    /// A directory that lives as long as the database, for logs.
-    pub fn scratch_dir(&self) -> PathBuf {
-        self.dir.path().to_owned()
-    }
-
-    /// Runs one SQL statement directly against the database and returns the first column of
-    /// the first row as an integer (0 when there is no row). The same text runs on both
-    /// backends.
-    pub async fn scalar(&self, sql: &str) -> i64 {
-        self.integers(sql).await.first().copied().unwrap_or(0)
-    }
-
-    /// Runs one query directly and returns the first column of every row as an integer.
-    pub async fn integers(&self, sql: &str) -> Vec<i64> {
-        match self.store {
-            Store::Sqlite => {
-                let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&self.url)
-                    .await
-                    .expect("open sqlite");
-                sqlx::query_scalar::<_, i64>(sql)
-                    .fetch_all(&mut conn)
-                    .await
-                    .expect(sql)
-            }
-            Store::Postgres => {
-                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
-                    .await
-                    .expect("connect postgres");
-                sqlx::query_scalar::<_, i64>(sql)
-                    .fetch_all(&mut conn)
-                    .await
-                    .expect(sql)
-            }
-        }
-    }
-
-    /// Executes a statement directly; returns the rows affected.
-    pub async fn execute(&self, sql: &str) -> u64 {
-        match self.store {
-            Store::Sqlite => {
-                let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&self.url)
-                    .await
-                    .expect("open sqlite");
-                sqlx::query(sql)
-                    .execute(&mut conn)
-                    .await
-                    .expect(sql)
-                    .rows_affected()
-            }
-            Store::Postgres => {
-                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
-                    .await
-                    .expect("connect postgres");
-                sqlx::query(sql)
-                    .execute(&mut conn)
-                    .await
-                    .expect(sql)
-                    .rows_affected()
-            }
-        }
-    }
-
-    /// The database's clock, in milliseconds since the epoch: the clock leases and settle times
-    /// are measured on.
-    pub async fn clock(&self) -> i64 {
-        self.scalar(match self.store {
-            Store::Postgres => "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
-            Store::Sqlite => "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-        })
-        .await
-    }
-
-    /// Row counts of every table, to show a refused request changed nothing.
-    pub async fn snapshot(&self) -> [i64; 3] {
-        [
-            self.scalar("SELECT count(*) FROM operations").await,
-            self.scalar("SELECT count(*) FROM attempts").await,
-            self.scalar("SELECT count(*) FROM events").await,
-        ]
-    }
-}
-
-fn replace_database(url: &str, name: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, format!("?{query}")),
-        None => (url, String::new()),
-    };
-    let base = base.rsplit_once('/').map_or(base, |(head, _)| head);
-    format!("{base}/{name}{query}")
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if let Some(name) = self.pg_name.take() {
-            let admin = postgres_admin_url();
-            // Drop runs outside any runtime we may block, so use a thread with its own.
-            let _ = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    if let Ok(mut conn) =
-                        <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
-                    {
-                        let _ =
-                            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                                .execute(&mut conn)
-                                .await;
-                    }
-                });
-            })
-            .join();
-        }
-    }
 }
 
 /// Flags every test ledger gets: a fast lease sweeper and a short wait for connections.
@@ -370,7 +149,7 @@ impl TestLedger {
         ledger
     }
 
-    pub async fn client(&self) -> LedgerClient<Channel> {
+    pub async fn client(&self) -> Grpc {
         client(self.addr).await
     }
 
@@ -444,7 +223,7 @@ pub fn with_key<T>(message: T, key: Option<&str>) -> tonic::Request<T> {
     request
 }
 
-pub async fn client(addr: SocketAddr) -> LedgerClient<Channel> {
+pub async fn client(addr: SocketAddr) -> Grpc {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(patient(Duration::from_secs(2)))
@@ -585,14 +364,14 @@ pub fn expect_unknown(response: &pb::BeginResponse) -> pb::Unknown {
 }
 
 /// Begins and returns the grant, failing unless the decision is EXECUTE.
-pub async fn claim(client: &mut LedgerClient<Channel>, request: pb::BeginRequest) -> pb::Execute {
+pub async fn claim(client: &mut Grpc, request: pb::BeginRequest) -> pb::Execute {
     let response = client.begin(request).await.expect("begin").into_inner();
     expect_execute(&response)
 }
 
 /// Confirms with the provider ref `re_1`.
 pub async fn confirm(
-    client: &mut LedgerClient<Channel>,
+    client: &mut Grpc,
     id: &str,
     token: u64,
     result: &[u8],
@@ -601,7 +380,7 @@ pub async fn confirm(
 }
 
 pub async fn confirm_with(
-    client: &mut LedgerClient<Channel>,
+    client: &mut Grpc,
     id: &str,
     token: u64,
     result: &[u8],
@@ -618,11 +397,7 @@ pub async fn confirm_with(
         .map(|r| r.into_inner().state)
 }
 
-pub async fn report_absent(
-    client: &mut LedgerClient<Channel>,
-    id: &str,
-    token: u64,
-) -> Result<i32, tonic::Status> {
+pub async fn report_absent(client: &mut Grpc, id: &str, token: u64) -> Result<i32, tonic::Status> {
     client
         .report_absent(pb::ReportAbsentRequest {
             operation_id: id.into(),
@@ -633,11 +408,7 @@ pub async fn report_absent(
         .map(|r| r.into_inner().state)
 }
 
-pub async fn report_unknown(
-    client: &mut LedgerClient<Channel>,
-    id: &str,
-    token: u64,
-) -> Result<i32, tonic::Status> {
+pub async fn report_unknown(client: &mut Grpc, id: &str, token: u64) -> Result<i32, tonic::Status> {
     client
         .report_unknown(pb::ReportUnknownRequest {
             operation_id: id.into(),
@@ -650,7 +421,7 @@ pub async fn report_unknown(
 
 /// Resolves `id` as an operator who examined its latest attempt (read just before).
 pub async fn resolve(
-    client: &mut LedgerClient<Channel>,
+    client: &mut Grpc,
     id: &str,
     outcome: pb::OperationState,
     resolution_id: &str,
@@ -668,7 +439,7 @@ pub async fn resolve(
 
 /// Resolves `id` as an operator who examined the attempt holding `fencing_token`.
 pub async fn resolve_examined(
-    client: &mut LedgerClient<Channel>,
+    client: &mut Grpc,
     id: &str,
     outcome: pb::OperationState,
     resolution_id: &str,
@@ -699,7 +470,7 @@ pub async fn resolve_examined(
         .map(|r| r.into_inner().state)
 }
 
-pub async fn get(client: &mut LedgerClient<Channel>, id: &str) -> pb::GetOperationResponse {
+pub async fn get(client: &mut Grpc, id: &str) -> pb::GetOperationResponse {
     client
         .get_operation(pb::GetOperationRequest {
             operation_id: id.into(),
@@ -710,7 +481,7 @@ pub async fn get(client: &mut LedgerClient<Channel>, id: &str) -> pb::GetOperati
         .into_inner()
 }
 
-pub async fn state_of(client: &mut LedgerClient<Channel>, id: &str) -> pb::OperationState {
+pub async fn state_of(client: &mut Grpc, id: &str) -> pb::OperationState {
     let op = get(client, id).await.operation.expect("operation");
     pb::OperationState::try_from(op.state).expect("valid state")
 }
@@ -727,7 +498,7 @@ pub async fn wait_deleted(db: &TestDb, id: &str) {
 }
 
 /// Checks that `id` was CONFIRMED with no lease expiry on the way: its heartbeats held.
-pub async fn confirmed_without_lease_expiry(client: &mut LedgerClient<Channel>, id: &str) {
+pub async fn confirmed_without_lease_expiry(client: &mut Grpc, id: &str) {
     let history = get(client, id).await;
     assert!(
         history.events.iter().all(|e| e.kind != "LEASE_EXPIRED"),
@@ -741,7 +512,7 @@ pub async fn confirmed_without_lease_expiry(client: &mut LedgerClient<Channel>, 
 }
 
 /// Waits until the operation is in `state` (moved there by the sweeper or another party).
-pub async fn wait_for_state(client: &LedgerClient<Channel>, id: &str, state: pb::OperationState) {
+pub async fn wait_for_state(client: &Grpc, id: &str, state: pb::OperationState) {
     eventually(
         Duration::from_secs(10),
         &format!("{id} to become {state:?}"),
@@ -778,7 +549,7 @@ pub fn field(status: &tonic::Status) -> String {
 /// Returns how many were EXECUTE and IN_PROGRESS, failing on any other decision. A Begin
 /// answered UNAVAILABLE (a replica out of database connections) is sent again as it was, as
 /// clients do: with the same attempt id, it can only get the answer it would have got.
-pub async fn race(clients: &[LedgerClient<Channel>], id: &str, n: usize) -> (usize, usize) {
+pub async fn race(clients: &[Grpc], id: &str, n: usize) -> (usize, usize) {
     let begins = (0..n).map(|i| {
         let mut client = clients[i % clients.len()].clone();
         let request = begin(id, ARGS);

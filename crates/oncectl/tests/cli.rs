@@ -148,7 +148,7 @@ async fn stripe_unknown(client: &mut Grpc) {
         .unwrap();
 }
 
-async fn list_show_and_resolve_an_unknown_operation(store: Store) {
+async fn list_show_and_resolve_an_unknown_operation(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -285,7 +285,7 @@ async fn list_show_and_resolve_an_unknown_operation(store: Store) {
     ledger.stop().await;
 }
 
-async fn resolve_refuses_without_a_reason_a_stale_attempt_or_a_missing_operation(store: Store) {
+async fn resolve_refuses_without_a_reason_a_stale_attempt_or_a_missing_operation(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -373,7 +373,7 @@ async fn resolve_refuses_without_a_reason_a_stale_attempt_or_a_missing_operation
     ledger.stop().await;
 }
 
-async fn a_resolve_whose_answer_is_lost_is_sent_again_and_applied_once(store: Store) {
+async fn a_resolve_whose_answer_is_lost_is_sent_again_and_applied_once(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -436,7 +436,7 @@ async fn a_resolve_whose_answer_is_lost_is_sent_again_and_applied_once(store: St
     ledger.stop().await;
 }
 
-async fn reconcile_looks_up_now_and_shows_the_verdict(store: Store) {
+async fn reconcile_looks_up_now_and_shows_the_verdict(store: Engine) {
     let db = TestDb::new(store).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     // The workers wait an hour: only oncectl looks anything up.
@@ -477,7 +477,7 @@ async fn reconcile_looks_up_now_and_shows_the_verdict(store: Store) {
     ledger.stop().await;
 }
 
-async fn watch_prints_every_change_once_as_json_lines(store: Store) {
+async fn watch_prints_every_change_once_as_json_lines(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -538,7 +538,7 @@ async fn watch_prints_every_change_once_as_json_lines(store: Store) {
     ledger.stop().await;
 }
 
-async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
+async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let addr = ledger.addr;
@@ -623,7 +623,7 @@ async fn a_watch_outlasts_a_ledger_restart_and_misses_nothing(store: Store) {
     ledger.stop().await;
 }
 
-async fn a_watch_narrowed_by_provider_and_age_prints_only_their_operations(store: Store) {
+async fn a_watch_narrowed_by_provider_and_age_prints_only_their_operations(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -674,7 +674,7 @@ async fn a_watch_narrowed_by_provider_and_age_prints_only_their_operations(store
     ledger.stop().await;
 }
 
-async fn a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file(store: Store) {
+async fn a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -757,7 +757,7 @@ async fn a_confirmed_resolution_keeps_the_provider_ref_and_the_result_file(store
 /// An operation is named by its id or by the start of exactly one operation's id; several are
 /// named back (exit 2), none is not found (exit 3). `reconcile` on a settled operation says so
 /// and looks nothing up (exit 4); the lookup hints are JSON in JSON.
-async fn operations_are_named_by_a_unique_start_of_their_id(store: Store) {
+async fn operations_are_named_by_a_unique_start_of_their_id(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -803,7 +803,7 @@ async fn operations_are_named_by_a_unique_start_of_their_id(store: Store) {
 /// in that order; a CA file makes a private authority's ledger trusted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_come_from_flags_the_environment_and_a_profile_file() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
     let dir = db.scratch_dir();
@@ -890,7 +890,7 @@ async fn settings_come_from_flags_the_environment_and_a_profile_file() {
     ledger.stop().await;
 }
 
-async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
+async fn keys_are_created_listed_and_revoked_by_an_admin(store: Engine) {
     let db = TestDb::new(store).await;
     let admin_key = strong_key("oncectl-admin");
     let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
@@ -929,8 +929,8 @@ async fn keys_are_created_listed_and_revoked_by_an_admin(store: Store) {
         "TLS       none (plaintext)".to_owned(),
         format!("Version   {}", env!("CARGO_PKG_VERSION")),
         match store {
-            Store::Sqlite => "Database  sqlite".to_owned(),
-            Store::Postgres => "Database  postgres".to_owned(),
+            Engine::Sqlite => "Database  sqlite".to_owned(),
+            Engine::Postgres => "Database  postgres".to_owned(),
         },
         "Tenant    default".to_owned(),
         format!("Key       {key_id} (oncall)"),
@@ -1068,7 +1068,7 @@ async fn a_ledger_that_cannot_be_reached_is_named_with_what_was_found_there() {
         &["http://no-such-host.invalid:50051 does not resolve"],
     );
 
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let plaintext = TestLedger::spawn(&db).await;
     let port = plaintext.addr.port();
     says(
@@ -1079,7 +1079,7 @@ async fn a_ledger_that_cannot_be_reached_is_named_with_what_was_found_there() {
         )],
     );
 
-    let tls_db = TestDb::new(Store::Sqlite).await;
+    let tls_db = TestDb::new(Engine::Sqlite).await;
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
     let ca_file = write_file(&tls_db.scratch_dir(), "ca.pem", &cert);
@@ -1132,7 +1132,7 @@ async fn a_ledger_that_cannot_be_reached_is_named_with_what_was_found_there() {
     );
 
     // A ledger whose PostgreSQL refuses it.
-    let pg = TestDb::new(Store::Postgres).await;
+    let pg = TestDb::new(Engine::Postgres).await;
     let ledger = TestLedger::spawn(&pg).await;
     let addr = format!("http://{}", ledger.addr);
     pg.as_server_admin("ALTER DATABASE {db} ALLOW_CONNECTIONS false")
@@ -1168,7 +1168,7 @@ fn client_authority() -> (String, (String, String)) {
 /// asks for one. A registered certificate is a credential of its own: no key needed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_reach_a_ledger_that_asks_for_them() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let dir = db.scratch_dir();
     let server = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let server_cert = server.cert.pem();
@@ -1264,7 +1264,7 @@ async fn client_certificates_reach_a_ledger_that_asks_for_them() {
 /// on a pipe, it is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn colour_on_a_terminal_only() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
     unknown_and_confirmed(&mut client).await;
@@ -1301,7 +1301,7 @@ async fn colour_on_a_terminal_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolve_asks_on_a_terminal_and_does_what_it_is_told() {
     use tokio::io::AsyncWriteExt as _;
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
     unknown_and_confirmed(&mut client).await;
@@ -1354,7 +1354,7 @@ async fn resolve_asks_on_a_terminal_and_does_what_it_is_told() {
 
 /// `--all-tenants`: an admin's list has a TENANT column, its watch names each event's tenant,
 /// its figures add every tenant's up; any other key is refused as for naming another tenant.
-async fn an_admin_lists_counts_and_watches_every_tenant_at_once(store: Store) {
+async fn an_admin_lists_counts_and_watches_every_tenant_at_once(store: Engine) {
     use once_api::admin_pb::{self as apb, admin_client::AdminClient};
     let db = TestDb::new(store).await;
     let admin_key = strong_key("oncectl-admin");

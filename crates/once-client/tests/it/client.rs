@@ -31,7 +31,7 @@ fn refund(order: &str) -> OperationSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_executes_once_then_replays() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let client = client_for(ledger.addr);
 
@@ -72,7 +72,7 @@ async fn run_executes_once_then_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn effect_errors_and_panics_are_classified() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let client = client_for(ledger.addr);
     let mut grpc = ledger.client().await;
@@ -137,7 +137,7 @@ async fn effect_errors_and_panics_are_classified() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_or_cancelled_attempt_becomes_unknown_never_absent() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let client = client_for(ledger.addr);
     let grpc = ledger.client().await;
@@ -212,7 +212,7 @@ on_both_backends!(
     heartbeats_follow_the_lease_the_ledger_granted,
 );
 
-async fn heartbeats_keep_a_long_effect_alive_past_its_lease(store: Store) {
+async fn heartbeats_keep_a_long_effect_alive_past_its_lease(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     // Three leases and more; a heartbeat due every 500 ms, so a stall of the loaded test machine
@@ -224,7 +224,7 @@ async fn heartbeats_keep_a_long_effect_alive_past_its_lease(store: Store) {
 
 /// The spec names no lease, so the ledger grants its own default (here 1.5 s, not the 30 s a
 /// client might assume): the heartbeat follows the lease the grant carries.
-async fn heartbeats_follow_the_lease_the_ledger_granted(store: Store) {
+async fn heartbeats_follow_the_lease_the_ledger_granted(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn_with(&db, &["--default-lease", "1500ms"]).await;
     outlive_the_lease(&ledger, &db, refund("o-default-lease"), 4_500).await;
@@ -259,7 +259,7 @@ async fn an_unreachable_ledger_fails_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_after_a_lost_response_never_mint_a_second_attempt() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let proxy = ResponseEater::start(ledger.addr).await;
     let client = client_for(proxy.addr);
@@ -402,7 +402,7 @@ impl Logged {
 /// says, in one line, which operation, attempt and provider ref to look for, never the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_lost() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let client = client_for(ledger.addr);
     let (effect_started, started) = tokio::sync::oneshot::channel();
@@ -464,7 +464,7 @@ async fn an_effect_that_ran_is_reported_as_executed_even_when_its_confirm_is_los
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_endpoints_verify_the_ledger_certificate() {
     // The ledger serving TLS with a certificate from a private authority.
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
     // Self-signed: the certificate is its own authority.
@@ -491,7 +491,7 @@ async fn https_endpoints_verify_the_ledger_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_endpoints_share_the_calls() {
     // Two replicas on one database, one client over both.
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let (first, second) = (TestLedger::spawn(&db).await, TestLedger::spawn(&db).await);
     let mut config = ClientConfig::new(format!("http://{}", first.addr));
     config.endpoints.push(format!("http://{}", second.addr));

@@ -6,11 +6,11 @@
 //! index, reading the one operation's rows. Checked on the plans the databases choose for the
 //! very statements the store sends.
 
-use once_store::{CallBinds, SweepBinds};
+use crate::store::{CallBinds, SweepBinds};
 use serde_json::Value;
 use sqlx::{Postgres, Sqlite};
 
-use crate::support::*;
+use once_testdb::*;
 
 on_both_backends!(
     an_idle_sweep_reads_an_empty_index_range_not_the_table,
@@ -58,8 +58,8 @@ async fn fill_with_rows_not_due(db: &TestDb) {
     let numbers =
         format!("WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {ROWS})");
     let fingerprint = match db.store {
-        Store::Postgres => "'\\x00'::bytea",
-        Store::Sqlite => "X'00'",
+        Engine::Postgres => "'\\x00'::bytea",
+        Engine::Sqlite => "X'00'",
     };
     let operation = |state: &str, extra_columns: &str, extra_values: &str| {
         format!(
@@ -102,20 +102,20 @@ async fn fill_with_rows_not_due(db: &TestDb) {
 const AGE_MS: i64 = 86_400_000;
 const LIMIT: i64 = 1_000;
 
-async fn an_idle_sweep_reads_an_empty_index_range_not_the_table(store: Store) {
+async fn an_idle_sweep_reads_an_empty_index_range_not_the_table(store: Engine) {
     let db = filled(store).await;
-    let postgres = bound(once_store::sweep_statements::<Postgres>(), sweep_binds);
-    let sqlite = bound(once_store::sweep_statements::<Sqlite>(), sweep_binds);
+    let postgres = bound(crate::store::sweep_statements::<Postgres>(), sweep_binds);
+    let sqlite = bound(crate::store::sweep_statements::<Sqlite>(), sweep_binds);
     check(&db, postgres, sqlite, 0).await;
 }
 
-async fn a_call_reads_its_own_operation_by_an_index_whatever_is_stored(store: Store) {
+async fn a_call_reads_its_own_operation_by_an_index_whatever_is_stored(store: Engine) {
     let db = filled(store).await;
-    let postgres = bound(once_store::call_statements::<Postgres>(), call_binds);
-    let sqlite = bound(once_store::call_statements::<Sqlite>(), call_binds);
+    let postgres = bound(crate::store::call_statements::<Postgres>(), call_binds);
+    let sqlite = bound(crate::store::call_statements::<Sqlite>(), call_binds);
     // The operation's row and its one event, at most.
     check(&db, postgres, sqlite, 2).await;
-    if db.store == Store::Postgres {
+    if db.store == Engine::Postgres {
         guard_function_reads_an_index(&db).await;
     }
 }
@@ -127,17 +127,17 @@ async fn a_call_reads_its_own_operation_by_an_index_whatever_is_stored(store: St
 /// the tenant's rows on every call once the tables fill. So over empty tables each call's
 /// statement must still look its operation up by the operation's own keys; and no index a call
 /// could take for a lookup by tenant and operation id may lead with the tenant alone.
-async fn a_call_planned_over_empty_tables_reads_by_its_own_operation(store: Store) {
+async fn a_call_planned_over_empty_tables_reads_by_its_own_operation(store: Engine) {
     let db = TestDb::new(store).await;
-    TestLedger::spawn(&db).await.stop().await;
+    super::schema(&db).await;
     match db.store {
-        Store::Postgres => {
-            let statements = bound(once_store::call_statements::<Postgres>(), call_binds);
+        Engine::Postgres => {
+            let statements = bound(crate::store::call_statements::<Postgres>(), call_binds);
             postgres_lookups_by_operation(&db, statements).await;
             postgres_indexes_leading_with_the_tenant(&db).await;
         }
-        Store::Sqlite => {
-            let statements = bound(once_store::call_statements::<Sqlite>(), call_binds);
+        Engine::Sqlite => {
+            let statements = bound(crate::store::call_statements::<Sqlite>(), call_binds);
             sqlite_lookups_by_operation(&db, statements).await;
         }
     }
@@ -265,9 +265,9 @@ async fn guard_function_reads_an_index(db: &TestDb) {
 }
 
 /// A database with the schema, as a replica makes it, and rows of every table, none due.
-async fn filled(store: Store) -> TestDb {
+async fn filled(store: Engine) -> TestDb {
     let db = TestDb::new(store).await;
-    TestLedger::spawn(&db).await.stop().await;
+    super::schema(&db).await;
     fill_with_rows_not_due(&db).await;
     db
 }
@@ -288,8 +288,8 @@ fn bound<B>(
 /// PostgreSQL, no table scanned in either.
 async fn check(db: &TestDb, postgres: Vec<Statement>, sqlite: Vec<Statement>, rows: i64) {
     match db.store {
-        Store::Postgres => postgres_plans(db, postgres, rows).await,
-        Store::Sqlite => sqlite_plans(db, sqlite).await,
+        Engine::Postgres => postgres_plans(db, postgres, rows).await,
+        Engine::Sqlite => sqlite_plans(db, sqlite).await,
     }
 }
 

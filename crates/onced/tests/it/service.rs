@@ -16,7 +16,7 @@ on_both_backends!(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_reflection_are_served() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ledger = TestLedger::spawn(&db).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", ledger.addr))
         .unwrap()
@@ -59,7 +59,7 @@ async fn health_and_reflection_are_served() {
     ledger.stop().await;
 }
 
-async fn list_operations_filters_and_pages(store: Store) {
+async fn list_operations_filters_and_pages(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -122,7 +122,7 @@ async fn list_operations_filters_and_pages(store: Store) {
     ledger.stop().await;
 }
 
-async fn list_pages_carry_no_results(store: Store) {
+async fn list_pages_carry_no_results(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -172,7 +172,7 @@ async fn raw_begin(ledger: &TestLedger, message: RawBegin) -> tonic::Status {
         .expect_err("refused")
 }
 
-async fn undecodable_and_oversized_requests_are_the_callers_errors(store: Store) {
+async fn undecodable_and_oversized_requests_are_the_callers_errors(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;

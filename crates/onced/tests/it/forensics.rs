@@ -40,7 +40,7 @@ async fn calls(client: &mut Grpc, id: &str, count: usize) -> pb::GetOperationRes
     .await
 }
 
-async fn each_repeated_call_is_recorded_and_its_origin_told(store: Store) {
+async fn each_repeated_call_is_recorded_and_its_origin_told(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -157,7 +157,7 @@ async fn each_repeated_call_is_recorded_and_its_origin_told(store: Store) {
     ledger.stop().await;
 }
 
-async fn an_operation_replayed_without_end_explains_its_latest_calls(store: Store) {
+async fn an_operation_replayed_without_end_explains_its_latest_calls(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;

@@ -78,7 +78,7 @@ async fn proxied(db: &TestDb) -> (Proxy, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_is_unavailable_and_recovers() {
-    let db = TestDb::new(Store::Postgres).await;
+    let db = TestDb::new(Engine::Postgres).await;
     let (proxy, proxied) = proxied(&db).await;
     let ledger = TestLedger::spawn_url(&proxied, &["--health-check-interval", "100ms"]).await;
     let mut client = ledger.client().await;
@@ -145,7 +145,7 @@ async fn refused_as_unavailable(client: &mut Grpc, id: &str) {
 /// retryable UNAVAILABLE that writes nothing and health says NOT_SERVING; afterwards both
 /// recover on their own.
 async fn refused_then_recovered(refuse: &str, restore: &str) {
-    let db = TestDb::new(Store::Postgres).await;
+    let db = TestDb::new(Engine::Postgres).await;
     let ledger = TestLedger::spawn_with(&db, &["--health-check-interval", "50ms"]).await;
     let mut client = ledger.client().await;
     claim(&mut client, begin("refused-0", ARGS)).await;
@@ -200,7 +200,7 @@ async fn clock_at(db: &TestDb, at: i64) {
 async fn a_heartbeat_outlasts_a_database_failover_shorter_than_its_lease() {
     use once_client::{ClientConfig, Effect, LedgerClient, OperationSpec, Outcome};
 
-    let db = TestDb::new(Store::Postgres).await;
+    let db = TestDb::new(Engine::Postgres).await;
     let (proxy, proxied) = proxied(&db).await;
     let ledger = TestLedger::spawn_url(&proxied, &[]).await;
     let mut config = ClientConfig::new(format!("http://{}", ledger.addr));

@@ -13,7 +13,7 @@ on_both_backends!(acknowledged_confirms_survive_sigkill);
 /// Operation ids and the results the ledger acknowledged for them.
 type Acknowledged = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
-async fn acknowledged_confirms_survive_sigkill(store: Store) {
+async fn acknowledged_confirms_survive_sigkill(store: Engine) {
     let db = TestDb::new(store).await;
     let log = db
         .scratch_dir()

@@ -13,17 +13,15 @@
 //! - `tls::a_certificate_rotated_by_sighup_reaches_new_connections_while_old_ones_finish` and
 //!   `tls::an_exposed_listener_needs_tls_and_credentials_or_insecure` (SQLite): about the
 //!   listener, not the store;
-//! - `conformance` runs the store's trait on both backends itself, and checks one thing only
-//!   SQLite does: a blocked guard takes no token (PostgreSQL takes it with its intent lock);
 //! - `telemetry::the_shipped_alerts_pass_promtool`: about the rules files, not the store.
 //!
-//! The client's tests are `once-client`'s own (`cargo test -p once-client`).
+//! The client's tests are `once-client`'s own (`cargo test -p once-client`), and the store's
+//! conformance and plan suites `once-store`'s (`cargo test -p once-store`).
 
 mod support;
 
 mod access;
 mod concurrency;
-mod conformance;
 mod decisions;
 mod durability;
 mod fakepay;
@@ -32,7 +30,6 @@ mod integrity;
 mod invariants;
 mod leases;
 mod outage;
-mod plans;
 mod reconcile;
 mod retention;
 mod service;

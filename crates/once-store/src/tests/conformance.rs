@@ -1,30 +1,30 @@
 //! The store conformance suite: what every [`Backend`] must do, tested at the trait, one suite
 //! instantiated for SQLite and for PostgreSQL. A backend is done when all of it passes.
 
-use once_core::machine::{self, Guard, Plan, Write};
+use crate::{Backend, Probe, StoreError};
+use once_core::machine::{self, FreshIdGuard, Plan, Write};
 use once_core::reconcile::Lookup;
 use once_core::*;
-use once_store::{Backend, Probe, StoreError};
 
 /// Defines `name::sqlite` and `name::postgres` from `async fn name<B: Backend>(backend: B)`.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {
-                use crate::support::*;
+                use once_testdb::*;
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn sqlite() {
-                    let db = TestDb::new(Store::Sqlite).await;
-                    let backend = once_store::SqliteBackend::connect(&db.url).await.unwrap();
+                    let db = TestDb::new(Engine::Sqlite).await;
+                    let backend = crate::SqliteBackend::connect(&db.url).await.unwrap();
                     super::$name(backend).await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn postgres() {
-                    let db = TestDb::new(Store::Postgres).await;
-                    let settings = once_store::postgres::PgSettings::default();
-                    let backend = once_store::PgBackend::connect(&db.url, &settings).await.unwrap();
+                    let db = TestDb::new(Engine::Postgres).await;
+                    let settings = crate::postgres::PgSettings::default();
+                    let backend = crate::PgBackend::connect(&db.url, &settings).await.unwrap();
                     super::$name(backend).await;
                 }
             }
@@ -115,7 +115,7 @@ async fn claimed<B: Backend>(
     let mut tx = backend.begin_write().await.unwrap();
     let token = backend.next_token(&mut tx).await.unwrap();
     let cmd = command(operation_id, tool, fingerprint);
-    let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token }, at);
+    let (_, plan) = machine::claim(None, &cmd, FreshIdGuard::Clear { token }, at);
     backend
         .apply(&mut tx, TENANT, &cmd.operation_id, &plan, at)
         .await
@@ -200,7 +200,7 @@ async fn a_first_insert_wins_and_a_second_is_a_duplicate<B: Backend>(backend: B)
     let (_, plan) = machine::claim(
         None,
         &cmd,
-        Guard::Clear {
+        FreshIdGuard::Clear {
             token: FencingToken(7),
         },
         at,
@@ -288,8 +288,8 @@ async fn the_guard_finds_only_open_operations_of_the_same_intent<B: Backend>(bac
         let guard = guard(operation_id, false);
         async move {
             match guard.await {
-                Guard::Blocked(blocking) => Some(blocking),
-                Guard::Clear { .. } => None,
+                FreshIdGuard::Blocked(blocking) => Some(blocking),
+                FreshIdGuard::Clear { .. } => None,
             }
         }
     };
@@ -323,7 +323,7 @@ async fn the_guard_finds_only_open_operations_of_the_same_intent<B: Backend>(bac
         "UNKNOWN first"
     );
     // A new intent passes, with a token never issued before.
-    let Guard::Clear { token } = guard("guard-new", true).await else {
+    let FreshIdGuard::Clear { token } = guard("guard-new", true).await else {
         panic!("a new intent is never blocked")
     };
     assert!(token > running.fencing_token);
@@ -437,7 +437,7 @@ async fn claim_over<B: Backend>(
     let token = backend.next_token(&mut tx).await.unwrap();
     let mut cmd = command(op.operation_id.as_str(), &op.tool, 0);
     cmd.fingerprint = op.fingerprint;
-    let (_, plan) = machine::claim(Some(op), &cmd, Guard::Clear { token }, at);
+    let (_, plan) = machine::claim(Some(op), &cmd, FreshIdGuard::Clear { token }, at);
     backend
         .apply(&mut tx, TENANT, &op.operation_id, &plan, at)
         .await
@@ -798,7 +798,7 @@ async fn every_tenants_operations_are_listed_watched_and_counted_together<B: Bac
                 tenant: tenant.into(),
                 ..command(operation_id, "refund", n as u8)
             };
-            let (_, plan) = machine::claim(None, &cmd, Guard::Clear { token }, at);
+            let (_, plan) = machine::claim(None, &cmd, FreshIdGuard::Clear { token }, at);
             backend
                 .apply(&mut tx, tenant, &cmd.operation_id, &plan, at)
                 .await
@@ -837,7 +837,7 @@ async fn every_tenants_operations_are_listed_watched_and_counted_together<B: Bac
         .unwrap();
     assert!(own.iter().all(|l| l.operation.tenant == "t2") && own.len() == 2);
 
-    let mut mark = once_store::Watermark::default();
+    let mut mark = crate::Watermark::default();
     let reached = mark.observe(backend.event_frontier().await.unwrap());
     let watched = backend
         .watch_events(
@@ -882,9 +882,9 @@ async fn the_store_answers_pings<B: Backend>(backend: B) {
 /// is clear: Begins blocked behind an open operation of their intent write nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_guard_in_sqlite_takes_no_token() {
-    use crate::support::{Store, TestDb};
-    let db = TestDb::new(Store::Sqlite).await;
-    let backend = once_store::SqliteBackend::connect(&db.url).await.unwrap();
+    use once_testdb::{Engine, TestDb};
+    let db = TestDb::new(Engine::Sqlite).await;
+    let backend = crate::SqliteBackend::connect(&db.url).await.unwrap();
     claimed(&backend, "blocker", "refund", 1).await;
     let before = db.scalar("SELECT last FROM fencing_tokens").await;
     let mut tx = backend.begin_write().await.unwrap();
@@ -893,7 +893,7 @@ async fn a_blocked_guard_in_sqlite_takes_no_token() {
         .await
         .unwrap();
     backend.commit(tx).await.unwrap();
-    assert!(matches!(guard, Guard::Blocked(_)), "{guard:?}");
+    assert!(matches!(guard, FreshIdGuard::Blocked(_)), "{guard:?}");
     assert_eq!(db.scalar("SELECT last FROM fencing_tokens").await, before);
 }
 
@@ -915,7 +915,7 @@ async fn events_are_watched_in_order_with_their_tool_and_state<B: Backend>(backe
     };
     commit(&backend, "watched-2", &plan, other.updated_at).await;
 
-    let mut mark = once_store::Watermark::default();
+    let mut mark = crate::Watermark::default();
     let reached = mark.observe(backend.event_frontier().await.unwrap());
     let all = backend
         .watch_events(
@@ -1006,15 +1006,13 @@ async fn events_are_watched_in_order_with_their_tool_and_state<B: Backend>(backe
 /// earlier event, however long it takes, and passes it once it has committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watermark_never_passes_an_event_still_being_written() {
-    use crate::support::{Store, TestDb};
-    let db = TestDb::new(Store::Postgres).await;
-    let settings = once_store::postgres::PgSettings::default();
-    let backend = once_store::PgBackend::connect(&db.url, &settings)
-        .await
-        .unwrap();
+    use once_testdb::{Engine, TestDb};
+    let db = TestDb::new(Engine::Postgres).await;
+    let settings = crate::postgres::PgSettings::default();
+    let backend = crate::PgBackend::connect(&db.url, &settings).await.unwrap();
     let slow = claimed(&backend, "slow", "refund", 1).await;
     let quick = claimed(&backend, "quick", "refund", 2).await;
-    let mut mark = once_store::Watermark::default();
+    let mut mark = crate::Watermark::default();
     let before = mark.observe(backend.event_frontier().await.unwrap());
 
     // A writer takes the gate (with its lock), writes an event and does not commit yet...
@@ -1121,13 +1119,13 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         "{token} after {}",
         blocker.fencing_token
     );
-    let (_, claim) = machine::claim(None, &cmd, Guard::Clear { token }, at);
+    let (_, claim) = machine::claim(None, &cmd, FreshIdGuard::Clear { token }, at);
     match backend
         .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
         .await
         .unwrap()
     {
-        Some(once_store::Unlocked::Applied { written, .. }) => {
+        Some(crate::Unlocked::Applied { written, .. }) => {
             assert_eq!(written.events, vec![true; claim.events.len()])
         }
         other => panic!("{other:?}"),
@@ -1161,7 +1159,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
         .await
         .unwrap();
-    assert_eq!(again, Some(once_store::Unlocked::Changed));
+    assert_eq!(again, Some(crate::Unlocked::Changed));
     assert_eq!(stored(&backend, "unlocked-1").await, op);
     assert_eq!(
         events_of(&backend, "unlocked-1", EventKind::Claimed).await,
@@ -1178,7 +1176,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .apply_unlocked(&mut conn, Some((op.life, op.version)), None, &confirm, at)
         .await
         .unwrap();
-    assert_eq!(stale, Some(once_store::Unlocked::Changed));
+    assert_eq!(stale, Some(crate::Unlocked::Changed));
     let now_stored = stored(&backend, "unlocked-1").await;
     assert_eq!(now_stored.state, State::InFlight);
     assert_eq!(now_stored.reason.as_deref(), Some("moved on"));
@@ -1188,7 +1186,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     );
     let fresh = confirm_unlocked(&backend, &now_stored, at).await;
     assert!(
-        matches!(fresh, Some(once_store::Unlocked::Applied { .. })),
+        matches!(fresh, Some(crate::Unlocked::Applied { .. })),
         "{fresh:?}"
     );
     let confirmed = stored(&backend, "unlocked-1").await;
@@ -1208,7 +1206,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     let (_, claim) = machine::claim(
         None,
         &blocked,
-        Guard::Clear {
+        FreshIdGuard::Clear {
             token: token.unwrap(),
         },
         at,
@@ -1218,7 +1216,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .await
         .unwrap()
     {
-        Some(once_store::Unlocked::Blocked(by)) => {
+        Some(crate::Unlocked::Blocked(by)) => {
             assert_eq!(by.operation_id, blocker.operation_id);
             assert_eq!(by.state, State::InFlight);
         }
@@ -1236,7 +1234,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .await
         .unwrap();
     assert!(
-        matches!(unblocked, Some(once_store::Unlocked::Applied { .. })),
+        matches!(unblocked, Some(crate::Unlocked::Applied { .. })),
         "{unblocked:?}"
     );
 
@@ -1271,7 +1269,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .await
         .unwrap()
     {
-        Some(once_store::Unlocked::Applied { written, .. }) => {
+        Some(crate::Unlocked::Applied { written, .. }) => {
             assert_eq!(written.events, vec![false, true])
         }
         other => panic!("{other:?}"),
@@ -1300,13 +1298,13 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         )
         .await
         .unwrap();
-    assert_eq!(stale, Some(once_store::Unlocked::Changed));
+    assert_eq!(stale, Some(crate::Unlocked::Changed));
     assert_eq!(stored(&backend, "unlocked-lives").await, second_life);
 
     // A decision whose clock reading is older than the statement allows is not written either.
     let now_stored = stored(&backend, "unlocked-lives").await;
     let late = confirm_unlocked(&backend, &now_stored, at - 60_000).await;
-    assert_eq!(late, Some(once_store::Unlocked::Changed));
+    assert_eq!(late, Some(crate::Unlocked::Changed));
     assert_eq!(stored(&backend, "unlocked-lives").await, now_stored);
 
     // Plans this statement does not write: events alone, and a new life of a stored row.
@@ -1329,7 +1327,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     let token = FencingToken(ended.fencing_token.get() + 1_000);
     let cmd = command("unlocked-handed", "refund", 1);
     let later = now(&backend).await;
-    let (_, handed) = machine::claim(Some(&ended), &cmd, Guard::Clear { token }, later);
+    let (_, handed) = machine::claim(Some(&ended), &cmd, FreshIdGuard::Clear { token }, later);
     assert!(!handed.forgets_attempts);
     let reborn = handed.operation.as_ref().unwrap().operation();
     assert_eq!(reborn.life, token, "a new life that took over the key");
@@ -1358,12 +1356,12 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     let between = claimed(&backend, "unlocked-overtaken", "refund", 6).await;
     assert!(between.life > early, "{} after {early}", between.life);
     delete_settled_or_not(&backend, "unlocked-overtaken").await;
-    let (_, claim) = machine::claim(None, &cmd, Guard::Clear { token: early }, at);
+    let (_, claim) = machine::claim(None, &cmd, FreshIdGuard::Clear { token: early }, at);
     let overtaken = backend
         .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
         .await
         .unwrap();
-    assert_eq!(overtaken, Some(once_store::Unlocked::Changed));
+    assert_eq!(overtaken, Some(crate::Unlocked::Changed));
     assert!(!stored_or_not(&backend, "unlocked-overtaken").await);
 }
 
@@ -1372,7 +1370,7 @@ async fn confirm_unlocked<B: Backend>(
     backend: &B,
     op: &Operation,
     at: Millis,
-) -> Option<once_store::Unlocked> {
+) -> Option<crate::Unlocked> {
     let (_, confirm) = machine::report(op, &confirm_command(op), None, at);
     let (mut conn, _) = backend.connection().await.unwrap();
     backend
@@ -1397,8 +1395,8 @@ fn confirm_command(op: &Operation) -> ReportCommand {
 /// the ledger's connections use it whatever the database's default says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_reads_committed_whatever_the_database_default() {
-    use crate::support::{Store, TestDb};
-    let db = TestDb::new(Store::Postgres).await;
+    use once_testdb::{Engine, TestDb};
+    let db = TestDb::new(Engine::Postgres).await;
     db.execute(&format!(
         "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
         db.pg_name()
@@ -1412,10 +1410,8 @@ async fn the_ledger_reads_committed_whatever_the_database_default() {
         .await
         .unwrap();
     assert_eq!(default, "repeatable read");
-    let settings = once_store::postgres::PgSettings::default();
-    let backend = once_store::PgBackend::connect(&db.url, &settings)
-        .await
-        .unwrap();
+    let settings = crate::postgres::PgSettings::default();
+    let backend = crate::PgBackend::connect(&db.url, &settings).await.unwrap();
     let mut tx = backend.begin_write().await.unwrap();
     let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
         .fetch_one(&mut *tx)
@@ -1430,16 +1426,14 @@ async fn the_ledger_reads_committed_whatever_the_database_default() {
 /// where holding the read's connection into the transaction would wait for the pool forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_never_holds_two_pooled_connections() {
-    use crate::support::{Store, TestDb};
-    let db = TestDb::new(Store::Postgres).await;
-    let settings = once_store::postgres::PgSettings {
+    use once_testdb::{Engine, TestDb};
+    let db = TestDb::new(Engine::Postgres).await;
+    let settings = crate::postgres::PgSettings {
         max_connections: 1,
         acquire_timeout: std::time::Duration::from_secs(2),
     };
-    let backend = once_store::PgBackend::connect(&db.url, &settings)
-        .await
-        .unwrap();
-    let ledger = once_store::Ledger::new(backend);
+    let backend = crate::PgBackend::connect(&db.url, &settings).await.unwrap();
+    let ledger = crate::Ledger::new(backend);
     let (first, _) = ledger
         .begin(&command("one-connection-1", "refund", 3))
         .await
@@ -1542,7 +1536,7 @@ async fn credential_refresh_reads_only_what_changed<B: Backend>(backend: B) {
         let new = new_credential(name, owner, n as u8 + 1);
         backend.create_credential(&new).await.unwrap();
     }
-    let ids = |changes: &once_store::CredentialChanges| {
+    let ids = |changes: &crate::CredentialChanges| {
         let mut ids: Vec<String> = changes
             .changed
             .iter()

@@ -182,7 +182,7 @@ fn begin_refund(id: &str) -> pb::BeginRequest {
 /// The scripted run: two refunds confirmed and one replayed; three become UNKNOWN, of which
 /// the reconciler settles one (the provider has it) and an operator resolves one. Prometheus,
 /// scraping the replica, must then say exactly that.
-async fn prometheus_scrapes_what_the_run_did(store: Store) {
+async fn prometheus_scrapes_what_the_run_did(store: Engine) {
     let db = TestDb::new(store).await;
     let dir = db.scratch_dir();
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
@@ -562,7 +562,7 @@ on_both_backends!(an_operator_reconcile_is_one_trace_down_to_the_provider_lookup
 /// An operator's Reconcile sent with a `traceparent` continues that trace in onced: the RPC
 /// span, the reconciler's lookup below it, the lookup's HTTP call to the provider below that
 /// (which was sent the trace context), and the transaction that applied the verdict.
-async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: Store) {
+async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: Engine) {
     let db = TestDb::new(store).await;
     let dir = db.scratch_dir();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -622,8 +622,8 @@ async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: S
     assert_eq!(answer.state, pb::OperationState::Confirmed as i32);
 
     let system = match store {
-        Store::Postgres => "postgresql",
-        Store::Sqlite => "sqlite",
+        Engine::Postgres => "postgresql",
+        Engine::Sqlite => "sqlite",
     };
     let spans = eventually(Duration::from_secs(20), "the Reconcile's spans", || async {
         let spans = collector.trace(&trace_id);
@@ -686,7 +686,7 @@ fn hex(bytes: &[u8]) -> String {
 /// answered 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_listener_is_closed_beyond_loopback() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let dir = db.scratch_dir();
     let refused = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
@@ -772,7 +772,7 @@ async fn the_version_and_the_process_are_in_the_log_and_the_metrics() {
         "{said}"
     );
 
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let dir = db.scratch_dir();
     let onced = OncedProcess::spawn_with_env(
         &db.url,

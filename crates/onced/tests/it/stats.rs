@@ -7,7 +7,7 @@ use crate::support::*;
 
 on_both_backends!(stats_count_states_unknown_ages_doors_and_anomalies);
 
-async fn stats_count_states_unknown_ages_doors_and_anomalies(store: Store) {
+async fn stats_count_states_unknown_ages_doors_and_anomalies(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;

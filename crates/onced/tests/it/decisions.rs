@@ -20,7 +20,7 @@ on_both_backends!(
     identity_forms_and_fresh_id_guard,
 );
 
-async fn first_begin_executes(store: Store) {
+async fn first_begin_executes(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -44,7 +44,7 @@ async fn first_begin_executes(store: Store) {
     ledger.stop().await;
 }
 
-async fn absent_executes_again_with_the_same_provider_key(store: Store) {
+async fn absent_executes_again_with_the_same_provider_key(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -60,7 +60,7 @@ async fn absent_executes_again_with_the_same_provider_key(store: Store) {
     ledger.stop().await;
 }
 
-async fn retried_begin_with_same_attempt_id_gets_the_same_grant(store: Store) {
+async fn retried_begin_with_same_attempt_id_gets_the_same_grant(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -97,7 +97,7 @@ async fn retried_begin_with_same_attempt_id_gets_the_same_grant(store: Store) {
     ledger.stop().await;
 }
 
-async fn other_attempt_while_lease_live_is_in_progress(store: Store) {
+async fn other_attempt_while_lease_live_is_in_progress(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -122,7 +122,7 @@ async fn other_attempt_while_lease_live_is_in_progress(store: Store) {
     ledger.stop().await;
 }
 
-async fn expired_lease_seen_by_begin_is_unknown(store: Store) {
+async fn expired_lease_seen_by_begin_is_unknown(store: Engine) {
     let db = TestDb::new(store).await;
     // No sweeper in the way: the Begin itself must notice the expired lease.
     let ledger = TestLedger::spawn_with(&db, &["--lease-sweep-interval", "1h"]).await;
@@ -165,7 +165,7 @@ async fn expired_lease_seen_by_begin_is_unknown(store: Store) {
     ledger.stop().await;
 }
 
-async fn confirmed_replays_the_result_byte_for_byte(store: Store) {
+async fn confirmed_replays_the_result_byte_for_byte(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -191,7 +191,7 @@ async fn confirmed_replays_the_result_byte_for_byte(store: Store) {
     ledger.stop().await;
 }
 
-async fn unknown_stays_unknown(store: Store) {
+async fn unknown_stays_unknown(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -215,7 +215,7 @@ async fn unknown_stays_unknown(store: Store) {
     ledger.stop().await;
 }
 
-async fn different_fingerprint_conflicts_in_every_state(store: Store) {
+async fn different_fingerprint_conflicts_in_every_state(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -268,7 +268,7 @@ async fn different_fingerprint_conflicts_in_every_state(store: Store) {
     ledger.stop().await;
 }
 
-async fn bounded_wait_returns_the_settled_outcome(store: Store) {
+async fn bounded_wait_returns_the_settled_outcome(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -301,7 +301,7 @@ async fn bounded_wait_returns_the_settled_outcome(store: Store) {
     ledger.stop().await;
 }
 
-async fn identity_forms_and_fresh_id_guard(store: Store) {
+async fn identity_forms_and_fresh_id_guard(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;

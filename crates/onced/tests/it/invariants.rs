@@ -16,7 +16,7 @@ on_both_backends!(
     invariant_9_leases_are_measured_on_the_database_clock,
 );
 
-async fn invariant_1_at_most_one_live_lease(store: Store) {
+async fn invariant_1_at_most_one_live_lease(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let client = ledger.client().await;
@@ -30,7 +30,7 @@ async fn invariant_1_at_most_one_live_lease(store: Store) {
     ledger.stop().await;
 }
 
-async fn invariant_2_confirmed_never_changes(store: Store) {
+async fn invariant_2_confirmed_never_changes(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -85,7 +85,7 @@ async fn invariant_2_confirmed_never_changes(store: Store) {
     ledger.stop().await;
 }
 
-async fn invariant_3_unknown_leaves_only_through_its_doors(store: Store) {
+async fn invariant_3_unknown_leaves_only_through_its_doors(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -174,7 +174,7 @@ async fn invariant_3_unknown_leaves_only_through_its_doors(store: Store) {
     ledger.stop().await;
 }
 
-async fn invariant_4_retention_never_deletes_unknown_or_in_flight(store: Store) {
+async fn invariant_4_retention_never_deletes_unknown_or_in_flight(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn_with(
         &db,
@@ -219,7 +219,7 @@ async fn invariant_4_retention_never_deletes_unknown_or_in_flight(store: Store) 
     ledger.stop().await;
 }
 
-async fn invariant_5_no_execute_when_the_fingerprint_differs(store: Store) {
+async fn invariant_5_no_execute_when_the_fingerprint_differs(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -248,7 +248,7 @@ async fn invariant_5_no_execute_when_the_fingerprint_differs(store: Store) {
     ledger.stop().await;
 }
 
-async fn invariant_6_every_transition_appends_one_event(store: Store) {
+async fn invariant_6_every_transition_appends_one_event(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -311,7 +311,7 @@ async fn invariant_6_every_transition_appends_one_event(store: Store) {
     ledger.stop().await;
 }
 
-async fn invariant_7_a_stale_report_never_changes_state(store: Store) {
+async fn invariant_7_a_stale_report_never_changes_state(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -350,7 +350,7 @@ async fn invariant_7_a_stale_report_never_changes_state(store: Store) {
     ledger.stop().await;
 }
 
-async fn invariant_8_every_rpc_is_safe_to_retry(store: Store) {
+async fn invariant_8_every_rpc_is_safe_to_retry(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -444,14 +444,14 @@ async fn invariant_8_every_rpc_is_safe_to_retry(store: Store) {
     ledger.stop().await;
 }
 
-async fn invariant_9_leases_are_measured_on_the_database_clock(store: Store) {
+async fn invariant_9_leases_are_measured_on_the_database_clock(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
 
     let clock = match store {
-        Store::Postgres => "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
-        Store::Sqlite => "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        Engine::Postgres => "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        Engine::Sqlite => "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     };
     let before = db.scalar(clock).await;
     let mut request = begin("inv9", ARGS);

@@ -56,7 +56,7 @@ on_both_backends!(tls_with_a_private_ca_refuses_plaintext);
 
 /// A ledger serving a private CA's certificate answers clients that trust the CA, and a
 /// plaintext client gets nothing.
-async fn tls_with_a_private_ca_refuses_plaintext(store: Store) {
+async fn tls_with_a_private_ca_refuses_plaintext(store: Engine) {
     let db = TestDb::new(store).await;
     let ca = Authority::new("once test CA");
     let (cert, key) = ca.issue("localhost");
@@ -109,7 +109,7 @@ on_both_backends!(client_certificates_stand_in_for_keys);
 
 /// With `--tls-client-ca`, a client without a certificate is refused in the handshake; a
 /// certificate registered as a credential is that credential, tenant and roles included.
-async fn client_certificates_stand_in_for_keys(store: Store) {
+async fn client_certificates_stand_in_for_keys(store: Engine) {
     let db = TestDb::new(store).await;
     let dir = db.scratch_dir();
     let server_ca = Authority::new("server CA");
@@ -206,7 +206,7 @@ async fn client_certificates_stand_in_for_keys(store: Store) {
 /// keeps working on the certificate it began with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_rotated_by_sighup_reaches_new_connections_while_old_ones_finish() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let dir = db.scratch_dir();
     let (old_ca, new_ca) = (Authority::new("old CA"), Authority::new("new CA"));
     let (cert, key) = old_ca.issue("localhost");
@@ -262,7 +262,7 @@ async fn a_certificate_rotated_by_sighup_reaches_new_connections_while_old_ones_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_cannot_keep_a_real_call_out_of_the_handshake_slots() {
     use tokio::io::AsyncWriteExt as _;
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let ca = Authority::new("once test CA");
     let (cert, key) = ca.issue("localhost");
     let ledger = TestLedger::spawn_tls(&db, &cert, &key, &ca.pem(), &[]).await;
@@ -314,7 +314,7 @@ async fn silent_connections_cannot_keep_a_real_call_out_of_the_handshake_slots()
 /// Listening beyond loopback without TLS or without credentials is refused unless --insecure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exposed_listener_needs_tls_and_credentials_or_insecure() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     for (extra, refused) in [(vec![], Some("without TLS")), (vec!["--insecure"], None)] {
         let mut args = vec!["onced", "--database-url", &db.url, "--listen", "0.0.0.0:0"];
         args.extend(extra);

@@ -12,7 +12,7 @@ on_both_backends!(
     heartbeat_keeps_a_long_effect_alive,
 );
 
-async fn sweeper_turns_an_expired_lease_unknown_and_a_late_confirm_settles_it(store: Store) {
+async fn sweeper_turns_an_expired_lease_unknown_and_a_late_confirm_settles_it(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -48,7 +48,7 @@ async fn sweeper_turns_an_expired_lease_unknown_and_a_late_confirm_settles_it(st
     ledger.stop().await;
 }
 
-async fn stale_token_is_refused_and_changes_nothing(store: Store) {
+async fn stale_token_is_refused_and_changes_nothing(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -79,7 +79,7 @@ async fn stale_token_is_refused_and_changes_nothing(store: Store) {
 }
 
 async fn superseded_attempt_confirming_while_a_later_attempt_runs_is_held_for_an_operator(
-    store: Store,
+    store: Engine,
 ) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
@@ -165,7 +165,7 @@ async fn superseded_attempt_confirming_while_a_later_attempt_runs_is_held_for_an
     ledger.stop().await;
 }
 
-async fn late_confirm_after_an_absent_resolution_contradicts_it(store: Store) {
+async fn late_confirm_after_an_absent_resolution_contradicts_it(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -201,7 +201,7 @@ async fn late_confirm_after_an_absent_resolution_contradicts_it(store: Store) {
     ledger.stop().await;
 }
 
-async fn heartbeat_keeps_a_long_effect_alive(store: Store) {
+async fn heartbeat_keeps_a_long_effect_alive(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;

@@ -1,14 +1,12 @@
 //! Several `onced` processes on one database: one claim wins, whichever replica it reaches.
 
 use futures::future::join_all;
-use once_api::pb::ledger_client::LedgerClient;
-use tonic::transport::Channel;
 
 use crate::support::*;
 
 on_both_backends!(sixty_four_begins_over_three_processes_execute_once);
 
-async fn sixty_four_begins_over_three_processes_execute_once(store: Store) {
+async fn sixty_four_begins_over_three_processes_execute_once(store: Engine) {
     let db = TestDb::new(store).await;
     let logs = db.scratch_dir();
     // Started together on a fresh database, so they also race to apply the migrations.
@@ -17,7 +15,7 @@ async fn sixty_four_begins_over_three_processes_execute_once(store: Store) {
         OncedProcess::spawn(&db.url, log, &[])
     }))
     .await;
-    let mut clients: Vec<LedgerClient<Channel>> = Vec::new();
+    let mut clients: Vec<Grpc> = Vec::new();
     for replica in &replicas {
         clients.push(replica.client().await);
     }

@@ -23,7 +23,7 @@ struct Setup {
     client: LedgerClient,
 }
 
-async fn setup(store: Store, settle_time: &str) -> Setup {
+async fn setup(store: Engine, settle_time: &str) -> Setup {
     setup_with(store, settle_time, "50ms").await
 }
 
@@ -34,7 +34,7 @@ fn reconciler_config(provider: &str, settle_time: &str, interval: &str, extra: &
     )
 }
 
-async fn setup_with(store: Store, settle_time: &str, interval: &str) -> Setup {
+async fn setup_with(store: Engine, settle_time: &str, interval: &str) -> Setup {
     let db = TestDb::new(store).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     let config = config_file(&db, reconciler_config(&provider, settle_time, interval, ""));
@@ -117,7 +117,7 @@ async fn set_faults(setup: &Setup, faults: serde_json::Value) {
         .unwrap();
 }
 
-async fn a_lost_response_is_reconciled_confirmed_and_replayed(store: Store) {
+async fn a_lost_response_is_reconciled_confirmed_and_replayed(store: Engine) {
     let setup = setup(store, "200ms").await;
     let outcome = run_refund(&setup, "o-1", Some("commit_then_drop")).await;
     let Outcome::Ambiguous { operation_id, .. } = outcome else {
@@ -147,7 +147,7 @@ async fn a_lost_response_is_reconciled_confirmed_and_replayed(store: Store) {
     setup.ledger.stop().await;
 }
 
-async fn a_refusal_without_effect_is_reconciled_absent_after_the_settle_time(store: Store) {
+async fn a_refusal_without_effect_is_reconciled_absent_after_the_settle_time(store: Engine) {
     let setup = setup(store, "300ms").await;
     let outcome = run_refund(&setup, "o-2", Some("fail_before_commit")).await;
     let Outcome::Ambiguous { operation_id, .. } = outcome else {
@@ -168,7 +168,7 @@ async fn a_refusal_without_effect_is_reconciled_absent_after_the_settle_time(sto
     setup.ledger.stop().await;
 }
 
-async fn unavailable_lookups_keep_it_unknown_with_growing_intervals(store: Store) {
+async fn unavailable_lookups_keep_it_unknown_with_growing_intervals(store: Engine) {
     let setup = setup(store, "0s").await;
     set_faults(&setup, json!({ "lookups_unavailable": true })).await;
     let outcome = run_refund(&setup, "o-3", Some("commit_then_drop")).await;
@@ -226,7 +226,7 @@ async fn unavailable_lookups_keep_it_unknown_with_growing_intervals(store: Store
     setup.ledger.stop().await;
 }
 
-async fn a_lagging_list_never_produces_absent_before_the_settle_time(store: Store) {
+async fn a_lagging_list_never_produces_absent_before_the_settle_time(store: Engine) {
     // The list shows a refund a second after it is written; the reconciler's settle time is
     // longer than that, so early misses must not settle anything.
     let setup = setup(store, "2s").await;
@@ -260,7 +260,7 @@ async fn a_lagging_list_never_produces_absent_before_the_settle_time(store: Stor
 on_both_backends!(replicas_never_claim_one_operation_at_once);
 
 /// Four replicas' workers race for the same due operations: each is claimed exactly once.
-async fn replicas_never_claim_one_operation_at_once(store: Store) {
+async fn replicas_never_claim_one_operation_at_once(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut grpc = ledger.client().await;
@@ -275,9 +275,9 @@ async fn replicas_never_claim_one_operation_at_once(store: Store) {
     }
     ledger.stop().await;
 
-    async fn claims(url: String, store: Store) -> Vec<String> {
+    async fn claims(url: String, store: Engine) -> Vec<String> {
         let claimed = match store {
-            Store::Sqlite => {
+            Engine::Sqlite => {
                 let ledger = once_store::Ledger::new(
                     once_store::SqliteBackend::connect(&url).await.unwrap(),
                 );
@@ -286,7 +286,7 @@ async fn replicas_never_claim_one_operation_at_once(store: Store) {
                     .await
                     .unwrap()
             }
-            Store::Postgres => {
+            Engine::Postgres => {
                 let backend = once_store::PgBackend::connect(&url, &Default::default())
                     .await
                     .unwrap();
@@ -311,7 +311,7 @@ async fn replicas_never_claim_one_operation_at_once(store: Store) {
 
 on_both_backends!(reconcile_rpc_looks_up_now);
 
-async fn reconcile_rpc_looks_up_now(store: Store) {
+async fn reconcile_rpc_looks_up_now(store: Engine) {
     // The workers wait an hour: only the RPC looks anything up.
     let setup = setup_with(store, "0s", "1h").await;
     let outcome = run_refund(&setup, "o-5", Some("commit_then_drop")).await;
@@ -361,7 +361,7 @@ async fn reconcile_rpc_looks_up_now(store: Store) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_never_reach_logs_or_events() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     let secret = format!("sk_test_{}", uuid::Uuid::new_v4().simple());
     let config = config_file(
@@ -411,7 +411,7 @@ async fn credentials_never_reach_logs_or_events() {
 
 on_both_backends!(an_operation_that_stays_unknown_is_escalated_once_and_posted);
 
-async fn an_operation_that_stays_unknown_is_escalated_once_and_posted(store: Store) {
+async fn an_operation_that_stays_unknown_is_escalated_once_and_posted(store: Engine) {
     use std::sync::{Arc, Mutex};
 
     // The webhook receiver refuses the first delivery, so the ledger must retry.
@@ -501,7 +501,7 @@ async fn an_operation_that_stays_unknown_is_escalated_once_and_posted(store: Sto
 
 on_both_backends!(a_begin_that_may_wait_reconciles_synchronously);
 
-async fn a_begin_that_may_wait_reconciles_synchronously(store: Store) {
+async fn a_begin_that_may_wait_reconciles_synchronously(store: Engine) {
     // The workers wait an hour: only the Begin's own lookup can settle the operation.
     let setup = setup_with(store, "0s", "1h").await;
     let outcome = run_refund(&setup, "o-6", Some("commit_then_drop")).await;
@@ -532,7 +532,7 @@ async fn a_begin_that_may_wait_reconciles_synchronously(store: Store) {
 
 on_both_backends!(the_http_kind_resolves_from_a_configured_lookup);
 
-async fn the_http_kind_resolves_from_a_configured_lookup(store: Store) {
+async fn the_http_kind_resolves_from_a_configured_lookup(store: Engine) {
     use axum::extract::Query;
     use std::collections::HashMap;
 
@@ -609,7 +609,7 @@ on_both_backends!(two_replicas_look_each_operation_up_once);
 /// Two `onced` processes on one database, each running its reconciliation worker: with a
 /// backoff of an hour after a lookup, each UNKNOWN operation must be looked up exactly once in
 /// all — twice would mean the replicas overlapped.
-async fn two_replicas_look_each_operation_up_once(store: Store) {
+async fn two_replicas_look_each_operation_up_once(store: Engine) {
     let db = TestDb::new(store).await;
     let payments = fakepay::Provider::default();
     payments.set_faults(fakepay::Faults {
@@ -771,8 +771,8 @@ async fn stripe_lookups_that_cannot_tell_are_unknown_never_absent() {
 /// next, with no claim outstanding: from then on no lookup can start.
 async fn waiting_an_hour(db: &TestDb, n: usize) {
     let clock = match db.store {
-        Store::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
-        Store::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        Engine::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        Engine::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     };
     let sql = format!(
         "SELECT count(*) FROM operations WHERE reconcile_lookups = 1 AND lookup_claimed_until IS NULL \
@@ -824,7 +824,7 @@ on_both_backends!(
 /// Two replicas, 24 due operations, lookups of 300 ms and claims of 2 s. A replica that claimed
 /// them all and looked them up one by one would hold claims for 7 s: the other replica would
 /// take the lapsed ones and look them up a second time.
-async fn a_round_claims_no_more_than_it_can_look_up_before_the_claims_lapse(store: Store) {
+async fn a_round_claims_no_more_than_it_can_look_up_before_the_claims_lapse(store: Engine) {
     let db = TestDb::new(store).await;
     let (payments, config) = slow_provider(&db, "20ms", "").await;
     let flags = ["--config", config.as_str()];
@@ -846,7 +846,7 @@ async fn a_round_claims_no_more_than_it_can_look_up_before_the_claims_lapse(stor
 
 /// A model retrying an UNKNOWN call over and over, each Begin willing to wait: the first one
 /// due looks the operation up; the rest honour the backoff and the claim. Nothing escalates.
-async fn a_storm_of_waiting_begins_is_one_lookup(store: Store) {
+async fn a_storm_of_waiting_begins_is_one_lookup(store: Engine) {
     let db = TestDb::new(store).await;
     let (payments, config) = slow_provider(&db, "1h", "escalate_after_lookups = 2").await;
     let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
@@ -882,7 +882,7 @@ on_both_backends!(
 /// provider object than the one the lookup then finds: two effects. The truth on record (the
 /// attempt's) is kept, and the second object is recorded as DOUBLE_EXECUTION, not dropped.
 async fn a_lookup_finding_another_object_of_a_confirmed_operation_records_double_execution(
-    store: Store,
+    store: Engine,
 ) {
     // The workers wait an hour: only the RPC looks anything up.
     let setup = setup_with(store, "0s", "1h").await;

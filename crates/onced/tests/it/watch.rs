@@ -80,7 +80,7 @@ async fn some_history(client: &mut Grpc) {
     claim(client, other).await;
 }
 
-async fn a_watch_gets_every_event_once_in_order_and_a_resumed_one_the_rest(store: Store) {
+async fn a_watch_gets_every_event_once_in_order_and_a_resumed_one_the_rest(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let watcher = ledger_client(&[ledger.addr]);
@@ -126,7 +126,7 @@ async fn a_watch_gets_every_event_once_in_order_and_a_resumed_one_the_rest(store
     ledger.stop().await;
 }
 
-async fn states_and_kinds_widen_a_watch_and_the_tool_narrows_it(store: Store) {
+async fn states_and_kinds_widen_a_watch_and_the_tool_narrows_it(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -219,7 +219,7 @@ fn as_domain(e: &WatchedEvent) -> OperationEvent {
     }
 }
 
-async fn a_watch_from_now_gets_only_what_is_committed_after_it_began(store: Store) {
+async fn a_watch_from_now_gets_only_what_is_committed_after_it_began(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -246,7 +246,7 @@ async fn a_watch_from_now_gets_only_what_is_committed_after_it_began(store: Stor
     ledger.stop().await;
 }
 
-async fn a_slow_watcher_holds_up_no_one_and_still_gets_everything(store: Store) {
+async fn a_slow_watcher_holds_up_no_one_and_still_gets_everything(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -293,7 +293,7 @@ async fn a_slow_watcher_holds_up_no_one_and_still_gets_everything(store: Store) 
     ledger.stop().await;
 }
 
-async fn shutdown_ends_open_watches_with_where_to_resume(store: Store) {
+async fn shutdown_ends_open_watches_with_where_to_resume(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -327,7 +327,7 @@ async fn shutdown_ends_open_watches_with_where_to_resume(store: Store) {
 /// watcher on the second, which is killed midway, reconnects to the first and resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_replicas_with_a_reconnect_every_event_arrives_once_in_order() {
-    let db = TestDb::new(Store::Postgres).await;
+    let db = TestDb::new(Engine::Postgres).await;
     let first = TestLedger::spawn(&db).await;
     let second = OncedProcess::spawn(&db.url, db.scratch_dir().join("second.log"), &[]).await;
     let watcher = ledger_client(&[second.addr, first.addr]);
@@ -392,7 +392,7 @@ async fn across_replicas_with_a_reconnect_every_event_arrives_once_in_order() {
     first.stop().await;
 }
 
-async fn shutdown_is_not_held_up_by_a_watcher_that_reads_nothing(store: Store) {
+async fn shutdown_is_not_held_up_by_a_watcher_that_reads_nothing(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -419,7 +419,7 @@ async fn shutdown_is_not_held_up_by_a_watcher_that_reads_nothing(store: Store) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_from_now_replays_nothing_while_a_writer_holds_the_gate() {
     use once_store::Backend as _;
-    let db = TestDb::new(Store::Postgres).await;
+    let db = TestDb::new(Engine::Postgres).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
     some_history(&mut client).await;
@@ -468,7 +468,7 @@ async fn a_watch_from_now_replays_nothing_while_a_writer_holds_the_gate() {
     ledger.stop().await;
 }
 
-async fn a_watch_resuming_after_what_retention_deleted_is_told_so(store: Store) {
+async fn a_watch_resuming_after_what_retention_deleted_is_told_so(store: Engine) {
     let db = TestDb::new(store).await;
     let flags = [
         "--event-retention",

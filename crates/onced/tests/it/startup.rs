@@ -33,7 +33,7 @@ async fn stopped_with(args: &[&str]) -> (Option<i32>, String) {
 /// read fails before the database is created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_up_error_is_one_line_naming_what_and_where() {
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let dir = db.scratch_dir();
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = holder.local_addr().unwrap();
@@ -121,7 +121,7 @@ async fn a_start_up_error_is_one_line_naming_what_and_where() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_missing_directories_of_a_sqlite_file_are_made() {
     use std::os::unix::fs::PermissionsExt as _;
-    let db = TestDb::new(Store::Sqlite).await;
+    let db = TestDb::new(Engine::Sqlite).await;
     let dir = db.scratch_dir();
     let file = dir.join("var/lib/once/ledger.db");
     let onced = OncedProcess::spawn(
@@ -143,7 +143,7 @@ async fn the_missing_directories_of_a_sqlite_file_are_made() {
 /// and closes every connection, then relays to the real one after onced said it waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn onced_waits_for_a_database_that_comes_up() {
-    let db = TestDb::new(Store::Postgres).await;
+    let db = TestDb::new(Engine::Postgres).await;
     let mut url = reqwest::Url::parse(&db.url).unwrap();
     let real = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432));
     let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

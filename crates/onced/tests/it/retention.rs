@@ -14,7 +14,7 @@ on_both_backends!(
     a_report_for_an_earlier_life_is_recorded_in_it,
 );
 
-async fn confirmed_past_retention_executes_again(store: Store) {
+async fn confirmed_past_retention_executes_again(store: Engine) {
     let db = TestDb::new(store).await;
     // The sweeper is kept out of the way: Begin alone must see that retention has passed.
     let ledger = TestLedger::spawn_with_short_retention(&db, "1h").await;
@@ -66,7 +66,7 @@ async fn confirmed_past_retention_executes_again(store: Store) {
     ledger.stop().await;
 }
 
-async fn sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest(store: Store) {
+async fn sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn_with(
         &db,
@@ -132,7 +132,7 @@ async fn sweeper_deletes_settled_operations_in_batches_and_keeps_the_rest(store:
     ledger.stop().await;
 }
 
-async fn caller_may_ask_for_longer_retention(store: Store) {
+async fn caller_may_ask_for_longer_retention(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn_with_short_retention(&db, "50ms").await;
     let mut client = ledger.client().await;
@@ -161,7 +161,7 @@ async fn caller_may_ask_for_longer_retention(store: Store) {
 /// window, 24 hours by default), and its next life takes over its provider key: an attempt of
 /// the old life that stalled and refunds late is deduplicated by the provider, so the refund
 /// happens once.
-async fn a_life_that_ended_absent_hands_its_provider_key_to_the_next(store: Store) {
+async fn a_life_that_ended_absent_hands_its_provider_key_to_the_next(store: Engine) {
     let db = TestDb::new(store).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     let ledger = spawn_keeping_tombstones(&db).await;
@@ -258,7 +258,7 @@ async fn refund(provider: &str, key: &str) -> String {
 /// is recorded in the life it belongs to — a contradicted ABSENT when it names this life's
 /// refund, a double execution when it names another — and shown in this life's history. What
 /// it says before that, that it cannot tell, is recorded in its life too, once.
-async fn a_report_for_an_earlier_life_is_recorded_in_it(store: Store) {
+async fn a_report_for_an_earlier_life_is_recorded_in_it(store: Engine) {
     let db = TestDb::new(store).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     let ledger = spawn_keeping_tombstones(&db).await;

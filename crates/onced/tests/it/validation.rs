@@ -11,7 +11,7 @@ on_both_backends!(malformed_requests_are_refused_naming_the_field);
 
 const ID: &str = "valid-op";
 
-async fn malformed_requests_are_refused_naming_the_field(store: Store) {
+async fn malformed_requests_are_refused_naming_the_field(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use once_api::pb::ledger_client::LedgerClient;
 pub use once_testkit::*;
 use tonic::transport::Channel;
 pub use tonic_health::pb::health_check_response::ServingStatus;
@@ -136,7 +135,7 @@ impl OncedProcess {
         }
     }
 
-    pub async fn client(&self) -> LedgerClient<Channel> {
+    pub async fn client(&self) -> Grpc {
         client(self.addr).await
     }
 

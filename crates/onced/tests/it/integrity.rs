@@ -43,7 +43,7 @@ fn count(history: &pb::GetOperationResponse, kind: &str) -> usize {
     history.events.iter().filter(|e| e.kind == kind).count()
 }
 
-async fn a_fencing_token_is_never_issued_twice_across_lives(store: Store) {
+async fn a_fencing_token_is_never_issued_twice_across_lives(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn_with_short_retention(&db, "50ms").await;
     let mut client = ledger.client().await;
@@ -111,7 +111,7 @@ async fn double_execution(client: &mut Grpc, id: &str) -> pb::GetOperationRespon
     history
 }
 
-async fn anomalies_of_a_new_life_are_recorded_again(store: Store) {
+async fn anomalies_of_a_new_life_are_recorded_again(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -136,7 +136,7 @@ async fn anomalies_of_a_new_life_are_recorded_again(store: Store) {
     ledger.stop().await;
 }
 
-async fn the_fresh_id_guard_stops_a_new_id_while_the_same_intent_runs(store: Store) {
+async fn the_fresh_id_guard_stops_a_new_id_while_the_same_intent_runs(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -165,7 +165,7 @@ async fn the_fresh_id_guard_stops_a_new_id_while_the_same_intent_runs(store: Sto
     ledger.stop().await;
 }
 
-async fn the_fresh_id_guard_sees_an_expired_lease_before_the_sweeper_does(store: Store) {
+async fn the_fresh_id_guard_sees_an_expired_lease_before_the_sweeper_does(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn_with(&db, &["--lease-sweep-interval", "1h"]).await;
     let mut client = ledger.client().await;
@@ -197,7 +197,7 @@ async fn the_fresh_id_guard_sees_an_expired_lease_before_the_sweeper_does(store:
     ledger.stop().await;
 }
 
-async fn new_ids_for_one_intent_at_once_execute_once(store: Store) {
+async fn new_ids_for_one_intent_at_once_execute_once(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let client = ledger.client().await;
@@ -227,7 +227,7 @@ async fn new_ids_for_one_intent_at_once_execute_once(store: Store) {
 }
 
 async fn a_late_confirm_after_an_absent_resolution_and_an_absent_retry_settles_confirmed(
-    store: Store,
+    store: Engine,
 ) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
@@ -274,7 +274,7 @@ async fn a_late_confirm_after_an_absent_resolution_and_an_absent_retry_settles_c
     ledger.stop().await;
 }
 
-async fn a_regrant_needs_the_same_attempt_id_and_context(store: Store) {
+async fn a_regrant_needs_the_same_attempt_id_and_context(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -373,7 +373,7 @@ impl HeldProvider {
 
 /// A ledger whose workers never look anything up on their own (only the Reconcile RPC does),
 /// with a stripe reconciler on `provider` and a one-second settle time.
-async fn held_setup(store: Store) -> (TestDb, TestLedger, HeldProvider) {
+async fn held_setup(store: Engine) -> (TestDb, TestLedger, HeldProvider) {
     let db = TestDb::new(store).await;
     let (provider, base) = HeldProvider::start().await;
     let config = config_file(
@@ -403,8 +403,8 @@ async fn wait_past_settle_time(db: &TestDb, id: &str) {
             "SELECT {}(lease_deadline, COALESCE(unknown_since, 0), COALESCE(last_report_at, 0)) \
              FROM operations WHERE operation_id = '{id}'",
             match db.store {
-                Store::Postgres => "GREATEST",
-                Store::Sqlite => "MAX",
+                Engine::Postgres => "GREATEST",
+                Engine::Sqlite => "MAX",
             }
         ))
         .await;
@@ -431,7 +431,7 @@ fn reconcile_later(client: &Grpc, id: &str) -> ReconcileAnswer {
 }
 
 async fn a_miss_counts_only_when_issued_a_settle_time_after_the_effect_could_last_be_written(
-    store: Store,
+    store: Engine,
 ) {
     let (db, ledger, provider) = held_setup(store).await;
     let mut client = ledger.client().await;
@@ -461,7 +461,7 @@ async fn a_miss_counts_only_when_issued_a_settle_time_after_the_effect_could_las
     ledger.stop().await;
 }
 
-async fn a_verdict_about_an_earlier_attempt_is_never_applied_to_a_later_one(store: Store) {
+async fn a_verdict_about_an_earlier_attempt_is_never_applied_to_a_later_one(store: Engine) {
     let (db, ledger, provider) = held_setup(store).await;
     let mut client = ledger.client().await;
     let (_, slow) = provider
@@ -504,7 +504,7 @@ async fn a_verdict_about_an_earlier_attempt_is_never_applied_to_a_later_one(stor
     ledger.stop().await;
 }
 
-async fn this_lifes_effect_found_after_the_operation_moved_on_still_settles_it(store: Store) {
+async fn this_lifes_effect_found_after_the_operation_moved_on_still_settles_it(store: Engine) {
     let (_db, ledger, provider) = held_setup(store).await;
     let mut client = ledger.client().await;
     let (grant, slow) = provider.unknown_and_looked_up(&mut client, "found-1").await;
@@ -532,7 +532,7 @@ async fn this_lifes_effect_found_after_the_operation_moved_on_still_settles_it(s
     ledger.stop().await;
 }
 
-async fn a_resolution_names_the_attempt_it_examined(store: Store) {
+async fn a_resolution_names_the_attempt_it_examined(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -619,7 +619,7 @@ async fn a_resolution_names_the_attempt_it_examined(store: Store) {
     ledger.stop().await;
 }
 
-async fn a_new_life_is_never_confirmed_by_an_earlier_lifes_refund(store: Store) {
+async fn a_new_life_is_never_confirmed_by_an_earlier_lifes_refund(store: Engine) {
     use once_client::{ClientConfig, EffectError, LedgerClient as Client, OperationSpec, Outcome};
 
     let db = TestDb::new(store).await;
@@ -702,7 +702,7 @@ async fn a_new_life_is_never_confirmed_by_an_earlier_lifes_refund(store: Store) 
     ledger.stop().await;
 }
 
-async fn a_retried_resolution_gets_its_first_answer_after_the_operation_moved_on(store: Store) {
+async fn a_retried_resolution_gets_its_first_answer_after_the_operation_moved_on(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
@@ -761,7 +761,7 @@ async fn a_retried_resolution_gets_its_first_answer_after_the_operation_moved_on
     ledger.stop().await;
 }
 
-async fn reports_are_recorded_under_their_attempts_executor(store: Store) {
+async fn reports_are_recorded_under_their_attempts_executor(store: Engine) {
     let db = TestDb::new(store).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;

@@ -6,7 +6,6 @@ use std::time::Duration;
 use once_api::admin_pb::admin_client::AdminClient;
 use once_api::admin_pb::{self as apb};
 use once_api::pb;
-use once_api::pb::ledger_client::LedgerClient;
 use once_core::access::LEDGER_TENANT;
 use prost::Message;
 use tonic::transport::Channel;
@@ -151,6 +150,15 @@ async fn put_tenant(admin: &mut AdminClient<Channel>, admin_key: &str, name: &st
         .expect("put tenant");
 }
 
+/// A guarded ledger, a client of it, and the keys of [`keys_for_matrix`].
+async fn with_matrix_keys(db: &TestDb) -> (TestLedger, Grpc, Keys) {
+    let (server, admin_key) = guarded_ledger(db, &[]).await;
+    let ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    let keys = keys_for_matrix(&mut admin, &admin_key).await;
+    (server, ledger, keys)
+}
+
 async fn keys_for_matrix(admin: &mut AdminClient<Channel>, admin_key: &str) -> Keys {
     for tenant in ["acme", "globex"] {
         put_tenant(admin, admin_key, tenant).await;
@@ -219,7 +227,7 @@ impl Answer {
 
 /// Makes `rpc` as `key` about operation `id` (attempt `token`).
 async fn call(
-    ledger: &mut LedgerClient<Channel>,
+    ledger: &mut Grpc,
     admin: &mut AdminClient<Channel>,
     rpc: &str,
     key: Option<&str>,
@@ -400,7 +408,7 @@ async fn call(
 }
 
 /// What acme's operation looks like to acme, every field.
-async fn snapshot(ledger: &mut LedgerClient<Channel>, keys: &Keys, id: &str) -> Vec<u8> {
+async fn snapshot(ledger: &mut Grpc, keys: &Keys, id: &str) -> Vec<u8> {
     ledger
         .get_operation(with_key(
             pb::GetOperationRequest {
@@ -430,12 +438,10 @@ on_both_backends!(isolation_matrix_leaks_nothing_across_tenants);
 /// Every RPC × {own tenant with each role, other tenant with each role, no key, an unknown key,
 /// a revoked key}, generated from [`RPCS`]. Nothing of tenant acme is visible to or changed by
 /// anyone else, and a foreign operation answers byte for byte as a missing one.
-async fn isolation_matrix_leaks_nothing_across_tenants(store: Store) {
+async fn isolation_matrix_leaks_nothing_across_tenants(store: Engine) {
     let db = TestDb::new(store).await;
-    let (server, admin_key) = guarded_ledger(&db, &[]).await;
-    let mut ledger = server.client().await;
+    let (server, mut ledger, keys) = with_matrix_keys(&db).await;
     let mut admin = admin_client(&server).await;
-    let keys = keys_for_matrix(&mut admin, &admin_key).await;
 
     // acme's operation, IN_FLIGHT.
     let acme = Some(find(&keys.own, "executor"));
@@ -716,12 +722,9 @@ on_both_backends!(only_an_admin_reads_another_tenant);
 
 /// A read may name a tenant: its own, or — with the admin role, which is ledger-wide — any.
 /// Naming another without it is refused alike for every name, so the refusal reveals nothing.
-async fn only_an_admin_reads_another_tenant(store: Store) {
+async fn only_an_admin_reads_another_tenant(store: Engine) {
     let db = TestDb::new(store).await;
-    let (server, admin_key) = guarded_ledger(&db, &[]).await;
-    let mut ledger = server.client().await;
-    let mut admin = admin_client(&server).await;
-    let keys = keys_for_matrix(&mut admin, &admin_key).await;
+    let (server, mut ledger, keys) = with_matrix_keys(&db).await;
     let acme = find(&keys.own, "executor");
     let begun = ledger
         .begin(with_key(begin("order-9", ARGS), Some(&acme)))
@@ -840,12 +843,9 @@ on_both_backends!(only_an_admin_reads_every_tenant_at_once);
 /// With the admin role a listing, a watch and the figures may cover every tenant at once, each
 /// operation and event naming its tenant; every other key is refused as it is for naming
 /// another tenant, and a read that names a tenant and every tenant at once is malformed.
-async fn only_an_admin_reads_every_tenant_at_once(store: Store) {
+async fn only_an_admin_reads_every_tenant_at_once(store: Engine) {
     let db = TestDb::new(store).await;
-    let (server, admin_key) = guarded_ledger(&db, &[]).await;
-    let mut ledger = server.client().await;
-    let mut admin = admin_client(&server).await;
-    let keys = keys_for_matrix(&mut admin, &admin_key).await;
+    let (server, mut ledger, keys) = with_matrix_keys(&db).await;
     for (keys, id) in [(&keys.own, "order-9"), (&keys.other, "order-7")] {
         let executor = find(keys, "executor");
         let begun = ledger
@@ -979,7 +979,7 @@ on_both_backends!(an_open_ledger_closes_when_its_first_key_is_created);
 
 /// Without credentials the ledger is open (tenant `default`); once one exists, it is required:
 /// at once on the replica that stored it, within the TTL on another.
-async fn an_open_ledger_closes_when_its_first_key_is_created(store: Store) {
+async fn an_open_ledger_closes_when_its_first_key_is_created(store: Engine) {
     let db = TestDb::new(store).await;
     let server = TestLedger::spawn_with(&db, &["--credential-ttl", "100ms"]).await;
     let other = TestLedger::spawn_with(&db, &["--credential-ttl", "100ms"]).await;
@@ -1021,7 +1021,7 @@ on_both_backends!(tenant_limits_refuse_with_retry_after);
 
 /// A tenant over its in-flight cap or its request rate is told RESOURCE_EXHAUSTED with when to
 /// come back; other tenants are not.
-async fn tenant_limits_refuse_with_retry_after(store: Store) {
+async fn tenant_limits_refuse_with_retry_after(store: Engine) {
     let db = TestDb::new(store).await;
     let (server, admin_key) = guarded_ledger(&db, &["--credential-ttl", "100ms"]).await;
     let mut ledger = server.client().await;
@@ -1162,7 +1162,7 @@ on_both_backends!(revocation_reaches_every_replica_within_the_credential_ttl);
 
 /// A key revoked through one replica is refused by another that has just admitted it, within
 /// the credential TTL (2 s by default).
-async fn revocation_reaches_every_replica_within_the_credential_ttl(store: Store) {
+async fn revocation_reaches_every_replica_within_the_credential_ttl(store: Engine) {
     let db = TestDb::new(store).await;
     let keys = keys_by_command(&db.url);
     let (_, acme) = &keys[0];
@@ -1219,7 +1219,7 @@ on_both_backends!(each_tenant_is_looked_up_with_its_own_credentials);
 
 /// One reconciler configured for two tenants looks each tenant's operations up with that
 /// tenant's credential only.
-async fn each_tenant_is_looked_up_with_its_own_credentials(store: Store) {
+async fn each_tenant_is_looked_up_with_its_own_credentials(store: Engine) {
     use std::sync::{Arc, Mutex};
 
     let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
@@ -1329,7 +1329,7 @@ on_both_backends!(a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_ref
 /// globex, naming what each reconciler serves; globex's Reconcile of an operation naming it is
 /// refused with NO_RECONCILER saying that it serves not globex, in the words it would use for a
 /// name no reconciler has, and naming no other tenant.
-async fn a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal(store: Store) {
+async fn a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal(store: Engine) {
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
     let db = TestDb::new(store).await;
     let keys = keys_by_command(&db.url);
@@ -1411,11 +1411,7 @@ async fn a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal(stor
 }
 
 /// An operation as `key` reads it.
-async fn read_as(
-    ledger: &mut LedgerClient<Channel>,
-    key: &str,
-    id: &str,
-) -> pb::GetOperationResponse {
+async fn read_as(ledger: &mut Grpc, key: &str, id: &str) -> pb::GetOperationResponse {
     ledger
         .get_operation(with_key(
             pb::GetOperationRequest {
@@ -1453,7 +1449,7 @@ on_both_backends!(a_report_comes_from_the_credential_that_holds_the_attempt);
 /// A fencing token is readable by every reader of the operation: another executor key of the
 /// same tenant that read it reports, heartbeats and re-begins in vain, answered as for a token
 /// never issued, and the attempt is still the holder's to settle.
-async fn a_report_comes_from_the_credential_that_holds_the_attempt(store: Store) {
+async fn a_report_comes_from_the_credential_that_holds_the_attempt(store: Engine) {
     let db = TestDb::new(store).await;
     let (server, admin_key) = guarded_ledger(&db, &[]).await;
     let mut admin = admin_client(&server).await;
@@ -1593,7 +1589,7 @@ on_both_backends!(the_admin_role_lives_in_one_place);
 /// The admin role is the ledger's: a key of tenant `acme` with it is refused, over gRPC and by
 /// `onced keys create`, with a message saying where it lives; one stored with it anyway (by
 /// hand, or before the rule) is admitted without it; the ledger's own tenant may hold it.
-async fn the_admin_role_lives_in_one_place(store: Store) {
+async fn the_admin_role_lives_in_one_place(store: Engine) {
     let db = TestDb::new(store).await;
     let (server, admin_key) = guarded_ledger(&db, &[]).await;
     let mut admin = admin_client(&server).await;
@@ -1708,7 +1704,7 @@ on_both_backends!(the_first_credential_is_a_conditional_write);
 /// gets it, the others are told the ledger is closed, and a replica whose credentials were read
 /// long ago (a minute's TTL) mints nothing for a keyless caller once it is, nor admits one to
 /// any other admin call: an open ledger's admin calls are never admitted from the cache.
-async fn the_first_credential_is_a_conditional_write(store: Store) {
+async fn the_first_credential_is_a_conditional_write(store: Engine) {
     let db = TestDb::new(store).await;
     let one = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
     let two = TestLedger::spawn_with(&db, &["--credential-ttl", "60s"]).await;
@@ -1770,7 +1766,7 @@ async fn the_first_credential_is_a_conditional_write(store: Store) {
 
 /// Opens a WatchOperations stream of the caller's tenant with `key`, from now.
 async fn watch_with(
-    ledger: &LedgerClient<Channel>,
+    ledger: &Grpc,
     key: &str,
 ) -> Result<tonic::Streaming<pb::WatchOperationsResponse>, Status> {
     ledger
@@ -1785,7 +1781,7 @@ on_both_backends!(revocation_ends_open_streams);
 /// A WatchOperations stream checks again, at least every `--credential-ttl`, that its key still
 /// admits it: revoked by another process, the key's stream ends UNAUTHENTICATED, while another
 /// key's stream goes on.
-async fn revocation_ends_open_streams(store: Store) {
+async fn revocation_ends_open_streams(store: Engine) {
     use pb::watch_operations_response::Item;
     let db = TestDb::new(store).await;
     let (server, admin_key) = guarded_ledger(&db, &["--credential-ttl", "200ms"]).await;
@@ -1857,7 +1853,7 @@ on_both_backends!(watch_slots_are_held_per_tenant_and_per_key);
 /// A replica's watch slots are shared out: one key holds at most `--max-watchers-per-key`,
 /// one tenant at most `--max-watchers-per-tenant`, so a tenant that opens all it may leaves
 /// slots of `--max-watchers` to another; a closed stream gives its slots back.
-async fn watch_slots_are_held_per_tenant_and_per_key(store: Store) {
+async fn watch_slots_are_held_per_tenant_and_per_key(store: Engine) {
     let db = TestDb::new(store).await;
     let (server, admin_key) = guarded_ledger(
         &db,
@@ -1926,7 +1922,7 @@ on_both_backends!(a_report_that_settles_nothing_is_charged_to_the_rate);
 /// Reports and heartbeats are free of the rate only when they settle something: ones naming an
 /// operation that does not exist, or another key's attempt, are charged to the key's rate and
 /// refused once it is spent, while the key's own report still settles its attempt.
-async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Store) {
+async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Engine) {
     let db = TestDb::new(store).await;
     let (server, admin_key) = guarded_ledger(&db, &[]).await;
     let mut ledger = server.client().await;
@@ -2073,7 +2069,7 @@ on_both_backends!(a_bootstrap_key_is_strong_and_its_id_shows_nothing_of_it);
 /// A bootstrap admin key that could be guessed is refused at start, with the rule it failed and
 /// never the key; a strong one is stored under a random key id, neither part of the key nor of
 /// its hash, and starting again with it changes nothing.
-async fn a_bootstrap_key_is_strong_and_its_id_shows_nothing_of_it(store: Store) {
+async fn a_bootstrap_key_is_strong_and_its_id_shows_nothing_of_it(store: Engine) {
     let db = TestDb::new(store).await;
     let onced = |env: &[(&str, &str)], args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_onced"))
