@@ -16,14 +16,14 @@ use once_core::{
 use crate::watch::Frontier;
 use crate::{Announcements, StoreError};
 
-/// What [`Backend::apply`] wrote of a plan.
+/// What [`sealed::Transactions::apply`] wrote of a plan.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Written {
     /// For each of the plan's events, in order, whether it was written.
     pub events: Vec<bool>,
 }
 
-/// What [`Backend::apply_unlocked`] did.
+/// What [`sealed::Transactions::apply_unlocked`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unlocked {
     /// The plan is written and committed.
@@ -52,34 +52,15 @@ pub struct CredentialChanges {
     pub through: i64,
 }
 
-/// A database that can hold the ledger.
-///
-/// Writers go through a transaction: [`Backend::lock`] reads an operation and the clock while
-/// excluding every other writer of that operation, [`Backend::apply`] writes a plan, and
-/// [`Backend::commit`] makes it durable. Dropping a transaction rolls it back.
-pub trait Backend: Clone + Send + Sync + 'static {
-    type Tx: Send;
-    /// A connection one call holds for its lock-free read and the one-statement write decided
-    /// from it ([`Backend::apply_unlocked`]): one trip to the pool, not two. Released before the
-    /// call takes a write transaction, which needs a connection of its own.
-    type Conn: Send;
-
+/// A database that can hold the ledger: what is read, and the sweeps. Only the [`crate::Ledger`]
+/// writes, through the transaction primitives of its supertrait, which nothing outside this crate
+/// can name or call (see [`sealed::Transactions`]).
+pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
     /// A short name for logs: `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
 
-    /// Starts a write transaction.
-    fn begin_write(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
-
-    /// Reads the operation for update (creating no row) and the store's clock.
-    fn lock(
-        &self,
-        tx: &mut Self::Tx,
-        tenant: &str,
-        id: &OperationId,
-    ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
-
     /// Reads the operation and the store's clock without taking any lock, on a connection of
-    /// its own ([`Backend::read_held`]).
+    /// its own ([`sealed::Transactions::read_held`]).
     fn read(
         &self,
         tenant: &str,
@@ -90,121 +71,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
             self.read_held(&mut conn, tenant, id).await
         }
     }
-
-    /// Takes a connection for one call, and how long that waited.
-    fn connection(&self)
-        -> impl Future<Output = Result<(Self::Conn, Duration), StoreError>> + Send;
-
-    /// [`Backend::read`] on the call's connection.
-    fn read_held(
-        &self,
-        conn: &mut Self::Conn,
-        tenant: &str,
-        id: &OperationId,
-    ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
-
-    /// Reads like [`Backend::read`], and when no operation is stored, also takes a fencing token
-    /// never issued before, where the store can issue one outside a write transaction (for a
-    /// first claim written by [`Backend::apply_unlocked`]; an unused one is skipped, never
-    /// issued again).
-    fn read_claimable(
-        &self,
-        conn: &mut Self::Conn,
-        tenant: &str,
-        id: &OperationId,
-    ) -> impl Future<Output = Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError>> + Send;
-
-    /// Whether [`Backend::apply_unlocked`] can write anything here.
-    fn writes_unlocked(&self) -> bool;
-
-    /// Writes `plan`, decided at `now` from the operation a lock-free read found (its life and
-    /// version, `decided_from`; `None` when none was stored), in one statement that commits by
-    /// itself, only if that is still what is stored and `now` is recent; for a claim (`guard`:
-    /// its Begin), only if no other operation blocks it (see [`Backend::guard`]). It takes the
-    /// write gate as [`Backend::lock`] does. `None` where the store cannot check a decision
-    /// that way, or the plan is not one it writes so (then the caller decides again in a write
-    /// transaction).
-    fn apply_unlocked(
-        &self,
-        conn: &mut Self::Conn,
-        decided_from: Option<(FencingToken, i64)>,
-        guard: Option<&BeginCommand>,
-        plan: &Plan,
-        now: Millis,
-    ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send;
-
-    /// What must be found before a Begin is granted a new execution right: unless it declares
-    /// a new intent, the operation that blocks it (an UNKNOWN or IN_FLIGHT operation of the Begin's
-    /// tenant, tool and fingerprint under another id, UNKNOWN ones first); otherwise a new
-    /// fencing token ([`Backend::next_token`]). The guard of one intent is serialised until the
-    /// transaction ends, so two Begins of it under two new ids cannot both find the way clear.
-    fn guard(
-        &self,
-        tx: &mut Self::Tx,
-        cmd: &BeginCommand,
-    ) -> impl Future<Output = Result<FreshIdGuard, StoreError>> + Send;
-
-    /// A fencing token never issued before by this store, larger than every one it issued.
-    fn next_token(
-        &self,
-        tx: &mut Self::Tx,
-    ) -> impl Future<Output = Result<FencingToken, StoreError>> + Send;
-
-    /// The attempt log's record of the attempt granted `fencing_token`, if it is this
-    /// operation's.
-    fn attempt(
-        &self,
-        tx: &mut Self::Tx,
-        tenant: &str,
-        id: &OperationId,
-        fencing_token: FencingToken,
-    ) -> impl Future<Output = Result<Option<Attempt>, StoreError>> + Send;
-
-    /// The resolution with `resolution_id` of this operation, if there was one (in any life
-    /// whose events are still kept).
-    fn find_resolution(
-        &self,
-        tx: &mut Self::Tx,
-        tenant: &str,
-        id: &OperationId,
-        resolution_id: &str,
-    ) -> impl Future<Output = Result<Option<PriorResolution>, StoreError>> + Send;
-
-    /// Writes a plan. An insert that meets an existing row fails with [`StoreError::Duplicate`].
-    /// Every update of the operation row bumps its version. A transaction that writes events
-    /// first calls [`Backend::lock`], which takes the write gate watchers rely on
-    /// ([`crate::watch`]).
-    /// Returns which of the plan's events were written: one whose dedupe key is already
-    /// recorded is not.
-    fn apply(
-        &self,
-        tx: &mut Self::Tx,
-        tenant: &str,
-        id: &OperationId,
-        plan: &Plan,
-        now: Millis,
-    ) -> impl Future<Output = Result<Written, StoreError>> + Send;
-
-    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Whether the ledger's writes go through one writer task that commits them in batches
-    /// ([`crate::writer`]): where the database takes one writer at a time anyway.
-    fn group_commit(&self) -> bool;
-
-    /// Marks where one write of a shared transaction starts.
-    fn savepoint(&self, tx: &mut Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Keeps what was written since the savepoint.
-    fn release_savepoint(
-        &self,
-        tx: &mut Self::Tx,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Undoes what was written since the savepoint, and releases it.
-    fn rollback_to_savepoint(
-        &self,
-        tx: &mut Self::Tx,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The attempt log and the event history of one life of an operation, oldest first.
     fn history(
@@ -228,8 +94,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<(String, OperationId)>, StoreError>> + Send;
 
-    /// Up to `limit` UNKNOWN operations of a (tenant, provider) in `served`, due for a reconciler lookup
-    /// that no lookup holds, most overdue first. Nothing is claimed: see
+    /// Up to `limit` UNKNOWN operations of a (tenant, provider) in `served`, due for a reconciler
+    /// lookup that no lookup holds, most overdue first. Nothing is claimed: see
     /// [`Backend::claim_lookup`].
     fn due_lookups(
         &self,
@@ -409,4 +275,154 @@ pub enum Probe {
 impl Probe {
     /// How much a [`Probe::Room`] writes: sixteen of the largest results a call may store.
     pub const ROOM: usize = 1 << 20;
+}
+
+/// The transaction primitives, safe only inside the ledger's template ([`crate::Ledger`]): the
+/// module is private, so the trait is a bound of [`Backend`] that no other crate can name, and
+/// no other crate can call these.
+pub(crate) mod sealed {
+    use super::*;
+
+    /// Writers go through a transaction: [`Transactions::lock`] reads an operation and the clock
+    /// while excluding every other writer of that operation, [`Transactions::apply`] writes a
+    /// plan, and [`Transactions::commit`] makes it durable. Dropping a transaction rolls it back.
+    pub trait Transactions {
+        type Tx: Send;
+        /// A connection one call holds for its lock-free read and the one-statement write decided
+        /// from it ([`Transactions::apply_unlocked`]): one trip to the pool, not two. Released
+        /// before the call takes a write transaction, which needs a connection of its own.
+        type Conn: Send;
+
+        /// Starts a write transaction.
+        fn begin_write(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
+
+        /// Reads the operation for update (creating no row) and the store's clock.
+        fn lock(
+            &self,
+            tx: &mut Self::Tx,
+            tenant: &str,
+            id: &OperationId,
+        ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
+
+        /// Takes a connection for one call, and how long that waited.
+        fn connection(
+            &self,
+        ) -> impl Future<Output = Result<(Self::Conn, Duration), StoreError>> + Send;
+
+        /// [`Backend::read`] on the call's connection.
+        fn read_held(
+            &self,
+            conn: &mut Self::Conn,
+            tenant: &str,
+            id: &OperationId,
+        ) -> impl Future<Output = Result<(Option<Operation>, Millis), StoreError>> + Send;
+
+        /// Reads like [`Backend::read`], and when no operation is stored, also takes a fencing
+        /// token never issued before, where the store can issue one outside a write transaction
+        /// (for a first claim written by [`Transactions::apply_unlocked`]; an unused one is
+        /// skipped, never issued again).
+        fn read_claimable(
+            &self,
+            conn: &mut Self::Conn,
+            tenant: &str,
+            id: &OperationId,
+        ) -> impl Future<
+            Output = Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError>,
+        > + Send;
+
+        /// Whether [`Transactions::apply_unlocked`] can write anything here.
+        fn writes_unlocked(&self) -> bool;
+
+        /// Writes `plan`, decided at `now` from the operation a lock-free read found (its life and
+        /// version, `decided_from`; `None` when none was stored), in one statement that commits by
+        /// itself, only if that is still what is stored and `now` is recent; for a claim (`guard`:
+        /// its Begin), only if no other operation blocks it (see [`Transactions::guard`]). It takes
+        /// the write gate as [`Transactions::lock`] does. `None` where the store cannot check a
+        /// decision that way, or the plan is not one it writes so (then the caller decides again in
+        /// a write transaction).
+        fn apply_unlocked(
+            &self,
+            conn: &mut Self::Conn,
+            decided_from: Option<(FencingToken, i64)>,
+            guard: Option<&BeginCommand>,
+            plan: &Plan,
+            now: Millis,
+        ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send;
+
+        /// What must be found before a Begin is granted a new execution right: unless it declares a
+        /// new intent, the operation that blocks it (an UNKNOWN or IN_FLIGHT operation of the
+        /// Begin's tenant, tool and fingerprint under another id, UNKNOWN ones first); otherwise a
+        /// new fencing token ([`Transactions::next_token`]). The guard of one intent is serialised
+        /// until the transaction ends, so two Begins of it under two new ids cannot both find the
+        /// way clear.
+        fn guard(
+            &self,
+            tx: &mut Self::Tx,
+            cmd: &BeginCommand,
+        ) -> impl Future<Output = Result<FreshIdGuard, StoreError>> + Send;
+
+        /// A fencing token never issued before by this store, larger than every one it issued.
+        fn next_token(
+            &self,
+            tx: &mut Self::Tx,
+        ) -> impl Future<Output = Result<FencingToken, StoreError>> + Send;
+
+        /// The attempt log's record of the attempt granted `fencing_token`, if it is this
+        /// operation's.
+        fn attempt(
+            &self,
+            tx: &mut Self::Tx,
+            tenant: &str,
+            id: &OperationId,
+            fencing_token: FencingToken,
+        ) -> impl Future<Output = Result<Option<Attempt>, StoreError>> + Send;
+
+        /// The resolution with `resolution_id` of this operation, if there was one (in any life
+        /// whose events are still kept).
+        fn find_resolution(
+            &self,
+            tx: &mut Self::Tx,
+            tenant: &str,
+            id: &OperationId,
+            resolution_id: &str,
+        ) -> impl Future<Output = Result<Option<PriorResolution>, StoreError>> + Send;
+
+        /// Writes a plan. An insert that meets an existing row fails with
+        /// [`StoreError::Duplicate`]. Every update of the operation row bumps its version. A
+        /// transaction that writes events first calls [`Transactions::lock`], which takes the write
+        /// gate watchers rely on ([`crate::watch`]). Returns which of the plan's events were
+        /// written: one whose dedupe key is already recorded is not.
+        fn apply(
+            &self,
+            tx: &mut Self::Tx,
+            tenant: &str,
+            id: &OperationId,
+            plan: &Plan,
+            now: Millis,
+        ) -> impl Future<Output = Result<Written, StoreError>> + Send;
+
+        fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+        /// Whether the ledger's writes go through one writer task that commits them in batches
+        /// ([`crate::writer`]): where the database takes one writer at a time anyway.
+        fn group_commit(&self) -> bool;
+
+        /// Marks where one write of a shared transaction starts.
+        fn savepoint(
+            &self,
+            tx: &mut Self::Tx,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+        /// Keeps what was written since the savepoint.
+        fn release_savepoint(
+            &self,
+            tx: &mut Self::Tx,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+        /// Undoes what was written since the savepoint, and releases it.
+        fn rollback_to_savepoint(
+            &self,
+            tx: &mut Self::Tx,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    }
 }

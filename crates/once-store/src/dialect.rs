@@ -37,11 +37,11 @@ pub trait Dialect: Database {
     /// A subquery the first statement of every write transaction (the one that locks the
     /// operation row) runs, to hold the write gate until the transaction ends: see
     /// [`crate::watch`]. `SELECT 1` where writers commit in sequence order.
-    const WRITE_GATE: &'static str;
+    fn write_gate() -> &'static str;
 
     /// One statement reading the [`crate::watch::Frontier`]: `newest`, then `writing` (the
     /// holders of the write gate, comma-separated).
-    const FRONTIER: &'static str;
+    fn frontier() -> &'static str;
 
     /// Whether the ledger's writes share transactions through one writer task
     /// ([`crate::writer`]).

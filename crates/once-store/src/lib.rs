@@ -21,7 +21,6 @@ pub mod postgres;
 mod rows;
 pub mod sqlite;
 mod store;
-mod unlocked;
 pub mod watch;
 pub mod writer;
 

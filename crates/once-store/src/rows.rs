@@ -12,6 +12,8 @@ use once_core::{
     Millis, Operation, OperationEvent, OperationId, Source, State,
 };
 
+use sqlx::{Database, Encode, Type};
+
 use crate::StoreError;
 
 /// The columns of `operations` a plan writes, in the order [`crate::Store`] binds them. The
@@ -622,73 +624,82 @@ fn corrupt(message: String) -> StoreError {
     StoreError::Corrupt(message)
 }
 
+/// A statement being bound, of database `D`.
+pub(crate) type Bound<'q, D> = sqlx::query::Query<'q, D, <D as Database>::Arguments<'q>>;
+
 /// Binds an operation's written columns to `query`, in the order of
 /// [`WRITTEN_OPERATION_COLUMNS`].
-macro_rules! bind_operation {
-    ($query:expr, $op:expr) => {{
-        let op: &once_core::Operation = $op;
-        $query
-            .bind(op.tenant.as_str())
-            .bind(op.operation_id.as_str())
-            .bind(op.tool.as_str())
-            .bind(&op.fingerprint.0[..])
-            .bind(op.state.as_str())
-            .bind(op.source.as_str())
-            .bind(i64::from(op.attempt))
-            .bind($crate::rows::token_column(op.fencing_token))
-            .bind($crate::rows::token_column(op.life))
-            .bind(op.attempt_id.as_str())
-            .bind(op.attempt_context.client_name.as_deref())
-            .bind(op.attempt_context.session_id.as_deref())
-            .bind(op.attempt_context.request_id.as_deref())
-            .bind(op.executor.to_string())
-            .bind(op.holder.as_deref())
-            .bind(
-                op.holder
-                    .as_ref()
-                    .map(|_| $crate::rows::token_column(op.fencing_token)),
-            )
-            .bind(op.lease_started_at)
-            .bind(op.lease_deadline)
-            .bind(op.result.as_deref())
-            .bind(op.provider_ref.as_deref())
-            .bind(op.provider_key.as_str())
-            .bind(op.provider.as_deref())
-            .bind(op.lookup_hints.as_deref())
-            .bind(op.retention_ms)
-            .bind(op.created_at)
-            .bind(op.updated_at)
-            .bind(op.expires_at)
-            .bind(op.reason.as_deref())
-            .bind(op.unknown_since)
-            .bind(op.last_report_at)
-            .bind(op.declared_absent_token.map($crate::rows::token_column))
-            .bind(op.confirmed_by.map($crate::rows::token_column))
-            .bind(i64::from(op.reconcile_lookups))
-            .bind(op.reconcile_next_at)
-            .bind(op.lookup_claimed_until)
-    }};
+pub(crate) fn bind_operation<'q, D>(query: Bound<'q, D>, op: &'q Operation) -> Bound<'q, D>
+where
+    D: Database,
+    &'q str: Encode<'q, D> + Type<D>,
+    Option<&'q str>: Encode<'q, D> + Type<D>,
+    &'q [u8]: Encode<'q, D> + Type<D>,
+    Option<&'q [u8]>: Encode<'q, D> + Type<D>,
+    i64: Encode<'q, D> + Type<D>,
+    Option<i64>: Encode<'q, D> + Type<D>,
+    String: Encode<'q, D> + Type<D>,
+{
+    let holder_token = op.holder.as_ref().map(|_| token_column(op.fencing_token));
+    query
+        .bind(op.tenant.as_str())
+        .bind(op.operation_id.as_str())
+        .bind(op.tool.as_str())
+        .bind(&op.fingerprint.0[..])
+        .bind(op.state.as_str())
+        .bind(op.source.as_str())
+        .bind(i64::from(op.attempt))
+        .bind(token_column(op.fencing_token))
+        .bind(token_column(op.life))
+        .bind(op.attempt_id.as_str())
+        .bind(op.attempt_context.client_name.as_deref())
+        .bind(op.attempt_context.session_id.as_deref())
+        .bind(op.attempt_context.request_id.as_deref())
+        .bind(op.executor.to_string())
+        .bind(op.holder.as_deref())
+        .bind(holder_token)
+        .bind(op.lease_started_at)
+        .bind(op.lease_deadline)
+        .bind(op.result.as_deref())
+        .bind(op.provider_ref.as_deref())
+        .bind(op.provider_key.as_str())
+        .bind(op.provider.as_deref())
+        .bind(op.lookup_hints.as_deref())
+        .bind(op.retention_ms)
+        .bind(op.created_at)
+        .bind(op.updated_at)
+        .bind(op.expires_at)
+        .bind(op.reason.as_deref())
+        .bind(op.unknown_since)
+        .bind(op.last_report_at)
+        .bind(op.declared_absent_token.map(token_column))
+        .bind(op.confirmed_by.map(token_column))
+        .bind(i64::from(op.reconcile_lookups))
+        .bind(op.reconcile_next_at)
+        .bind(op.lookup_claimed_until)
 }
 
 /// Binds an attempt's columns to `query`, in the order of [`ATTEMPT_COLUMNS`].
-macro_rules! bind_attempt {
-    ($query:expr, $attempt:expr) => {{
-        let attempt: &once_core::Attempt = $attempt;
-        $query
-            .bind(i64::from(attempt.number))
-            .bind($crate::rows::token_column(attempt.fencing_token))
-            .bind(attempt.attempt_id.as_str())
-            .bind(attempt.started_at)
-            .bind(attempt.lease_deadline)
-            .bind(attempt.actor.to_string())
-            .bind(attempt.holder.as_deref())
-            .bind(attempt.context.client_name.as_deref())
-            .bind(attempt.context.session_id.as_deref())
-            .bind(attempt.context.request_id.as_deref())
-    }};
+pub(crate) fn bind_attempt<'q, D>(query: Bound<'q, D>, attempt: &'q Attempt) -> Bound<'q, D>
+where
+    D: Database,
+    &'q str: Encode<'q, D> + Type<D>,
+    Option<&'q str>: Encode<'q, D> + Type<D>,
+    i64: Encode<'q, D> + Type<D>,
+    String: Encode<'q, D> + Type<D>,
+{
+    query
+        .bind(i64::from(attempt.number))
+        .bind(token_column(attempt.fencing_token))
+        .bind(attempt.attempt_id.as_str())
+        .bind(attempt.started_at)
+        .bind(attempt.lease_deadline)
+        .bind(attempt.actor.to_string())
+        .bind(attempt.holder.as_deref())
+        .bind(attempt.context.client_name.as_deref())
+        .bind(attempt.context.session_id.as_deref())
+        .bind(attempt.context.request_id.as_deref())
 }
-
-pub(crate) use {bind_attempt, bind_operation};
 
 #[cfg(test)]
 mod tests {

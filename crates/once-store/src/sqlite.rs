@@ -50,7 +50,9 @@ impl Dialect for Sqlite {
 
     /// Writers hold the one write lock from their first statement to their commit, so events
     /// commit in the order of their sequence: no gate is needed.
-    const WRITE_GATE: &'static str = "SELECT 1";
+    fn write_gate() -> &'static str {
+        "SELECT 1"
+    }
 
     fn one_of(subquery: &str) -> String {
         format!("IN ({subquery})")
@@ -60,15 +62,16 @@ impl Dialect for Sqlite {
     /// flush to disk.
     const GROUP_COMMIT: bool = true;
 
-    const FRONTIER: &'static str =
-        "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events";
+    fn frontier() -> &'static str {
+        "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events"
+    }
 
     fn statements() -> &'static Statements {
         static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| {
             Statements::new(
                 Sqlite::NOW,
                 Sqlite::ROW_LOCK,
-                Sqlite::WRITE_GATE,
+                Sqlite::write_gate(),
                 Sqlite::FRESH_TOKEN,
             )
         });

@@ -17,6 +17,7 @@ use sqlx::{
     Transaction, Type,
 };
 
+use crate::backend::sealed::Transactions;
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, CredentialRow, DuplicateRow, EventRow, KeyRow,
     KnownCredentialRow, ListedRow, OperationRow, TenantRow, WatchedEventRow, CREDENTIAL_COLUMNS,
@@ -267,10 +268,9 @@ where
     Ok(version)
 }
 
-// What the shared SQL needs of a database's sqlx driver: that its connections execute queries,
-// and that it encodes and decodes the handful of types the ledger's columns hold. SQLite's and
-// PostgreSQL's drivers both do; the compiler checks it where a backend is named.
-impl<D> Backend for Store<D>
+// The transaction primitives need less of the driver than the reads and sweeps below: the
+// rows of an operation, its attempts, events and guard, and the types their columns hold.
+impl<D> Transactions for Store<D>
 where
     D: Dialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
@@ -289,27 +289,13 @@ where
     for<'r> EventRow: FromRow<'r, D::Row>,
     for<'r> BlockingRow: FromRow<'r, D::Row>,
     for<'r> KeyRow: FromRow<'r, D::Row>,
-    for<'r> TenantRow: FromRow<'r, D::Row>,
-    for<'r> CredentialRow: FromRow<'r, D::Row>,
-    for<'r> KnownCredentialRow: FromRow<'r, D::Row>,
-    for<'r> WatchedEventRow: FromRow<'r, D::Row>,
-    for<'r> ListedRow: FromRow<'r, D::Row>,
-    for<'r> DuplicateRow: FromRow<'r, D::Row>,
-    for<'r> (String, String, i64): FromRow<'r, D::Row>,
-    for<'r> (String, Option<i64>): FromRow<'r, D::Row>,
-    for<'r> (String, i64): FromRow<'r, D::Row>,
-    for<'r> (i64, String): FromRow<'r, D::Row>,
     for<'q> Option<i64>: Decode<'q, D>,
-    for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
     for<'n> &'n str: ColumnIndex<D::Row>,
 {
     type Tx = Transaction<'static, D>;
     type Conn = PoolConnection<D>;
-
-    fn kind(&self) -> &'static str {
-        D::KIND
-    }
 
     async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
         D::begin_write(&self.pool).await
@@ -455,7 +441,7 @@ where
                 Write::Insert(op) => (INSERT_OPERATION.as_str(), op),
                 Write::Update(op) => (UPDATE_OPERATION.as_str(), op),
             };
-            let written = rows::bind_operation!(sqlx::query(sql), op)
+            let written = rows::bind_operation(sqlx::query(sql), op)
                 .execute(&mut **tx)
                 .await?;
             if matches!(write, Write::Update(_)) && D::rows_affected(&written) != 1 {
@@ -470,9 +456,9 @@ where
                 .await?;
         }
         if let Some(attempt) = &plan.attempt {
-            rows::bind_attempt!(
+            rows::bind_attempt(
                 sqlx::query(&INSERT_ATTEMPT).bind(tenant).bind(id.as_str()),
-                attempt
+                attempt,
             )
             .execute(&mut **tx)
             .await?;
@@ -529,6 +515,48 @@ where
             .execute(&mut **tx)
             .await?;
         self.release_savepoint(tx).await
+    }
+}
+
+// What the shared SQL needs of a database's sqlx driver: that its connections execute queries,
+// and that it encodes and decodes the handful of types the ledger's columns hold. SQLite's and
+// PostgreSQL's drivers both do; the compiler checks it where a backend is named.
+impl<D> Backend for Store<D>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
+    for<'q> &'q [u8]: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q [u8]>: Encode<'q, D> + Type<D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<i64>: Encode<'q, D> + Type<D>,
+    for<'q> bool: Encode<'q, D> + Type<D>,
+    for<'q> String: Encode<'q, D> + Type<D>,
+    for<'q> Option<String>: Decode<'q, D> + Type<D>,
+    for<'r> OperationRow: FromRow<'r, D::Row>,
+    for<'r> AttemptRow: FromRow<'r, D::Row>,
+    for<'r> EventRow: FromRow<'r, D::Row>,
+    for<'r> BlockingRow: FromRow<'r, D::Row>,
+    for<'r> KeyRow: FromRow<'r, D::Row>,
+    for<'r> TenantRow: FromRow<'r, D::Row>,
+    for<'r> CredentialRow: FromRow<'r, D::Row>,
+    for<'r> KnownCredentialRow: FromRow<'r, D::Row>,
+    for<'r> WatchedEventRow: FromRow<'r, D::Row>,
+    for<'r> ListedRow: FromRow<'r, D::Row>,
+    for<'r> DuplicateRow: FromRow<'r, D::Row>,
+    for<'r> (String, String, i64): FromRow<'r, D::Row>,
+    for<'r> (String, Option<i64>): FromRow<'r, D::Row>,
+    for<'r> (String, i64): FromRow<'r, D::Row>,
+    for<'r> (i64, String): FromRow<'r, D::Row>,
+    for<'q> Option<i64>: Decode<'q, D>,
+    for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'n> &'n str: ColumnIndex<D::Row>,
+{
+    fn kind(&self) -> &'static str {
+        D::KIND
     }
 
     async fn history(
@@ -862,7 +890,7 @@ where
 
     async fn event_frontier(&self) -> Result<Frontier, StoreError> {
         let (newest, writing): (i64, String) =
-            sqlx::query_as(D::FRONTIER).fetch_one(&self.pool).await?;
+            sqlx::query_as(D::frontier()).fetch_one(&self.pool).await?;
         Ok(Frontier {
             newest,
             writing: writing

@@ -281,6 +281,7 @@ async fn write_batch<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::sealed::Transactions;
     use crate::SqliteBackend;
 
     async fn store() -> (tempfile::TempDir, SqliteBackend) {
@@ -312,8 +313,8 @@ mod tests {
     fn insert(
         id: i64,
         fail: bool,
-    ) -> impl for<'t> FnOnce(&'t mut <SqliteBackend as Backend>::Tx) -> TxFuture<'t, i64> {
-        over_tx(move |tx: &mut <SqliteBackend as Backend>::Tx| {
+    ) -> impl for<'t> FnOnce(&'t mut <SqliteBackend as Transactions>::Tx) -> TxFuture<'t, i64> {
+        over_tx(move |tx: &mut <SqliteBackend as Transactions>::Tx| {
             Box::pin(async move {
                 sqlx::query("INSERT INTO parent (id) VALUES ($1)")
                     .bind(id)
@@ -342,13 +343,15 @@ mod tests {
         let (running, ran) = oneshot::channel::<()>();
         let held = writer.clone();
         let task = tokio::spawn(async move {
-            held.write(over_tx(move |_tx: &mut <SqliteBackend as Backend>::Tx| {
-                Box::pin(async move {
-                    let _ = running.send(());
-                    let _ = released.await;
-                    Ok(())
-                })
-            }))
+            held.write(over_tx(
+                move |_tx: &mut <SqliteBackend as Transactions>::Tx| {
+                    Box::pin(async move {
+                        let _ = running.send(());
+                        let _ = released.await;
+                        Ok(())
+                    })
+                },
+            ))
             .await
             .unwrap();
         });
@@ -402,7 +405,7 @@ mod tests {
         let orphan = writer.clone();
         writes.push(tokio::spawn(async move {
             orphan
-                .write(over_tx(|tx: &mut <SqliteBackend as Backend>::Tx| {
+                .write(over_tx(|tx: &mut <SqliteBackend as Transactions>::Tx| {
                     Box::pin(async move {
                         sqlx::query("INSERT INTO child (id, parent) VALUES (1, 99)")
                             .execute(&mut **tx)
@@ -435,7 +438,7 @@ mod tests {
             let writer = writer.clone();
             tokio::spawn(async move {
                 writer
-                    .write(over_tx(|_tx: &mut <SqliteBackend as Backend>::Tx| {
+                    .write(over_tx(|_tx: &mut <SqliteBackend as Transactions>::Tx| {
                         Box::pin(async move {
                             if true {
                                 panic!("a bug in a write");

@@ -1,6 +1,7 @@
 //! The store conformance suite: what every [`Backend`] must do, tested at the trait, one suite
 //! instantiated for SQLite and for PostgreSQL. A backend is done when all of it passes.
 
+use crate::backend::sealed::Transactions as _;
 use crate::{Backend, Probe, StoreError};
 use once_core::machine::{self, FreshIdGuard, Plan, Write};
 use once_core::reconcile::Lookup;

@@ -418,19 +418,20 @@ async fn shutdown_is_not_held_up_by_a_watcher_that_reads_nothing(store: Engine) 
 /// (so the watermark has not reached it yet): it never replays what came before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_from_now_replays_nothing_while_a_writer_holds_the_gate() {
-    use once_store::Backend as _;
+    use once_store::Dialect as _;
+    use sqlx::{Connection as _, Postgres};
     let db = TestDb::new(Engine::Postgres).await;
     let ledger = TestLedger::spawn(&db).await;
     let mut client = ledger.client().await;
     some_history(&mut client).await;
     let before = *sequences(&db).await.last().unwrap();
-    let backend =
-        once_store::PgBackend::connect(&db.url, &once_store::postgres::PgSettings::default())
-            .await
-            .unwrap();
-    let mut writing = backend.begin_write().await.unwrap();
-    let id = once_core::OperationId::parse("id", "held").unwrap();
-    backend.lock(&mut writing, "default", &id).await.unwrap();
+    // A writer's transaction, holding the gate every write takes before its events.
+    let mut connection = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut writing = connection.begin().await.unwrap();
+    sqlx::query(Postgres::write_gate())
+        .execute(&mut *writing)
+        .await
+        .unwrap();
 
     let watching = client
         .watch_operations(pb::WatchOperationsRequest {
@@ -453,7 +454,7 @@ async fn a_watch_from_now_replays_nothing_while_a_writer_holds_the_gate() {
     );
     let mut stream = watching.into_inner();
     claim(&mut client, begin("w-after", ARGS)).await;
-    drop(writing);
+    writing.rollback().await.unwrap();
     let first = within(Duration::from_secs(10), "the next event", async {
         loop {
             let item = stream.message().await.unwrap().unwrap().item;

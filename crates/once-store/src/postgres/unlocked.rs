@@ -79,8 +79,8 @@ fn statement(shape: Shape) -> String {
 
     // The decision's clock reading may be only so old by now: it dates what is written.
     let mut parts = vec![format!(
-        "gate AS (SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared(1330529093, 1)) AS held \
-         WHERE {} - {now} <= {MAX_DECISION_AGE_MS})",
+        "gate AS (SELECT 1 FROM ({}) AS held WHERE {} - {now} <= {MAX_DECISION_AGE_MS})",
+        <sqlx::Postgres as crate::Dialect>::write_gate(),
         <sqlx::Postgres as crate::Dialect>::NOW
     )];
     let clear = match intent {
@@ -198,7 +198,7 @@ pub(crate) async fn apply(
         insert,
         attempt: plan.attempt.is_some(),
     };
-    let mut query = rows::bind_operation!(sqlx::query(&STATEMENTS[shape.index()]), op);
+    let mut query = rows::bind_operation(sqlx::query(&STATEMENTS[shape.index()]), op);
     if let Some((life, version)) = decided_from {
         query = query.bind(rows::token_column(life)).bind(version);
     }
@@ -207,7 +207,7 @@ pub(crate) async fn apply(
         query = query.bind(crate::postgres::intent_key(cmd));
     }
     if let Some(attempt) = &plan.attempt {
-        query = rows::bind_attempt!(query, attempt);
+        query = rows::bind_attempt(query, attempt);
     }
     let events = &plan.events;
     let query = query

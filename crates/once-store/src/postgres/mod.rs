@@ -5,6 +5,8 @@
 //! claim is retried against the now-existing row. Every timestamp comes from the database's
 //! `clock_timestamp()`, so replicas with skewed clocks agree on when a lease ends.
 
+mod unlocked;
+
 use std::time::Duration;
 
 use once_core::{BeginCommand, FencingToken, Millis, Plan};
@@ -53,6 +55,31 @@ impl Default for PgSettings {
     }
 }
 
+/// The advisory lock every write transaction holds while it may write events, the write gate
+/// watchers read the frontier by ([`crate::watch`]): (class, object) in the two-key form, so it
+/// never meets an intent lock (`serialise_intent`, one key).
+const GATE: (i32, i32) = (1330529093, 1);
+
+/// Takes the write gate, shared, so writers never wait for one another on it.
+static WRITE_GATE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT pg_advisory_xact_lock_shared({}, {})",
+        GATE.0, GATE.1
+    )
+});
+
+/// The newest event, and the transactions holding the write gate (which may still commit
+/// older ones): a two-key advisory lock shows its keys as `classid` and `objid`, `objsubid` 2.
+static FRONTIER: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT (SELECT COALESCE(MAX(sequence), 0) FROM events) AS newest, \
+         COALESCE(string_agg(virtualtransaction, ','), '') AS writing FROM pg_locks \
+         WHERE locktype = 'advisory' AND classid = {} AND objid = {} AND objsubid = 2 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        GATE.0, GATE.1
+    )
+});
+
 impl Dialect for Postgres {
     const KIND: &'static str = "postgres";
 
@@ -67,9 +94,9 @@ impl Dialect for Postgres {
     /// The same sequence: what it hands out is never handed out again, whatever commits.
     const FRESH_TOKEN: Option<&'static str> = Some("nextval('fencing_tokens')");
 
-    /// Shared, so writers never wait for one another on it; the two-key form, so it never
-    /// meets an intent lock (`serialise_intent`, one key).
-    const WRITE_GATE: &'static str = "SELECT pg_advisory_xact_lock_shared(1330529093, 1)";
+    fn write_gate() -> &'static str {
+        &WRITE_GATE
+    }
 
     /// Writers run side by side, each in its own transaction, locking only what they write.
     const GROUP_COMMIT: bool = false;
@@ -79,18 +106,16 @@ impl Dialect for Postgres {
         format!("= ANY(ARRAY({subquery}))")
     }
 
-    const FRONTIER: &'static str =
-        "SELECT (SELECT COALESCE(MAX(sequence), 0) FROM events) AS newest, \
-         COALESCE(string_agg(virtualtransaction, ','), '') AS writing FROM pg_locks \
-         WHERE locktype = 'advisory' AND classid = 1330529093 AND objid = 1 AND objsubid = 2 \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    fn frontier() -> &'static str {
+        &FRONTIER
+    }
 
     fn statements() -> &'static Statements {
         static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| {
             Statements::new(
                 Postgres::NOW,
                 Postgres::ROW_LOCK,
-                Postgres::WRITE_GATE,
+                Postgres::write_gate(),
                 Postgres::FRESH_TOKEN,
             )
         });
@@ -126,7 +151,7 @@ impl Dialect for Postgres {
         plan: &Plan,
         now: Millis,
     ) -> Result<Option<Unlocked>, StoreError> {
-        crate::unlocked::apply(conn, decided_from, guard, plan, now).await
+        unlocked::apply(conn, decided_from, guard, plan, now).await
     }
 
     async fn announce_events(pool: &Pool<Self>) -> Result<(), StoreError> {
