@@ -182,6 +182,19 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
     BeginStep::Decided(decision, plan)
 }
 
+/// Whether a Begin of `cmd` over `current` (as stored at `now`) would start a new execution, if
+/// nothing blocks it: the rule of [`begin`] for when it asks to [`claim`] — no record, one past
+/// its retention (a new life), or an ABSENT one of the same arguments (a new attempt). A tenant's
+/// in-flight cap counts exactly these.
+pub fn starts_execution(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> bool {
+    match current {
+        Some(op) if !op.is_expired(now) => {
+            op.state == State::Absent && op.fingerprint == cmd.fingerprint
+        }
+        _ => true,
+    }
+}
+
 /// Grants a new execution right, or refuses it for the operation the guard found. Call only
 /// after [`begin`] answered [`BeginStep::Claim`] for the same row and `now`.
 pub fn claim(

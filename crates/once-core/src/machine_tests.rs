@@ -1125,3 +1125,37 @@ fn a_superseded_attempts_confirm_counts_only_from_its_own_credential() {
     );
     assert!(!plan.is_empty());
 }
+
+#[test]
+fn a_begin_starts_an_execution_exactly_when_begin_asks_to_claim() {
+    let live = claimed();
+    let settled = confirmed(&live, T0 + 1);
+    let gone = with_state(&live, absent(), T0 + 1);
+    let doubtful = with_state(&live, unknown(), T0 + 1);
+    let past_retention = T0 + 1 + RETENTION;
+    let other_arguments = BeginCommand {
+        fingerprint: fp(2),
+        ..cmd("a2")
+    };
+    let cases: [(Option<&Operation>, &BeginCommand, Millis, bool); 8] = [
+        (None, &cmd("a2"), T0, true),
+        (Some(&live), &cmd("a2"), T0 + 1, false),
+        (Some(&settled), &cmd("a2"), T0 + 2, false),
+        (Some(&settled), &cmd("a2"), past_retention, true),
+        (Some(&gone), &cmd("a2"), T0 + 2, true),
+        (Some(&gone), &other_arguments, T0 + 2, false),
+        (Some(&gone), &other_arguments, past_retention, true),
+        (Some(&doubtful), &cmd("a2"), past_retention, false),
+    ];
+    for (current, command, now, starts) in cases {
+        assert_eq!(
+            super::starts_execution(current, command, now),
+            starts,
+            "{:?} at {now}",
+            current.map(|op| op.state)
+        );
+        // The same rule as Begin's: a claim where it says one starts, nothing where not.
+        let claims = matches!(super::begin(current, command, now), BeginStep::Claim);
+        assert_eq!(claims, starts, "{:?} at {now}", current.map(|op| op.state));
+    }
+}

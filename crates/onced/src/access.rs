@@ -399,14 +399,14 @@ impl<B: Backend> Access<B> {
     }
 
     /// Refuses a Begin that would start a new execution while its tenant holds its cap of
-    /// IN_FLIGHT operations. A Begin of an operation that exists goes on: it replays, waits or
-    /// is told the state, which costs the tenant nothing. The count is read at most every
-    /// 250 ms per replica and counts what this replica lets through meanwhile, so the cap can
-    /// be passed only by what other replicas begin within that time.
+    /// IN_FLIGHT operations ([`once_core::machine::starts_execution`]). Any other Begin goes on:
+    /// it replays, waits or is told the state, which costs the tenant nothing. The count is read
+    /// at most every 250 ms per replica and counts what this replica lets through meanwhile, so
+    /// the cap can be passed only by what other replicas begin within that time.
     pub async fn check_in_flight(
         &self,
         principal: &Principal,
-        id: &once_core::OperationId,
+        cmd: &once_core::BeginCommand,
     ) -> Result<(), Status> {
         let Some(cap) = principal.max_in_flight else {
             return Ok(());
@@ -429,13 +429,13 @@ impl<B: Backend> Access<B> {
             }
             return Ok(());
         }
-        let (op, _) = self
+        let (op, now) = self
             .inner
             .backend
-            .read(&principal.tenant, id)
+            .read(&principal.tenant, &cmd.operation_id)
             .await
             .map_err(status::store)?;
-        if op.is_some_and(|op| op.state != once_core::State::Absent) {
+        if !once_core::machine::starts_execution(op.as_ref(), cmd, now) {
             return Ok(());
         }
         Err(status::exhausted(

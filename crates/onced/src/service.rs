@@ -137,9 +137,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let input =
             convert::begin(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
         let cmd = input.command;
-        self.access
-            .check_in_flight(&principal, &cmd.operation_id)
-            .await?;
+        self.access.check_in_flight(&principal, &cmd).await?;
         let span = tracing::Span::current();
         span.record("once.operation_id", cmd.operation_id.as_str());
         span.record("once.tool", cmd.tool.as_str());

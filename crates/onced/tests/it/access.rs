@@ -1017,6 +1017,66 @@ async fn an_open_ledger_closes_when_its_first_key_is_created(store: Engine) {
     other.stop().await;
 }
 
+on_both_backends!(an_operation_past_its_retention_begun_again_counts_against_the_cap);
+
+/// An operation settled past its retention (not yet swept) that is begun again starts a new
+/// life: a new execution, which the tenant's in-flight cap refuses while the tenant holds its
+/// cap, as it refuses a first claim.
+async fn an_operation_past_its_retention_begun_again_counts_against_the_cap(store: Engine) {
+    let db = TestDb::new(store).await;
+    let flags = [
+        "--retention-explicit",
+        "1ms",
+        "--retention-sweep-interval",
+        "1h",
+    ];
+    let (server, admin_key) = guarded_ledger(&db, &flags).await;
+    let mut ledger = server.client().await;
+    let mut admin = admin_client(&server).await;
+    admin
+        .put_tenant(with_key(
+            apb::PutTenantRequest {
+                name: "capped".into(),
+                max_in_flight: 1,
+                requests_per_second: 0,
+            },
+            Some(&admin_key),
+        ))
+        .await
+        .unwrap();
+    let capped = create_key(&mut admin, &admin_key, "capped", &["executor"])
+        .await
+        .secret;
+    let request = with_key(begin("done", ARGS), Some(&capped));
+    let grant = expect_execute(&ledger.begin(request).await.unwrap().into_inner());
+    ledger
+        .confirm(with_key(
+            pb::ConfirmRequest {
+                operation_id: "done".into(),
+                ..confirm_of(grant.fencing_token, "re_done")
+            },
+            Some(&capped),
+        ))
+        .await
+        .unwrap();
+    // The tenant takes its one slot (once the count it was read with shows the slot free).
+    eventually(Duration::from_secs(5), "a slot for held", || {
+        let mut ledger = ledger.clone();
+        let request = with_key(begin("held", ARGS), Some(&capped));
+        async move { ledger.begin(request).await.ok() }
+    })
+    .await;
+    let again = ledger
+        .begin(with_key(begin("done", ARGS), Some(&capped)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (again.code(), reason(&again)),
+        (Code::ResourceExhausted, "TOO_MANY_IN_FLIGHT".to_owned())
+    );
+    server.stop().await;
+}
+
 on_both_backends!(tenant_limits_refuse_with_retry_after);
 
 /// A tenant over its in-flight cap or its request rate is told RESOURCE_EXHAUSTED with when to
