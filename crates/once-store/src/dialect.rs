@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use once_core::{BeginCommand, FencingToken, Millis, Plan};
+use once_core::{BeginCommand, Blocking, FencingToken, Millis, Plan};
 use sqlx::{Database, Pool, Transaction};
 
 use crate::{StoreError, Unlocked};
@@ -55,14 +55,20 @@ pub trait Dialect: Database {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, StoreError>> + Send;
 
-    /// Serialises the fresh-id guard of `cmd`'s intent until the transaction ends. Where that
-    /// takes a statement, the same statement may issue the token a clear claim would use (a
-    /// blocked claim leaves it unused: tokens may skip, never repeat); `None` when the guard
-    /// should take one only if nothing blocks the claim.
-    fn serialise_intent(
+    /// The fresh-id guard of `cmd`'s intent, its query written once for this dialect: the open
+    /// operation of the same tenant, tool and fingerprint under another id (UNKNOWN ones
+    /// first), read with a snapshot taken once the guard of the intent is serialised until the
+    /// transaction ends, so two Begins of one intent under two new ids cannot both find the way
+    /// clear.
+    fn blocking(
         tx: &mut Self::Connection,
         cmd: &BeginCommand,
-    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<Blocking>, StoreError>> + Send;
+
+    /// The guard's query as a write transaction sends it, for the tests of its plan; `None`
+    /// where it runs inside a function whose plan is tested there.
+    #[cfg(test)]
+    fn guard_statement() -> Option<String>;
 
     /// Whether [`Dialect::apply_unlocked`] writes anything.
     const UNLOCKED_WRITES: bool;

@@ -171,16 +171,6 @@ pub(crate) const EVENT_COLUMNS: &str =
 pub(crate) const BLOCKING_COLUMNS: &str =
     "operation_id, state, attempt, lease_deadline, updated_at";
 
-/// The fresh-id guard: an open operation of the same intent under another id. UNKNOWN ones
-/// come first: they block whatever their lease says.
-pub(crate) static FIND_BLOCKING: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {BLOCKING_COLUMNS} FROM operations WHERE tenant = $1 AND tool = $2 \
-         AND fingerprint = $3 AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4 \
-         ORDER BY state DESC, created_at LIMIT 1"
-    )
-});
-
 #[derive(sqlx::FromRow)]
 pub(crate) struct OperationRow {
     tenant: String,

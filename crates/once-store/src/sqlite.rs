@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use once_core::BeginCommand;
+use once_core::{BeginCommand, Blocking};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -16,6 +16,7 @@ use sqlx::{Pool, Sqlite, Transaction, TransactionManager as _};
 
 use std::sync::LazyLock;
 
+use crate::rows::{BlockingRow, BLOCKING_COLUMNS};
 use crate::store::Statements;
 use crate::{Announcements, Dialect, Store, StoreError};
 
@@ -28,6 +29,16 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 const MIGRATION_TRIES: u64 = 5;
 /// How often opening is retried while another process holds a new file's exclusive lock.
 const OPEN_TRIES: u64 = 10;
+
+/// The fresh-id guard: an open operation of the same intent under another id. UNKNOWN ones
+/// come first: they block whatever their lease says.
+static FIND_BLOCKING: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {BLOCKING_COLUMNS} FROM operations WHERE tenant = $1 AND tool = $2 \
+         AND fingerprint = $3 AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4 \
+         ORDER BY state DESC, created_at LIMIT 1"
+    )
+});
 
 impl Dialect for Sqlite {
     const KIND: &'static str = "sqlite";
@@ -82,13 +93,24 @@ impl Dialect for Sqlite {
         Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
-    async fn serialise_intent(
-        _tx: &mut SqliteConnection,
-        _cmd: &BeginCommand,
-    ) -> Result<Option<i64>, StoreError> {
-        // The transaction holds SQLite's one write lock: the guard is serialised already, and
-        // a token is taken only by a claim that is clear.
-        Ok(None)
+    async fn blocking(
+        tx: &mut SqliteConnection,
+        cmd: &BeginCommand,
+    ) -> Result<Option<Blocking>, StoreError> {
+        // The transaction holds SQLite's one write lock: the guard is serialised already.
+        let row: Option<BlockingRow> = sqlx::query_as(&FIND_BLOCKING)
+            .bind(cmd.tenant.as_str())
+            .bind(cmd.tool.as_str())
+            .bind(&cmd.fingerprint.0[..])
+            .bind(cmd.operation_id.as_str())
+            .fetch_optional(tx)
+            .await?;
+        row.map(Blocking::try_from).transpose()
+    }
+
+    #[cfg(test)]
+    fn guard_statement() -> Option<String> {
+        Some(FIND_BLOCKING.clone())
     }
 
     /// A statement cannot both read and write here (no data-modifying CTEs), and writes

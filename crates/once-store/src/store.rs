@@ -8,8 +8,8 @@ use once_core::machine::{self, FreshIdGuard, Write};
 use once_core::reconcile::Lookup;
 use once_core::stats::{Gauges, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
-    Attempt, BeginCommand, Blocking, Event, EventKind, FencingToken, ListQuery, Listed, Millis,
-    Operation, OperationEvent, OperationId, Plan, PriorResolution, Scope, WatchFilter,
+    Attempt, BeginCommand, Event, EventKind, FencingToken, ListQuery, Listed, Millis, Operation,
+    OperationEvent, OperationId, Plan, PriorResolution, Scope, WatchFilter,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{
@@ -21,9 +21,9 @@ use crate::backend::sealed::Transactions;
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, CredentialRow, DuplicateRow, EventRow, KeyRow,
     KnownCredentialRow, ListedRow, OperationRow, TenantRow, WatchedEventRow, CREDENTIAL_COLUMNS,
-    DUPLICATE_COLUMNS, EVENT_COLUMNS, FIND_BLOCKING, INSERT_ATTEMPT, INSERT_EVENT,
-    INSERT_OPERATION, LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS,
-    UPDATE_OPERATION, WATCHED_EVENT_COLUMNS,
+    DUPLICATE_COLUMNS, EVENT_COLUMNS, INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION,
+    LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS, TENANT_COLUMNS, UPDATE_OPERATION,
+    WATCHED_EVENT_COLUMNS,
 };
 use crate::watch::Frontier;
 use crate::Announcements;
@@ -164,7 +164,8 @@ pub enum CallBinds {
 #[cfg(test)]
 pub(crate) fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
     let statements = D::statements();
-    vec![
+    let guard = D::guard_statement().map(|sql| ("fresh-id guard", sql, CallBinds::Intent));
+    let mut listed = vec![
         ("read", statements.read.clone(), CallBinds::Operation),
         (
             "read for a Begin",
@@ -172,14 +173,15 @@ pub(crate) fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBi
             CallBinds::Operation,
         ),
         ("lock", statements.lock.clone(), CallBinds::Operation),
-        ("fresh-id guard", FIND_BLOCKING.clone(), CallBinds::Intent),
         ("attempt", FIND_ATTEMPT.clone(), CallBinds::Token),
         (
             "resolution",
             FIND_RESOLUTION.to_owned(),
             CallBinds::DedupeKey,
         ),
-    ]
+    ];
+    listed.extend(guard);
+    listed
 }
 
 /// What a sweeper statement is bound with.
@@ -367,21 +369,10 @@ where
             let token = self.next_token(tx).await?;
             return Ok(FreshIdGuard::Clear { token });
         }
-        let token = D::serialise_intent(&mut **tx, cmd).await?;
-        // A new statement, so a new snapshot: it sees what the intent's previous holder
-        // committed. UNKNOWN operations come first: they block whatever their lease says.
-        let blocking: Option<BlockingRow> = sqlx::query_as(&FIND_BLOCKING)
-            .bind(cmd.tenant.as_str())
-            .bind(cmd.tool.as_str())
-            .bind(&cmd.fingerprint.0[..])
-            .bind(cmd.operation_id.as_str())
-            .fetch_optional(&mut **tx)
-            .await?;
-        let token = match (blocking, token) {
-            (Some(row), _) => return Ok(FreshIdGuard::Blocked(Blocking::try_from(row)?)),
-            (None, Some(token)) => rows::token(token)?,
-            (None, None) => self.next_token(tx).await?,
-        };
+        if let Some(blocking) = D::blocking(&mut **tx, cmd).await? {
+            return Ok(FreshIdGuard::Blocked(blocking));
+        }
+        let token = self.next_token(tx).await?;
         Ok(FreshIdGuard::Clear { token })
     }
 

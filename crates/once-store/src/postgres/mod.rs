@@ -9,12 +9,13 @@ mod unlocked;
 
 use std::time::Duration;
 
-use once_core::{BeginCommand, FencingToken, Millis, Plan};
+use once_core::{BeginCommand, Blocking, FencingToken, Millis, Plan};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
 use std::sync::LazyLock;
 
+use crate::rows::{BlockingRow, BLOCKING_COLUMNS};
 use crate::store::Statements;
 use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
@@ -57,8 +58,13 @@ impl Default for PgSettings {
 
 /// The advisory lock every write transaction holds while it may write events, the write gate
 /// watchers read the frontier by ([`crate::watch`]): (class, object) in the two-key form, so it
-/// never meets an intent lock (`serialise_intent`, one key).
+/// never meets an intent lock (`once_blocking`, one key).
 const GATE: (i32, i32) = (1330529093, 1);
+
+/// The fresh-id guard, in the function that serialises it: `$1` the intent's lock key, then the
+/// tenant, tool, fingerprint and the operation id asking.
+static FIND_BLOCKING: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {BLOCKING_COLUMNS} FROM once_blocking($1, $2, $3, $4, $5)"));
 
 /// Takes the write gate, shared, so writers never wait for one another on it.
 static WRITE_GATE: LazyLock<String> = LazyLock::new(|| {
@@ -126,20 +132,29 @@ impl Dialect for Postgres {
         Ok(pool.begin().await?)
     }
 
-    async fn serialise_intent(
+    async fn blocking(
         tx: &mut PgConnection,
         cmd: &BeginCommand,
-    ) -> Result<Option<i64>, StoreError> {
-        // One statement takes the intent's advisory lock, held until the transaction ends, and
-        // the token. Row locks cannot serialise the guard: the other Begin's row may not exist
-        // yet, or not be committed.
-        Ok(sqlx::query_scalar(
-            "SELECT nextval('fencing_tokens') FROM (SELECT pg_advisory_xact_lock($1)) AS serialised",
-        )
-        .bind(intent_key(cmd))
-        .fetch_one(tx)
-        .await
-        .map(Some)?)
+    ) -> Result<Option<Blocking>, StoreError> {
+        // `once_blocking` (migration 0006) takes the intent's advisory lock, held until the
+        // transaction ends, then looks with a snapshot taken after the lock was granted: row
+        // locks cannot serialise the guard, as the other Begin's row may not exist yet, or not
+        // be committed. The one-statement claim (`unlocked`) runs the same function.
+        let row: Option<BlockingRow> = sqlx::query_as(&FIND_BLOCKING)
+            .bind(intent_key(cmd))
+            .bind(cmd.tenant.as_str())
+            .bind(cmd.tool.as_str())
+            .bind(&cmd.fingerprint.0[..])
+            .bind(cmd.operation_id.as_str())
+            .fetch_optional(tx)
+            .await?;
+        row.map(Blocking::try_from).transpose()
+    }
+
+    /// The guard runs in `once_blocking`: `plans::guard_function_reads_an_index` reads its plan.
+    #[cfg(test)]
+    fn guard_statement() -> Option<String> {
+        None
     }
 
     const UNLOCKED_WRITES: bool = true;
