@@ -42,3 +42,24 @@ pub fn key(c: Credential) -> pb::Key {
         revoked_at_ms: c.revoked_at.unwrap_or(0),
     }
 }
+
+pub fn list_tenants_response(tenants: Vec<Tenant>) -> pb::ListTenantsResponse {
+    pb::ListTenantsResponse {
+        tenants: tenants.into_iter().map(tenant).collect(),
+    }
+}
+
+/// A created credential, and its secret when one was generated (shown this once; none for a
+/// registered certificate).
+pub fn create_key_response(credential: Credential, secret: Option<&str>) -> pb::CreateKeyResponse {
+    pb::CreateKeyResponse {
+        key: Some(key(credential)),
+        secret: secret.unwrap_or_default().to_owned(),
+    }
+}
+
+pub fn list_keys_response(keys: Vec<Credential>) -> pb::ListKeysResponse {
+    pb::ListKeysResponse {
+        keys: keys.into_iter().map(key).collect(),
+    }
+}

@@ -307,9 +307,7 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
     ) -> Result<Response<pb::ListTenantsResponse>, Status> {
         self.access.admit(&request, Allowed::ADMIN).await?;
         let tenants = self.admin.tenants().await.map_err(refused)?;
-        Ok(Response::new(pb::ListTenantsResponse {
-            tenants: tenants.into_iter().map(convert::tenant).collect(),
-        }))
+        Ok(Response::new(convert::list_tenants_response(tenants)))
     }
 
     async fn create_key(
@@ -337,10 +335,10 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
             by = ?admin.credential.as_ref().map(|c| &c.key_id),
             "credential created"
         );
-        Ok(Response::new(pb::CreateKeyResponse {
-            key: Some(convert::key(credential)),
-            secret: key.map(|k| k.expose().to_owned()).unwrap_or_default(),
-        }))
+        let secret = key.as_ref().map(|k| k.expose());
+        Ok(Response::new(convert::create_key_response(
+            credential, secret,
+        )))
     }
 
     async fn list_keys(
@@ -351,9 +349,7 @@ impl<B: Backend> pb::admin_server::Admin for AdminService<B> {
         let req = request.into_inner();
         let tenant = Some(req.tenant.as_str()).filter(|t| !t.is_empty());
         let keys = self.admin.keys(tenant).await.map_err(refused)?;
-        Ok(Response::new(pb::ListKeysResponse {
-            keys: keys.into_iter().map(convert::key).collect(),
-        }))
+        Ok(Response::new(convert::list_keys_response(keys)))
     }
 
     async fn revoke_key(

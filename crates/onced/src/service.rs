@@ -201,9 +201,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             self.access.charge(&principal)?;
         }
         let deadline = deadline.map_err(status::store)?;
-        Ok(Response::new(pb::HeartbeatResponse {
-            lease_deadline: Some(convert::timestamp(deadline)),
-        }))
+        Ok(Response::new(convert::heartbeat_response(deadline)))
     }
 
     async fn get_operation(
@@ -244,18 +242,11 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         request: Request<pb::GetServerInfoRequest>,
     ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
         let principal = self.access.admit(&request, Allowed::ANY).await?;
-        let credential = principal.credential.as_ref();
-        Ok(Response::new(pb::GetServerInfoResponse {
-            version: crate::version().to_owned(),
-            database: self.ledger.backend().kind().to_owned(),
-            tenant: principal.tenant.clone(),
-            key_id: credential.map(|c| c.key_id.clone()).unwrap_or_default(),
-            key_name: credential.map(|c| c.name.clone()).unwrap_or_default(),
-            roles: credential
-                .map(|c| c.roles.iter().map(|r| r.as_str().to_owned()).collect())
-                .unwrap_or_default(),
-            open: credential.is_none(),
-        }))
+        Ok(Response::new(convert::server_info_response(
+            (crate::version(), self.ledger.backend().kind()),
+            &principal.tenant,
+            principal.credential.as_ref(),
+        )))
     }
 
     async fn get_forensics(
@@ -287,12 +278,9 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .list(&scope, &query)
             .await
             .map_err(status::store)?;
-        Ok(Response::new(pb::ListOperationsResponse {
-            operations: operations.into_iter().map(convert::listed).collect(),
-            next_page_token: next
-                .map(|end| convert::encode_page_token(&end))
-                .unwrap_or_default(),
-        }))
+        Ok(Response::new(convert::list_operations_response(
+            operations, next,
+        )))
     }
 
     type WatchOperationsStream = ReceiverStream<Result<pb::WatchOperationsResponse, Status>>;
@@ -332,12 +320,11 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .now(&principal.tenant, &id)
             .await
             .map_err(status::refused)?;
-        Ok(Response::new(pb::ReconcileResponse {
-            reconciler: reconciled.reconciler,
-            verdict: convert::state_to_pb(reconciled.found) as i32,
-            state: convert::state_to_pb(reconciled.state) as i32,
-            detail: reconciled.detail,
-        }))
+        Ok(Response::new(convert::reconcile_response(
+            reconciled.reconciler,
+            (reconciled.found, reconciled.state),
+            reconciled.detail,
+        )))
     }
 
     async fn resolve(
@@ -360,9 +347,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .map_err(status::store)?;
         self.settled.notify();
         tracing::info!(state = state.as_str(), "operation resolved");
-        Ok(Response::new(pb::ResolveResponse {
-            state: convert::state_to_pb(state) as i32,
-        }))
+        Ok(Response::new(convert::resolve_response(state)))
     }
 }
 
@@ -394,9 +379,7 @@ impl<B: Backend> LedgerService<B> {
             self.access.charge(&principal)?;
         }
         let state = state.map_err(status::store)?;
-        Ok(Response::new(pb::ReportResponse {
-            state: convert::state_to_pb(state) as i32,
-        }))
+        Ok(Response::new(convert::report_response(state)))
     }
 }
 

@@ -1,29 +1,13 @@
-//! Validated conversions between API messages and domain types.
-//!
-//! Every inbound function either returns a domain command that satisfies the core's
-//! expectations or an [`Invalid`] naming the request field at fault; it never touches storage.
+//! Inbound: each request message to the domain command it asks for, or an [`Invalid`] naming
+//! the field at fault. Nothing here touches storage.
 
-use once_core::forensics;
 use once_core::identity::{check_name, check_text, CanonicalArguments, MAX_TOOL_BYTES};
 use once_core::once_id::{self, IntentPart};
 use once_core::*;
-use prost_types::{Duration, Timestamp};
+use prost_types::Duration;
 
+use super::*;
 use crate::pb;
-
-/// Longest attempt id, provider name, operator name or resolution id.
-const MAX_NAME_BYTES: usize = 128;
-/// Shortest attempt id: one unique per attempt, not a JSON-RPC id unique only per session.
-pub const MIN_ATTEMPT_ID_BYTES: usize = 16;
-/// Most states a ListOperations filter names: each state once.
-const MAX_LISTED_STATES: usize = State::ALL.len();
-/// Longest transport context value (client name, session id, request id).
-const MAX_CONTEXT_BYTES: usize = 256;
-/// Longest provider reference.
-const MAX_PROVIDER_REF_BYTES: usize = 255;
-/// Largest ListOperations page.
-pub const MAX_PAGE_SIZE: u32 = 1000;
-const DEFAULT_PAGE_SIZE: u32 = 100;
 
 /// Who is calling, as established by authentication (never read from the request body).
 #[derive(Debug, Clone)]
@@ -48,103 +32,16 @@ pub fn begin(
     limits: &Limits,
 ) -> Result<BeginInput, Invalid> {
     check_name("tool", &req.tool, MAX_TOOL_BYTES)?;
-    let volatile = req.volatile_fields;
-    for (i, name) in volatile.iter().enumerate() {
-        check_name(&format!("volatile_fields[{i}]"), name, MAX_NAME_BYTES)?;
-    }
-    let arguments =
-        match &req.effect {
-            Some(pb::begin_request::Effect::ArgumentsJson(json)) => Some(
-                CanonicalArguments::parse("arguments_json", json, &volatile)?,
-            ),
-            _ => None,
-        };
-    let fingerprint = match (&req.effect, &arguments) {
-        (Some(pb::begin_request::Effect::Fingerprint(hex)), _) => {
-            Fingerprint::parse_hex("fingerprint", hex)?
-        }
-        (_, Some(arguments)) => arguments.fingerprint(),
-        _ => {
-            return Err(Invalid::new(
-                "effect",
-                "one of arguments_json or fingerprint is required",
-            ))
-        }
-    };
-    let operation_id = match req.identity {
-        Some(pb::begin_request::Identity::OperationId(id)) => {
-            OperationId::parse("operation_id", &id)?
-        }
-        Some(pb::begin_request::Identity::Intent(intent)) => {
-            let parts = intent
-                .parts
-                .into_iter()
-                .enumerate()
-                .map(|(i, part)| match part.kind {
-                    Some(pb::intent_part::Kind::Text(s)) => Ok(IntentPart::Text(s)),
-                    Some(pb::intent_part::Kind::Integer(n)) => Ok(IntentPart::Integer(n)),
-                    Some(pb::intent_part::Kind::Number(x)) => Ok(IntentPart::Number(x)),
-                    None => Err(Invalid::new(
-                        format!("intent.parts[{i}]"),
-                        "one of text, integer or number is required",
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let id = once_id::operation_id(&parts).map_err(|e| e.within("intent"))?;
-            OperationId::parse("intent", &id)?
-        }
-        Some(pb::begin_request::Identity::Derived(_)) => match &arguments {
-            Some(arguments) => arguments
-                .derived_id(&req.tool)
-                .map_err(|e| Invalid::new("derived", e.message))?,
-            None => {
-                return Err(Invalid::new(
-                    "arguments_json",
-                    "is required to derive the operation id",
-                ))
-            }
-        },
-        None => {
-            return Err(Invalid::new(
-                "identity",
-                "one of operation_id, intent or derived is required",
-            ))
-        }
-    };
-    check_name("attempt_id", &req.attempt_id, MAX_NAME_BYTES)?;
-    if req.attempt_id.len() < MIN_ATTEMPT_ID_BYTES {
-        return Err(Invalid::new(
-            "attempt_id",
-            format!(
-                "must be at least {MIN_ATTEMPT_ID_BYTES} bytes, chosen at random once per attempt (a UUID); \
-                 a JSON-RPC request id is unique only within its session"
-            ),
-        ));
-    }
-    let context = req.context.unwrap_or_default();
-    let context = AttemptContext {
-        client_name: optional_name(
-            "context.client_name",
-            context.client_name,
-            MAX_CONTEXT_BYTES,
-        )?,
-        session_id: optional_name("context.session_id", context.session_id, MAX_CONTEXT_BYTES)?,
-        request_id: optional_name("context.request_id", context.request_id, MAX_CONTEXT_BYTES)?,
-    };
+    let (arguments, fingerprint) = effect(req.effect, &req.volatile_fields)?;
+    let operation_id = identity(req.identity, &req.tool, arguments.as_ref())?;
+    check_attempt_id(&req.attempt_id)?;
+    let context = attempt_context(req.context.unwrap_or_default())?;
     let lease_ttl_ms = lease_ttl("lease_ttl", req.lease_ttl, limits)?;
     let wait_ms = match req.wait {
         None => 0,
         Some(d) => bounded("wait", d, 0, limits.max_wait_ms)?,
     };
-    let default_retention = if operation_id.is_derived_hash() {
-        limits.retention_derived_ms
-    } else {
-        limits.retention_explicit_ms
-    };
-    let retention_ms = match req.retention {
-        None => default_retention,
-        Some(d) => bounded("retention", d, 0, limits.max_retention_ms)?.max(default_retention),
-    };
+    let retention_ms = retention(req.retention, &operation_id, limits)?;
     let provider = optional_name("provider", req.provider, MAX_NAME_BYTES)?;
     let lookup_hints = json_object(
         "lookup_hints_json",
@@ -168,6 +65,119 @@ pub fn begin(
             holder: caller.holder.clone(),
         },
         wait_ms,
+    })
+}
+
+/// What a Begin's effect is: its canonical arguments when it sends them (the fields named
+/// volatile left out), and its fingerprint, sent or computed from them.
+fn effect(
+    effect: Option<pb::begin_request::Effect>,
+    volatile: &[String],
+) -> Result<(Option<CanonicalArguments>, Fingerprint), Invalid> {
+    for (i, name) in volatile.iter().enumerate() {
+        check_name(&format!("volatile_fields[{i}]"), name, MAX_NAME_BYTES)?;
+    }
+    match effect {
+        Some(pb::begin_request::Effect::ArgumentsJson(json)) => {
+            let arguments = CanonicalArguments::parse("arguments_json", &json, volatile)?;
+            let fingerprint = arguments.fingerprint();
+            Ok((Some(arguments), fingerprint))
+        }
+        Some(pb::begin_request::Effect::Fingerprint(hex)) => {
+            Ok((None, Fingerprint::parse_hex("fingerprint", &hex)?))
+        }
+        None => Err(Invalid::new(
+            "effect",
+            "one of arguments_json or fingerprint is required",
+        )),
+    }
+}
+
+/// The operation id a Begin names: given, encoded from intent parts (once-id-v1), or derived
+/// from the tool and its canonical arguments.
+fn identity(
+    identity: Option<pb::begin_request::Identity>,
+    tool: &str,
+    arguments: Option<&CanonicalArguments>,
+) -> Result<OperationId, Invalid> {
+    match identity {
+        Some(pb::begin_request::Identity::OperationId(id)) => {
+            OperationId::parse("operation_id", &id)
+        }
+        Some(pb::begin_request::Identity::Intent(intent)) => {
+            let parts = intent
+                .parts
+                .into_iter()
+                .enumerate()
+                .map(|(i, part)| match part.kind {
+                    Some(pb::intent_part::Kind::Text(s)) => Ok(IntentPart::Text(s)),
+                    Some(pb::intent_part::Kind::Integer(n)) => Ok(IntentPart::Integer(n)),
+                    Some(pb::intent_part::Kind::Number(x)) => Ok(IntentPart::Number(x)),
+                    None => Err(Invalid::new(
+                        format!("intent.parts[{i}]"),
+                        "one of text, integer or number is required",
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let id = once_id::operation_id(&parts).map_err(|e| e.within("intent"))?;
+            OperationId::parse("intent", &id)
+        }
+        Some(pb::begin_request::Identity::Derived(_)) => match arguments {
+            Some(arguments) => arguments
+                .derived_id(tool)
+                .map_err(|e| Invalid::new("derived", e.message)),
+            None => Err(Invalid::new(
+                "arguments_json",
+                "is required to derive the operation id",
+            )),
+        },
+        None => Err(Invalid::new(
+            "identity",
+            "one of operation_id, intent or derived is required",
+        )),
+    }
+}
+
+fn check_attempt_id(attempt_id: &str) -> Result<(), Invalid> {
+    check_name("attempt_id", attempt_id, MAX_NAME_BYTES)?;
+    if attempt_id.len() < MIN_ATTEMPT_ID_BYTES {
+        return Err(Invalid::new(
+            "attempt_id",
+            format!(
+                "must be at least {MIN_ATTEMPT_ID_BYTES} bytes, chosen at random once per attempt (a UUID); \
+                 a JSON-RPC request id is unique only within its session"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn attempt_context(context: pb::AttemptContext) -> Result<AttemptContext, Invalid> {
+    Ok(AttemptContext {
+        client_name: optional_name(
+            "context.client_name",
+            context.client_name,
+            MAX_CONTEXT_BYTES,
+        )?,
+        session_id: optional_name("context.session_id", context.session_id, MAX_CONTEXT_BYTES)?,
+        request_id: optional_name("context.request_id", context.request_id, MAX_CONTEXT_BYTES)?,
+    })
+}
+
+/// How long a settled operation is kept: the default of its kind of id, or more if asked.
+fn retention(
+    asked: Option<Duration>,
+    operation_id: &OperationId,
+    limits: &Limits,
+) -> Result<i64, Invalid> {
+    let default = if operation_id.is_derived_hash() {
+        limits.retention_derived_ms
+    } else {
+        limits.retention_explicit_ms
+    };
+    Ok(match asked {
+        None => default,
+        Some(d) => bounded("retention", d, 0, limits.max_retention_ms)?.max(default),
     })
 }
 
@@ -420,7 +430,7 @@ pub fn watch_operations(
 }
 
 /// A list of states, each named once.
-fn states_from_pb(raw: &[i32]) -> Result<Vec<State>, Invalid> {
+pub(crate) fn states_from_pb(raw: &[i32]) -> Result<Vec<State>, Invalid> {
     if raw.len() > MAX_LISTED_STATES {
         return Err(Invalid::new(
             "states",
@@ -442,36 +452,6 @@ fn states_from_pb(raw: &[i32]) -> Result<Vec<State>, Invalid> {
     Ok(states)
 }
 
-/// One call of an operation, classified.
-pub fn call(c: forensics::Call) -> pb::Call {
-    pb::Call {
-        at: Some(timestamp(c.at)),
-        attempt: c.attempt.unwrap_or(0),
-        decision: c.decision,
-        attempt_id: c.attempt_id,
-        context: Some(context(c.context)),
-        actor: c.actor.to_string(),
-        requested_operation_id: c.requested.map(|id| id.to_string()).unwrap_or_default(),
-        origin: c.origin.map(|o| o.as_str().to_owned()).unwrap_or_default(),
-    }
-}
-
-/// An operation with its attempts, history and calls, as GetOperation answers.
-pub fn explained(
-    op: Operation,
-    attempts: Vec<Attempt>,
-    events: Vec<Event>,
-    calls: Vec<forensics::Call>,
-) -> pb::GetOperationResponse {
-    pb::GetOperationResponse {
-        operation: Some(operation(op)),
-        attempts: attempts.into_iter().map(attempt).collect(),
-        events: events.into_iter().map(event).collect(),
-        forensics: forensics::Summary::of(&calls).to_string(),
-        calls: calls.into_iter().map(call).collect(),
-    }
-}
-
 /// A validated GetForensics: the tool, and how far back in milliseconds (at most `max_ms`).
 pub fn get_forensics(
     req: pb::GetForensicsRequest,
@@ -485,92 +465,11 @@ pub fn get_forensics(
     Ok((tool, since))
 }
 
-/// A tenant's figures.
-pub fn stats_response(stats: once_core::stats::Stats) -> pb::GetStatsResponse {
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let ages = |a: once_core::stats::Ages| pb::Ages {
-        count: a.count as u64,
-        p50: Some(duration(a.p50)),
-        p90: Some(duration(a.p90)),
-        p99: Some(duration(a.p99)),
-        max: Some(duration(a.max)),
-    };
-    pb::GetStatsResponse {
-        operations: stats
-            .operations
-            .into_iter()
-            .map(|(state, tool, n)| pb::StateCount {
-                state: state_to_pb(state) as i32,
-                tool,
-                count: count(n),
-            })
-            .collect(),
-        unknown: Some(ages(stats.unknown)),
-        resolved: stats
-            .resolved
-            .into_iter()
-            .map(|(door, a)| pb::DoorAges {
-                door: door.as_str().to_owned(),
-                ages: Some(ages(a)),
-            })
-            .collect(),
-        events: stats
-            .events
-            .into_iter()
-            .map(|(kind, n)| pb::KindCount {
-                kind: kind.as_str().to_owned(),
-                count: count(n),
-            })
-            .collect(),
-    }
-}
-
 /// A validated GetStats: its window in milliseconds (at most `max_ms`).
 pub fn get_stats(req: pb::GetStatsRequest, max_ms: i64) -> Result<i64, Invalid> {
     match req.window {
         None => Ok(3_600_000),
         Some(d) => bounded("window", d, 1, max_ms),
-    }
-}
-
-/// What GetForensics found over `operations` operations.
-pub fn forensics_response(
-    operations: usize,
-    summary: forensics::Summary,
-) -> pb::GetForensicsResponse {
-    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    pb::GetForensicsResponse {
-        operations: count(operations),
-        executions: count(summary.executions),
-        prevented: count(summary.prevented),
-        summary: summary.to_string(),
-        origins: summary
-            .origins
-            .iter()
-            .map(|(origin, n)| pb::OriginCount {
-                origin: origin.as_str().to_owned(),
-                count: count(*n),
-            })
-            .collect(),
-    }
-}
-
-fn context(c: AttemptContext) -> pb::AttemptContext {
-    pb::AttemptContext {
-        client_name: c.client_name.unwrap_or_default(),
-        session_id: c.session_id.unwrap_or_default(),
-        request_id: c.request_id.unwrap_or_default(),
-    }
-}
-
-/// An event with its operation, for a watcher.
-pub fn operation_event(e: OperationEvent) -> pb::OperationEvent {
-    pb::OperationEvent {
-        tenant: e.tenant,
-        operation_id: e.operation_id.to_string(),
-        tool: e.tool.unwrap_or_default(),
-        state: e.state.map_or(pb::OperationState::Unspecified, state_to_pb) as i32,
-        event: Some(event(e.event)),
     }
 }
 
@@ -634,7 +533,7 @@ pub fn resolve(
     ))
 }
 
-fn fencing_token(token: u64) -> Result<FencingToken, Invalid> {
+pub(crate) fn fencing_token(token: u64) -> Result<FencingToken, Invalid> {
     if token == 0 {
         return Err(Invalid::new(
             "fencing_token",
@@ -644,7 +543,7 @@ fn fencing_token(token: u64) -> Result<FencingToken, Invalid> {
     Ok(FencingToken(token))
 }
 
-fn check_result(field: &str, result: &[u8], limits: &Limits) -> Result<(), Invalid> {
+pub(crate) fn check_result(field: &str, result: &[u8], limits: &Limits) -> Result<(), Invalid> {
     if result.len() > limits.max_result_bytes {
         return Err(Invalid::new(
             field,
@@ -659,7 +558,11 @@ fn check_result(field: &str, result: &[u8], limits: &Limits) -> Result<(), Inval
     Ok(())
 }
 
-fn optional_name(field: &str, value: String, max: usize) -> Result<Option<String>, Invalid> {
+pub(crate) fn optional_name(
+    field: &str,
+    value: String,
+    max: usize,
+) -> Result<Option<String>, Invalid> {
     if value.is_empty() {
         return Ok(None);
     }
@@ -667,7 +570,11 @@ fn optional_name(field: &str, value: String, max: usize) -> Result<Option<String
     Ok(Some(value))
 }
 
-fn json_object(field: &str, value: String, max: usize) -> Result<Option<String>, Invalid> {
+pub(crate) fn json_object(
+    field: &str,
+    value: String,
+    max: usize,
+) -> Result<Option<String>, Invalid> {
     if value.is_empty() {
         return Ok(None);
     }
@@ -685,7 +592,11 @@ fn json_object(field: &str, value: String, max: usize) -> Result<Option<String>,
     Ok(Some(value))
 }
 
-fn lease_ttl(field: &str, value: Option<Duration>, limits: &Limits) -> Result<i64, Invalid> {
+pub(crate) fn lease_ttl(
+    field: &str,
+    value: Option<Duration>,
+    limits: &Limits,
+) -> Result<i64, Invalid> {
     match value {
         None => Ok(limits.default_lease_ms),
         Some(d) => bounded(field, d, limits.min_lease_ms, limits.max_lease_ms),
@@ -693,7 +604,7 @@ fn lease_ttl(field: &str, value: Option<Duration>, limits: &Limits) -> Result<i6
 }
 
 /// Converts a duration to milliseconds, refusing malformed ones and those outside `[min, max]`.
-fn bounded(field: &str, d: Duration, min_ms: i64, max_ms: i64) -> Result<i64, Invalid> {
+pub(crate) fn bounded(field: &str, d: Duration, min_ms: i64, max_ms: i64) -> Result<i64, Invalid> {
     let well_formed = (0..1_000_000_000).contains(&d.nanos) && d.seconds >= 0;
     if !well_formed {
         return Err(Invalid::new(field, "must be a non-negative duration"));
@@ -712,7 +623,7 @@ fn bounded(field: &str, d: Duration, min_ms: i64, max_ms: i64) -> Result<i64, In
     Ok(ms)
 }
 
-fn state_from_pb(field: &str, raw: i32) -> Result<State, Invalid> {
+pub(crate) fn state_from_pb(field: &str, raw: i32) -> Result<State, Invalid> {
     match pb::OperationState::try_from(raw) {
         Ok(pb::OperationState::Absent) => Ok(State::Absent),
         Ok(pb::OperationState::InFlight) => Ok(State::InFlight),
@@ -726,29 +637,7 @@ fn state_from_pb(field: &str, raw: i32) -> Result<State, Invalid> {
     }
 }
 
-pub fn state_to_pb(state: State) -> pb::OperationState {
-    match state {
-        State::Absent => pb::OperationState::Absent,
-        State::InFlight => pb::OperationState::InFlight,
-        State::Confirmed => pb::OperationState::Confirmed,
-        State::Unknown => pb::OperationState::Unknown,
-    }
-}
-
-/// An opaque continuation token for `(created_at, operation_id)`.
-/// A page token: where the page ended, as the creation time, then the tenant and a NUL when the
-/// listing covers every tenant (a tenant's name and an operation id hold no NUL), then the id.
-pub fn encode_page_token(end: &PageEnd) -> String {
-    let mut raw = end.created_at.to_be_bytes().to_vec();
-    if !end.tenant.is_empty() {
-        raw.extend_from_slice(end.tenant.as_bytes());
-        raw.push(0);
-    }
-    raw.extend_from_slice(end.operation_id.as_bytes());
-    hex::encode(raw)
-}
-
-fn decode_page_token(token: &str) -> Option<PageEnd> {
+pub(crate) fn decode_page_token(token: &str) -> Option<PageEnd> {
     let raw = hex::decode(token).ok().filter(|raw| raw.len() > 8)?;
     let created_at = i64::from_be_bytes(raw[..8].try_into().ok()?);
     let rest = String::from_utf8(raw[8..].to_vec()).ok()?;
@@ -762,184 +651,4 @@ fn decode_page_token(token: &str) -> Option<PageEnd> {
         tenant: tenant.to_owned(),
         operation_id: id.to_owned(),
     })
-}
-
-pub fn timestamp(ms: Millis) -> Timestamp {
-    Timestamp {
-        seconds: ms.div_euclid(1000),
-        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
-    }
-}
-
-pub fn duration(ms: i64) -> Duration {
-    Duration {
-        seconds: ms / 1000,
-        nanos: ((ms % 1000) * 1_000_000) as i32,
-    }
-}
-
-/// Milliseconds since the epoch of a timestamp (for clients).
-pub fn millis(ts: &Timestamp) -> Millis {
-    ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000)
-}
-
-pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb::BeginResponse {
-    use pb::begin_response::Decision;
-    let decision = match decision {
-        BeginDecision::Execute(grant) => Decision::Execute(pb::Execute {
-            attempt: grant.attempt,
-            fencing_token: grant.fencing_token.get(),
-            lease_deadline: Some(timestamp(grant.lease_deadline)),
-            provider_key: grant.provider_key,
-            regranted: grant.regranted,
-            lease_ttl: Some(duration(grant.lease_ttl_ms)),
-        }),
-        BeginDecision::Replay {
-            result,
-            provider_ref,
-            confirmed_at,
-            attempt,
-        } => Decision::Replay(pb::Replay {
-            result,
-            provider_ref: provider_ref.unwrap_or_default(),
-            confirmed_at: Some(timestamp(confirmed_at)),
-            attempt,
-        }),
-        BeginDecision::InProgress {
-            attempt,
-            lease_deadline,
-            retry_after_ms,
-            blocking,
-        } => Decision::InProgress(pb::InProgress {
-            attempt,
-            lease_deadline: Some(timestamp(lease_deadline)),
-            retry_after: Some(duration(retry_after_ms)),
-            blocking_operation_id: blocking.map(|id| id.to_string()).unwrap_or_default(),
-        }),
-        BeginDecision::Unknown {
-            since,
-            reason,
-            blocking,
-        } => Decision::Unknown(pb::Unknown {
-            since: Some(timestamp(since)),
-            reason: reason.unwrap_or_default(),
-            blocking_operation_id: blocking.map(|id| id.to_string()).unwrap_or_default(),
-        }),
-        BeginDecision::Conflict { stored, requested } => Decision::Conflict(pb::Conflict {
-            stored_fingerprint: stored.to_hex(),
-            requested_fingerprint: requested.to_hex(),
-        }),
-    };
-    pb::BeginResponse {
-        operation_id: operation_id.to_string(),
-        decision: Some(decision),
-    }
-}
-
-pub fn operation(op: Operation) -> pb::Operation {
-    pb::Operation {
-        tenant: op.tenant,
-        operation_id: op.operation_id.to_string(),
-        tool: op.tool,
-        state: state_to_pb(op.state) as i32,
-        fingerprint: op.fingerprint.to_hex(),
-        attempt: op.attempt,
-        lease_deadline: (op.state == State::InFlight).then(|| timestamp(op.lease_deadline)),
-        provider_key: op.provider_key,
-        provider: op.provider.unwrap_or_default(),
-        lookup_hints_json: op.lookup_hints.unwrap_or_default(),
-        result: op.result.unwrap_or_default(),
-        provider_ref: op.provider_ref.unwrap_or_default(),
-        reason: op.reason.unwrap_or_default(),
-        created_at: Some(timestamp(op.created_at)),
-        updated_at: Some(timestamp(op.updated_at)),
-        expires_at: op.expires_at.map(timestamp),
-        fencing_token: op.fencing_token.get(),
-        source: op.source.as_str().to_owned(),
-        last_event: String::new(),
-        last_event_at: None,
-    }
-}
-
-/// An operation in a listing, with the latest event of its current life.
-pub fn listed(listed: Listed) -> pb::Operation {
-    let last_event = listed.last_event;
-    pb::Operation {
-        last_event: last_event
-            .map(|(kind, _)| kind.as_str().to_owned())
-            .unwrap_or_default(),
-        last_event_at: last_event.map(|(_, at)| timestamp(at)),
-        ..operation(listed.operation)
-    }
-}
-
-pub fn attempt(a: Attempt) -> pb::Attempt {
-    pb::Attempt {
-        attempt: a.number,
-        attempt_id: a.attempt_id,
-        started_at: Some(timestamp(a.started_at)),
-        lease_deadline: Some(timestamp(a.lease_deadline)),
-        actor: a.actor.to_string(),
-        context: Some(context(a.context)),
-        fencing_token: a.fencing_token.get(),
-    }
-}
-
-pub fn event(e: Event) -> pb::Event {
-    let state = |s: Option<State>| s.map_or(pb::OperationState::Unspecified, state_to_pb) as i32;
-    pb::Event {
-        sequence: e.sequence,
-        at: Some(timestamp(e.at)),
-        kind: e.kind.as_str().to_owned(),
-        from_state: state(e.from),
-        to_state: state(e.to),
-        attempt: e.attempt.unwrap_or_default(),
-        actor: e.actor.to_string(),
-        reason: e.reason.unwrap_or_default(),
-        details_json: e.details.unwrap_or_default(),
-    }
-}
-
-#[cfg(test)]
-#[path = "convert_tests.rs"]
-mod validation_tests;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn page_tokens_round_trip_and_reject_garbage() {
-        let one = PageEnd {
-            created_at: 1_700_000_000_123,
-            tenant: String::new(),
-            operation_id: "refund:o1".into(),
-        };
-        let token = encode_page_token(&one);
-        assert_eq!(decode_page_token(&token), Some(one.clone()));
-        let every = PageEnd {
-            tenant: "acme".into(),
-            ..one
-        };
-        let across = encode_page_token(&every);
-        assert_eq!(decode_page_token(&across), Some(every));
-        let bad_tenant = hex::encode([&[0u8; 8][..], b"Not a tenant\0refund:o1"].concat());
-        for bad in [
-            "",
-            "zz",
-            "00",
-            &token[..token.len() - 1],
-            "0000000000000000",
-            &bad_tenant,
-        ] {
-            assert_eq!(decode_page_token(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn timestamps_round_trip_before_and_after_the_epoch() {
-        for ms in [0, 1, 999, 1000, -1, -1001, 1_700_000_000_123] {
-            assert_eq!(millis(&timestamp(ms)), ms);
-        }
-    }
 }

@@ -3,6 +3,7 @@
 //! field in its `ErrorInfo`; the integration suite checks that end to end.)
 
 use super::*;
+use crate::pb;
 
 fn ms(ms: u64) -> Duration {
     Duration {
