@@ -669,6 +669,24 @@ where
         .bind(op.lookup_claimed_until)
 }
 
+/// Binds the intent a fresh-id guard looks for to `query`: the tenant, tool and fingerprint of
+/// `cmd`, then the operation id asking (which does not block itself).
+pub(crate) fn bind_intent<'q, D, O>(
+    query: sqlx::query::QueryAs<'q, D, O, <D as Database>::Arguments<'q>>,
+    cmd: &'q once_core::BeginCommand,
+) -> sqlx::query::QueryAs<'q, D, O, <D as Database>::Arguments<'q>>
+where
+    D: Database,
+    &'q str: Encode<'q, D> + Type<D>,
+    &'q [u8]: Encode<'q, D> + Type<D>,
+{
+    query
+        .bind(cmd.tenant.as_str())
+        .bind(cmd.tool.as_str())
+        .bind(&cmd.fingerprint.0[..])
+        .bind(cmd.operation_id.as_str())
+}
+
 /// Binds an attempt's columns to `query`, in the order of [`ATTEMPT_COLUMNS`].
 pub(crate) fn bind_attempt<'q, D>(query: Bound<'q, D>, attempt: &'q Attempt) -> Bound<'q, D>
 where

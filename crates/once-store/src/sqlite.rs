@@ -16,7 +16,7 @@ use sqlx::{Pool, Sqlite, Transaction, TransactionManager as _};
 
 use std::sync::LazyLock;
 
-use crate::rows::{BlockingRow, BLOCKING_COLUMNS};
+use crate::rows::{self, BlockingRow, BLOCKING_COLUMNS};
 use crate::store::Statements;
 use crate::{Announcements, Dialect, Store, StoreError};
 
@@ -98,11 +98,7 @@ impl Dialect for Sqlite {
         cmd: &BeginCommand,
     ) -> Result<Option<Blocking>, StoreError> {
         // The transaction holds SQLite's one write lock: the guard is serialised already.
-        let row: Option<BlockingRow> = sqlx::query_as(&FIND_BLOCKING)
-            .bind(cmd.tenant.as_str())
-            .bind(cmd.tool.as_str())
-            .bind(&cmd.fingerprint.0[..])
-            .bind(cmd.operation_id.as_str())
+        let row: Option<BlockingRow> = rows::bind_intent(sqlx::query_as(&FIND_BLOCKING), cmd)
             .fetch_optional(tx)
             .await?;
         row.map(Blocking::try_from).transpose()

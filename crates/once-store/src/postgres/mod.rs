@@ -15,7 +15,7 @@ use sqlx::{Pool, Postgres, Transaction};
 
 use std::sync::LazyLock;
 
-use crate::rows::{BlockingRow, BLOCKING_COLUMNS};
+use crate::rows::{self, BlockingRow, BLOCKING_COLUMNS};
 use crate::store::Statements;
 use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
@@ -140,14 +140,8 @@ impl Dialect for Postgres {
         // transaction ends, then looks with a snapshot taken after the lock was granted: row
         // locks cannot serialise the guard, as the other Begin's row may not exist yet, or not
         // be committed. The one-statement claim (`unlocked`) runs the same function.
-        let row: Option<BlockingRow> = sqlx::query_as(&FIND_BLOCKING)
-            .bind(intent_key(cmd))
-            .bind(cmd.tenant.as_str())
-            .bind(cmd.tool.as_str())
-            .bind(&cmd.fingerprint.0[..])
-            .bind(cmd.operation_id.as_str())
-            .fetch_optional(tx)
-            .await?;
+        let query = sqlx::query_as(&FIND_BLOCKING).bind(intent_key(cmd));
+        let row: Option<BlockingRow> = rows::bind_intent(query, cmd).fetch_optional(tx).await?;
         row.map(Blocking::try_from).transpose()
     }
 
