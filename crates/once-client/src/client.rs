@@ -3,20 +3,19 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::time::{Duration, SystemTime};
 
 use futures::FutureExt as _;
 use once_api::pb;
 
 use crate::attempt::Attempt;
 use crate::config::ClientConfig;
-use crate::decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Replay, Unknown};
+use crate::decision::{Decision, EffectContext, Outcome};
 use crate::effect::{Effect, EffectError, Report};
 use crate::error::ClientError;
 use crate::spec::OperationSpec;
 use crate::transport::{Retries, Transport};
 use crate::view::{OperationView, ServerInfo};
-use crate::wire::{self, duration, std_duration, system_time};
+use crate::wire::{self, duration};
 
 /// A handle on the ledger. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -118,48 +117,9 @@ impl LedgerClient {
     }
 
     fn decision(&self, response: pb::BeginResponse, spec: &OperationSpec) -> Decision {
-        use pb::begin_response::Decision as D;
-        let operation_id = response.operation_id;
-        match response.decision {
-            Some(D::Execute(grant)) => Decision::Execute(Attempt::start(
-                self.transport.clone(),
-                operation_id,
-                grant,
-                spec.lease_ttl,
-            )),
-            Some(D::Replay(replay)) => Decision::Replay(Replay {
-                operation_id,
-                result: replay.result,
-                provider_ref: Some(replay.provider_ref).filter(|r| !r.is_empty()),
-                confirmed_at: replay
-                    .confirmed_at
-                    .map(system_time)
-                    .unwrap_or(SystemTime::UNIX_EPOCH),
-            }),
-            Some(D::InProgress(p)) => Decision::InProgress(InProgress {
-                operation_id,
-                retry_after: p
-                    .retry_after
-                    .map(std_duration)
-                    .unwrap_or(Duration::from_secs(1)),
-                blocking_operation_id: Some(p.blocking_operation_id).filter(|b| !b.is_empty()),
-            }),
-            Some(D::Unknown(u)) => Decision::Unknown(Unknown {
-                operation_id,
-                reason: u.reason,
-                blocking_operation_id: Some(u.blocking_operation_id).filter(|b| !b.is_empty()),
-            }),
-            Some(D::Conflict(c)) => Decision::Conflict(Conflict {
-                operation_id,
-                stored_fingerprint: c.stored_fingerprint,
-                requested_fingerprint: c.requested_fingerprint,
-            }),
-            None => Decision::Unknown(Unknown {
-                operation_id,
-                reason: "the ledger sent no decision".into(),
-                blocking_operation_id: None,
-            }),
-        }
+        wire::decision(response, |operation_id, grant| {
+            Attempt::start(self.transport.clone(), operation_id, grant, spec.lease_ttl)
+        })
     }
 
     /// Runs `effect` at most once for the operation: asks the ledger, performs the effect only

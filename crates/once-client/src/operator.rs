@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use once_api::admin_pb as apb;
 use once_api::pb;
-use once_core::access::{Credential, CredentialKind, Roles};
+use once_core::access::{Credential, Roles};
 use once_core::State;
 use tonic::Streaming;
 
@@ -401,7 +401,7 @@ impl LedgerClient {
                 request,
             )
             .await?;
-        let key = credential(created.key.unwrap_or_default())?;
+        let key = wire::credential(created.key.unwrap_or_default())?;
         Ok((key, Some(created.secret).filter(|s| !s.is_empty())))
     }
 
@@ -417,7 +417,7 @@ impl LedgerClient {
                 request,
             )
             .await?;
-        listed.keys.into_iter().map(credential).collect()
+        listed.keys.into_iter().map(wire::credential).collect()
     }
 
     /// Revokes a credential (admin); returns it as revoked.
@@ -432,21 +432,6 @@ impl LedgerClient {
                 request,
             )
             .await?;
-        credential(revoked)
+        wire::credential(revoked)
     }
-}
-
-/// A credential as the admin service lists it.
-fn credential(key: apb::Key) -> Result<Credential, ClientError> {
-    let invalid = |what: String| ClientError::Invalid(format!("the ledger sent {what}"));
-    Ok(Credential {
-        roles: once_api::admin::roles(&key.roles).map_err(|e| invalid(e.to_string()))?,
-        kind: CredentialKind::parse(&key.kind)
-            .ok_or_else(|| invalid(format!("an unknown credential kind {:?}", key.kind)))?,
-        key_id: key.key_id,
-        tenant: key.tenant,
-        name: key.name,
-        created_at: key.created_at_ms,
-        revoked_at: once_api::admin::cap(key.revoked_at_ms),
-    })
 }

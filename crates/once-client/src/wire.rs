@@ -1,11 +1,17 @@
-//! The wire's types turned into the client's, and back: the one place this crate reads or
-//! builds a protobuf message other than a request.
+//! The wire's types turned into the client's, and back: the one place this crate reads a
+//! protobuf message (a Begin's decision, a listing, a credential …) or builds one other than a
+//! request.
 
 use std::time::{Duration, SystemTime};
 
+use once_api::admin_pb as apb;
 use once_api::pb;
+use once_core::access::{Credential, CredentialKind};
 use once_core::{AttemptContext, State};
 
+use crate::attempt::Attempt;
+use crate::decision::{Conflict, Decision, InProgress, Replay, Unknown};
+use crate::error::ClientError;
 use crate::view::{
     AgesView, AttemptView, CallView, EventView, ForensicsView, KeyInfo, OperationView, ServerInfo,
     StatsView, WatchedEvent,
@@ -207,4 +213,63 @@ pub(crate) fn server_info(found: pb::GetServerInfoResponse) -> ServerInfo {
         tenant: found.tenant,
         key,
     }
+}
+
+/// A Begin's answer as the client's [`Decision`]; `start` makes the attempt an EXECUTE grants.
+pub(crate) fn decision(
+    response: pb::BeginResponse,
+    start: impl FnOnce(String, pb::Execute) -> Attempt,
+) -> Decision {
+    use pb::begin_response::Decision as D;
+    let operation_id = response.operation_id;
+    match response.decision {
+        Some(D::Execute(grant)) => Decision::Execute(start(operation_id, grant)),
+        Some(D::Replay(replay)) => Decision::Replay(Replay {
+            operation_id,
+            result: replay.result,
+            provider_ref: Some(replay.provider_ref).filter(|r| !r.is_empty()),
+            confirmed_at: replay
+                .confirmed_at
+                .map(system_time)
+                .unwrap_or(SystemTime::UNIX_EPOCH),
+        }),
+        Some(D::InProgress(p)) => Decision::InProgress(InProgress {
+            operation_id,
+            retry_after: p
+                .retry_after
+                .map(std_duration)
+                .unwrap_or(Duration::from_secs(1)),
+            blocking_operation_id: Some(p.blocking_operation_id).filter(|b| !b.is_empty()),
+        }),
+        Some(D::Unknown(u)) => Decision::Unknown(Unknown {
+            operation_id,
+            reason: u.reason,
+            blocking_operation_id: Some(u.blocking_operation_id).filter(|b| !b.is_empty()),
+        }),
+        Some(D::Conflict(c)) => Decision::Conflict(Conflict {
+            operation_id,
+            stored_fingerprint: c.stored_fingerprint,
+            requested_fingerprint: c.requested_fingerprint,
+        }),
+        None => Decision::Unknown(Unknown {
+            operation_id,
+            reason: "the ledger sent no decision".into(),
+            blocking_operation_id: None,
+        }),
+    }
+}
+
+/// A credential as the admin service lists it.
+pub(crate) fn credential(key: apb::Key) -> Result<Credential, ClientError> {
+    let invalid = |what: String| ClientError::Invalid(format!("the ledger sent {what}"));
+    Ok(Credential {
+        roles: once_api::admin::roles(&key.roles).map_err(|e| invalid(e.to_string()))?,
+        kind: CredentialKind::parse(&key.kind)
+            .ok_or_else(|| invalid(format!("an unknown credential kind {:?}", key.kind)))?,
+        key_id: key.key_id,
+        tenant: key.tenant,
+        name: key.name,
+        created_at: key.created_at_ms,
+        revoked_at: once_api::admin::cap(key.revoked_at_ms),
+    })
 }
