@@ -214,7 +214,7 @@ pub fn replay_marker(replay: &Replay) -> serde_json::Value {
     let original_time = replay
         .confirmed_at
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
+        .map(once_core::duration_ms)
         .unwrap_or_default();
     json!({
         "replayed": true,

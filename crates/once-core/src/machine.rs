@@ -147,14 +147,7 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
                 && op.attempt_context == cmd.context
                 && may_act_for(&op.holder, &cmd.holder) =>
         {
-            let grant = Grant {
-                attempt: op.attempt,
-                fencing_token: op.fencing_token,
-                lease_deadline: op.lease_deadline,
-                lease_ttl_ms: cmd.lease_ttl_ms,
-                provider_key: op.provider_key.clone(),
-                regranted: true,
-            };
+            let grant = Grant::issued(op, cmd.lease_ttl_ms, true);
             (BeginDecision::Execute(grant), Plan::default())
         }
         State::InFlight => (
@@ -367,14 +360,7 @@ fn granted(
     details: Option<serde_json::Value>,
 ) -> (BeginDecision, Plan) {
     let op = write.operation();
-    let grant = Grant {
-        attempt: op.attempt,
-        fencing_token: op.fencing_token,
-        lease_deadline: op.lease_deadline,
-        lease_ttl_ms: cmd.lease_ttl_ms,
-        provider_key: op.provider_key.clone(),
-        regranted: false,
-    };
+    let grant = Grant::issued(op, cmd.lease_ttl_ms, false);
     let attempt = Attempt {
         number: op.attempt,
         fencing_token: op.fencing_token,

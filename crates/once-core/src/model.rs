@@ -8,6 +8,12 @@ pub use crate::identity::{Fingerprint, OperationId};
 /// database has one).
 pub type Millis = i64;
 
+/// `d` in milliseconds, saturating at the largest [`Millis`] (a duration that long is, for a
+/// ledger, forever).
+pub fn duration_ms(d: std::time::Duration) -> Millis {
+    Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
+}
+
 /// A fencing token: the number the store issues with each execution right, from one counter for
 /// the whole store. A later right has a larger token, and no token is issued twice, so a report
 /// carrying one names exactly one attempt of one life.
@@ -555,6 +561,21 @@ pub struct Grant {
     pub provider_key: String,
     /// True when this is the same grant again, for a transport retry of the same Begin.
     pub regranted: bool,
+}
+
+impl Grant {
+    /// The right `op` holds as stored, for a Begin asking for `lease_ttl_ms`; `regranted` when
+    /// it is handed out again to a transport retry of the Begin it was granted to.
+    pub fn issued(op: &Operation, lease_ttl_ms: i64, regranted: bool) -> Self {
+        Grant {
+            attempt: op.attempt,
+            fencing_token: op.fencing_token,
+            lease_deadline: op.lease_deadline,
+            lease_ttl_ms,
+            provider_key: op.provider_key.clone(),
+            regranted,
+        }
+    }
 }
 
 /// The answer to a Begin.

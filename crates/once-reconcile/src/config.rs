@@ -188,10 +188,6 @@ fn duration(field: &str, value: Option<&str>, default: Duration) -> Result<Durat
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// An `http` lookup's URL template. It must name the effect by `{provider_key}`: an operation id
 /// is shared by every life of the operation (and by other tenants), so a lookup by it alone
 /// could credit this life with an earlier life's effect.
@@ -222,12 +218,12 @@ pub fn parse(
             defaults.interval,
         )?,
         backoff: Backoff {
-            first_ms: millis(duration(
+            first_ms: once_core::duration_ms(duration(
                 "reconciliation.first_backoff",
                 s.first_backoff.as_deref(),
                 Duration::from_millis(defaults.backoff.first_ms as u64),
             )?),
-            max_ms: millis(duration(
+            max_ms: once_core::duration_ms(duration(
                 "reconciliation.max_backoff",
                 s.max_backoff.as_deref(),
                 Duration::from_millis(defaults.backoff.max_ms as u64),
@@ -241,7 +237,7 @@ pub fn parse(
                 .as_deref()
                 .map(|text| {
                     duration("reconciliation.escalate_after", Some(text), Duration::ZERO)
-                        .map(millis)
+                        .map(once_core::duration_ms)
                 })
                 .transpose()?,
         },
@@ -333,7 +329,7 @@ fn build(
             result_pointer: r.result_pointer.clone().unwrap_or_default(),
             capabilities: Capabilities {
                 miss_is_authoritative: r.miss_is_authoritative.unwrap_or(false),
-                settle_time_ms: millis(settle_time),
+                settle_time_ms: once_core::duration_ms(settle_time),
                 dedupes_by_provider_key: r.dedupes_by_provider_key.unwrap_or(false),
             },
             api_key,

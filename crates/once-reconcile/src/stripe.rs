@@ -94,7 +94,7 @@ impl Reconciler for StripeReconciler {
         Capabilities {
             // A complete listing of the payment's refunds is the provider's own record.
             miss_is_authoritative: true,
-            settle_time_ms: i64::try_from(self.settle_time.as_millis()).unwrap_or(i64::MAX),
+            settle_time_ms: once_core::duration_ms(self.settle_time),
             // Stripe replays a request with the same Idempotency-Key instead of repeating it.
             dedupes_by_provider_key: true,
         }

@@ -487,7 +487,7 @@ impl Config {
     }
 
     pub fn limits(&self) -> Limits {
-        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let ms = once_core::duration_ms;
         Limits {
             default_lease_ms: ms(self.default_lease),
             max_lease_ms: ms(self.max_lease),

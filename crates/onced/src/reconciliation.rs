@@ -95,7 +95,7 @@ impl<B: Backend> Reconciliation<B> {
             ledger,
             reconcilers: configured.registry.clone(),
             settings: configured.settings.clone(),
-            claim_ms: i64::try_from(configured.settings.claim.as_millis()).unwrap_or(i64::MAX),
+            claim_ms: once_core::duration_ms(configured.settings.claim),
             max_result_bytes,
             settled,
             metrics,

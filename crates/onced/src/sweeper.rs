@@ -51,7 +51,7 @@ pub async fn retention<B: Backend>(
     (provider_key_window, event_retention): (Duration, Duration),
     stop: CancellationToken,
 ) {
-    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let ms = once_core::duration_ms;
     let (window_ms, event_age_ms) = (ms(provider_key_window), ms(event_retention));
     let ledger = &ledger;
     every(interval, &stop, || async move {
