@@ -365,10 +365,7 @@ impl<B: Backend> Access<B> {
             let tenant = principal.tenant.clone();
             return Ok((principal, tenant));
         }
-        if !holds(Role::Admin) {
-            let held = roles.map_or_else(|| "every role".to_owned(), |r| r.to_string());
-            return Err(status::permission_denied("admin", &held));
-        }
+        require_admin(&principal)?;
         once_core::access::check_tenant_name(named)
             .map_err(|message| status::invalid(once_core::Invalid::new("tenant", message)))?;
         Ok((principal, named.to_owned()))
@@ -386,11 +383,7 @@ impl<B: Backend> Access<B> {
             return Ok((principal, Scope::Tenant(tenant)));
         }
         let principal = self.admit(request, Allowed::ANY).await?;
-        let roles = principal.credential.as_ref().map(|c| c.roles);
-        if roles.is_some_and(|held| !held.contains(Role::Admin)) {
-            let held = roles.map_or_else(String::new, |r| r.to_string());
-            return Err(status::permission_denied("admin", &held));
-        }
+        require_admin(&principal)?;
         if !request.get_ref().tenant().is_empty() {
             let message = "names one tenant while all_tenants asks for every tenant: send one";
             return Err(status::invalid(once_core::Invalid::new("tenant", message)));
@@ -594,6 +587,17 @@ impl Bucket {
         } else {
             Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
         }
+    }
+}
+
+/// Refuses a caller without the admin role (on an open ledger every caller holds every role),
+/// alike whatever it asked for, so the refusal says nothing of the tenant it named.
+fn require_admin(principal: &Principal) -> Result<(), Status> {
+    match principal.credential.as_ref().map(|c| c.roles) {
+        Some(held) if !held.contains(Role::Admin) => {
+            Err(status::permission_denied("admin", &held.to_string()))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -893,14 +893,18 @@ async fn only_an_admin_reads_every_tenant_at_once(store: Engine) {
         .await
         .unwrap()
         .into_inner();
-    let mut events = Vec::new();
-    while events.len() < 2 {
-        if let Some(pb::watch_operations_response::Item::Event(e)) =
-            watched.message().await.unwrap().unwrap().item
-        {
-            events.push(format!("{}/{}", e.tenant, e.operation_id));
+    let events = within(Duration::from_secs(10), "both tenants' claims", async {
+        let mut events = Vec::new();
+        while events.len() < 2 {
+            if let Some(pb::watch_operations_response::Item::Event(e)) =
+                watched.message().await.unwrap().unwrap().item
+            {
+                events.push(format!("{}/{}", e.tenant, e.operation_id));
+            }
         }
-    }
+        events
+    })
+    .await;
     assert_eq!(events, ["acme/order-9", "globex/order-7"]);
     let stats = ledger
         .get_stats(with_key(
