@@ -7,6 +7,11 @@ TS_UPSTREAM := tests/mcp/upstreams/ts
 # Prometheus and promtool, for the telemetry tests: Debian's package (through sudo unless root).
 PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Clippy's lints are checked as the workspace compiles: cargo hands the workspace's own crates
+# to clippy-driver (rustc with Clippy's lints; dependencies are compiled by rustc as ever), with
+# warnings denied. `make lint` and `make test` share that one compile of every target, so what
+# the tests run is what was linted.
+LINTED := RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__
 
 # Start the ledger on its embedded default: a SQLite file (once.db) in this directory.
 run:
@@ -18,13 +23,15 @@ run:
 # Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials),
 # and the benchmarks run once in their smoke modes (one-second phases, a few proxied calls) so
 # they cannot rot.
+# Every target (binaries, tests, benches) is built in one invocation, so one feature set serves
+# the binaries the MCP tests start, the tests and the bench: nothing is compiled twice.
 test: $(VENV)/installed $(PROMTOOL) $(TS_UPSTREAM)/node_modules/.installed
-	cargo build --workspace
+	$(LINTED) cargo build --workspace --all-targets
 	rm -rf target/test-logs
-	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs cargo test --workspace
+	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(LINTED) cargo test --workspace
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(VENV)/bin/python -m pytest -q tests/mcp
 	tests/scan-logs target/test-logs
-	cargo bench -p onced --bench ledger --profile dev -- --smoke
+	$(LINTED) cargo bench --workspace --bench ledger --profile dev -- --smoke
 	$(VENV)/bin/python bench/proxy_latency.py --calls 5 --bin-dir target/debug
 
 build:
@@ -69,8 +76,11 @@ demo: $(VENV)/installed
 fmt:
 	cargo fmt --all
 
+# Formatting, then Clippy over every target with every feature (the workspace's dev-dependencies
+# turn on each crate's features).
 lint:
-	cargo fmt --all -- --check && cargo clippy --workspace --all-targets --all-features -- -D warnings
+	cargo fmt --all -- --check
+	$(LINTED) cargo build --workspace --all-targets
 
 # A project-local virtual environment with the Python MCP SDK (nothing installed globally).
 $(VENV)/installed: tests/mcp/requirements.txt

@@ -7,14 +7,17 @@ use std::process::Command;
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let git = root.join(".git");
-    // A new commit moves HEAD or the branch it names.
-    for watched in ["HEAD", "packed-refs"] {
-        println!("cargo:rerun-if-changed={}", git.join(watched).display());
-    }
+    // A new commit moves HEAD or the branch it names. Only files that exist are watched: cargo
+    // runs a script watching a missing file on every build, and everything above this crate
+    // would be compiled again each time.
+    let mut watched = vec![git.join("HEAD"), git.join("packed-refs")];
     if let Ok(head) = std::fs::read_to_string(git.join("HEAD")) {
         if let Some(branch) = head.trim().strip_prefix("ref: ") {
-            println!("cargo:rerun-if-changed={}", git.join(branch).display());
+            watched.push(git.join(branch));
         }
+    }
+    for file in watched.iter().filter(|file| file.exists()) {
+        println!("cargo:rerun-if-changed={}", file.display());
     }
     let commit = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
