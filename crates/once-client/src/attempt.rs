@@ -3,16 +3,26 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use once_api::pb;
 use tokio::sync::Notify;
 
 use crate::effect::{Effect, Report};
 use crate::error::ClientError;
-use crate::transport::{Retries, Transport};
-use crate::wire::{duration, std_duration, system_time};
+use crate::transport::{Grpc, Retries, Transport};
+use crate::wire;
 
 /// The lease assumed when a ledger too old to say what it granted does not.
 const FALLBACK_LEASE: Duration = Duration::from_secs(30);
+
+/// What an EXECUTE granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub attempt: u32,
+    pub fencing_token: u64,
+    pub provider_key: String,
+    pub lease_deadline: Option<SystemTime>,
+    /// The lease the ledger granted, when it says.
+    pub lease_ttl: Option<Duration>,
+}
 
 /// The right to perform one operation's effect once.
 ///
@@ -25,7 +35,7 @@ const FALLBACK_LEASE: Duration = Duration::from_secs(30);
 pub struct Attempt {
     transport: Transport,
     operation_id: String,
-    grant: pb::Execute,
+    grant: Grant,
     /// Stops the heartbeat task when the attempt reports or is dropped.
     stop_heartbeat: Arc<Notify>,
     reported: bool,
@@ -37,12 +47,11 @@ impl Attempt {
     pub(crate) fn start(
         transport: Transport,
         operation_id: String,
-        grant: pb::Execute,
+        grant: Grant,
         requested_ttl: Option<Duration>,
     ) -> Self {
         let lease_ttl = grant
             .lease_ttl
-            .map(std_duration)
             .filter(|ttl| !ttl.is_zero())
             .or(requested_ttl)
             .unwrap_or(FALLBACK_LEASE);
@@ -81,7 +90,7 @@ impl Attempt {
     }
 
     pub fn lease_deadline(&self) -> Option<SystemTime> {
-        self.grant.lease_deadline.map(system_time)
+        self.grant.lease_deadline
     }
 
     /// Tells the ledger what happened, once; a retry of the report is the same report.
@@ -159,34 +168,21 @@ async fn send_report(
     let operation_id = operation_id.to_owned();
     match report {
         Report::Confirmed(effect) => {
-            let request = pb::ConfirmRequest {
-                operation_id,
-                fencing_token,
-                result: effect.result,
-                provider_ref: effect.provider_ref.unwrap_or_default(),
-            };
+            let request = wire::confirm(operation_id, fencing_token, effect);
             let send = |mut grpc: Grpc, r| async move { grpc.confirm(r).await };
             transport
                 .call(Retries::Tries, Duration::ZERO, send, request)
                 .await?;
         }
         Report::Absent { reason } => {
-            let request = pb::ReportAbsentRequest {
-                operation_id,
-                fencing_token,
-                reason,
-            };
+            let request = wire::report_absent(operation_id, fencing_token, reason);
             let send = |mut grpc: Grpc, r| async move { grpc.report_absent(r).await };
             transport
                 .call(Retries::Tries, Duration::ZERO, send, request)
                 .await?;
         }
         Report::Unknown { reason } => {
-            let request = pb::ReportUnknownRequest {
-                operation_id,
-                fencing_token,
-                reason,
-            };
+            let request = wire::report_unknown(operation_id, fencing_token, reason);
             let send = |mut grpc: Grpc, r| async move { grpc.report_unknown(r).await };
             transport
                 .call(Retries::Tries, Duration::ZERO, send, request)
@@ -195,8 +191,6 @@ async fn send_report(
     }
     Ok(())
 }
-
-type Grpc = pb::ledger_client::LedgerClient<tonic::transport::Channel>;
 
 /// Extends the lease every third of its length until stopped or refused. A heartbeat that
 /// cannot reach the ledger is tried again until the lease would have ended, so an outage
@@ -219,11 +213,7 @@ async fn heartbeat(
             _ = stop.notified() => return,
             _ = tokio::time::sleep_until(due) => {}
         }
-        let request = pb::HeartbeatRequest {
-            operation_id: operation_id.clone(),
-            fencing_token: token,
-            lease_ttl: Some(duration(ttl)),
-        };
+        let request = wire::heartbeat(&operation_id, token, ttl);
         let sent = tokio::time::Instant::now();
         let extended = transport.call(
             Retries::Until(lease_ends),

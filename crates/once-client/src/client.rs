@@ -5,7 +5,6 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt as _;
-use once_api::pb;
 
 use crate::attempt::Attempt;
 use crate::config::ClientConfig;
@@ -15,7 +14,7 @@ use crate::error::ClientError;
 use crate::spec::OperationSpec;
 use crate::transport::{Retries, Transport};
 use crate::view::{OperationView, ServerInfo};
-use crate::wire::{self, duration};
+use crate::wire;
 
 /// A handle on the ledger. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -82,26 +81,9 @@ impl LedgerClient {
         if context.client_name.as_deref().is_none_or(str::is_empty) {
             context.client_name = Some(self.transport.config().client_name.clone());
         }
-        let request = pb::BeginRequest {
-            tool: spec.tool.clone(),
-            // Every identity form is resolved here, so the ledger gets the id it would compute.
-            identity: Some(pb::begin_request::Identity::OperationId(operation_id)),
-            effect: Some(pb::begin_request::Effect::Fingerprint(fingerprint)),
-            volatile_fields: Vec::new(),
-            // One attempt id for every transport retry of this Begin.
-            attempt_id: uuid::Uuid::new_v4().to_string(),
-            context: Some(wire::context(&context)),
-            lease_ttl: spec.lease_ttl.map(duration),
-            wait: spec.wait.map(duration),
-            new_intent: spec.new_intent,
-            retention: spec.retention.map(duration),
-            provider: spec.provider.clone().unwrap_or_default(),
-            lookup_hints_json: spec
-                .lookup_hints
-                .as_ref()
-                .map(|h| h.to_string())
-                .unwrap_or_default(),
-        };
+        // One attempt id for every transport retry of this Begin.
+        let attempt_id = uuid::Uuid::new_v4().to_string();
+        let request = wire::begin(spec, operation_id, fingerprint, attempt_id, &context);
         // A bounded wait happens on the server: give the call that much longer.
         let extra = spec.wait.unwrap_or_default();
         let response = self
@@ -113,13 +95,9 @@ impl LedgerClient {
                 request,
             )
             .await?;
-        Ok(self.decision(response, spec))
-    }
-
-    fn decision(&self, response: pb::BeginResponse, spec: &OperationSpec) -> Decision {
-        wire::decision(response, |operation_id, grant| {
+        Ok(wire::decision(response, |operation_id, grant| {
             Attempt::start(self.transport.clone(), operation_id, grant, spec.lease_ttl)
-        })
+        }))
     }
 
     /// Runs `effect` at most once for the operation: asks the ledger, performs the effect only
@@ -176,10 +154,7 @@ impl LedgerClient {
     /// The operation as the ledger holds it, with the history of its current life, for status
     /// tools. [`ClientError::NotFound`] when the ledger holds no such operation.
     pub async fn get(&self, operation_id: &str) -> Result<OperationView, ClientError> {
-        let request = pb::GetOperationRequest {
-            operation_id: operation_id.into(),
-            tenant: self.read_tenant(),
-        };
+        let request = wire::get_operation(operation_id, self.read_tenant());
         let found = self
             .transport
             .unary(
@@ -197,7 +172,7 @@ impl LedgerClient {
             .transport
             .unary(
                 |mut grpc, request| async move { grpc.get_server_info(request).await },
-                pb::GetServerInfoRequest {},
+                wire::server_info_request(),
             )
             .await?;
         Ok(wire::server_info(found))

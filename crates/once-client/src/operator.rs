@@ -5,18 +5,14 @@
 
 use std::time::Duration;
 
-use once_api::admin_pb as apb;
-use once_api::pb;
 use once_core::access::{Credential, Roles};
 use once_core::State;
-use tonic::Streaming;
 
 use crate::client::LedgerClient;
 use crate::error::ClientError;
 use crate::transport::{Failure, Retries, Transport};
 use crate::view::{ForensicsView, OperationView, StatsView, WatchedEvent};
-use crate::wire::{self, duration};
-use once_api::convert::state_to_pb;
+use crate::wire::{self, EventStream};
 
 /// Which operations a listing holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -117,7 +113,7 @@ pub struct Watch {
     tenant: String,
     /// It covers every tenant's events.
     all_tenants: bool,
-    stream: Option<Streaming<pb::WatchOperationsResponse>>,
+    stream: Option<EventStream>,
     /// Failed tries to open the stream since it last yielded something.
     failures: u32,
     /// Whether a stream was ever open: from then on the watch outlasts any outage.
@@ -149,8 +145,8 @@ impl Watch {
                     Err(status) => return self.broken(&status).await,
                 }
             };
-            let item = match stream.message().await {
-                Ok(Some(message)) => message.item,
+            let watched = match stream.message().await {
+                Ok(Some(message)) => wire::watched(message),
                 Ok(None) => {
                     let ended = tonic::Status::unavailable("the stream ended");
                     return self.broken(&ended).await;
@@ -159,17 +155,16 @@ impl Watch {
             };
             self.failures = 0;
             self.opened = true;
-            match item {
-                Some(pb::watch_operations_response::Item::Event(event)) => {
-                    let event = wire::watched(event);
+            match watched {
+                Some(Watched::Event(event)) => {
                     self.request.after = Some(event.event.sequence);
                     return Ok(Watched::Event(event));
                 }
-                Some(pb::watch_operations_response::Item::CaughtUpTo(sequence)) => {
+                Some(Watched::CaughtUpTo(sequence)) => {
                     self.request.after = Some(sequence);
                     return Ok(Watched::CaughtUpTo(sequence));
                 }
-                None => continue,
+                Some(Watched::Reconnecting { .. }) | None => continue,
             }
         }
     }
@@ -199,23 +194,8 @@ impl Watch {
     }
 
     /// Opens the stream; returns it and the sequence it starts after, as the ledger says.
-    async fn open(
-        &self,
-    ) -> Result<(Streaming<pb::WatchOperationsResponse>, Option<i64>), tonic::Status> {
-        let request = pb::WatchOperationsRequest {
-            after_sequence: self.request.after.unwrap_or(0),
-            from_now: self.request.after.is_none(),
-            states: self
-                .request
-                .states
-                .iter()
-                .map(|s| state_to_pb(*s) as i32)
-                .collect(),
-            kinds: self.request.kinds.clone(),
-            tool: self.request.tool.clone().unwrap_or_default(),
-            tenant: self.tenant.clone(),
-            all_tenants: self.all_tenants,
-        };
+    async fn open(&self) -> Result<(EventStream, Option<i64>), tonic::Status> {
+        let request = wire::watch(&self.request, self.tenant.clone(), self.all_tenants);
         // No deadline: the stream lasts as long as the watcher wants it.
         let request = self.transport.authorized(request);
         let response = self.transport.grpc().watch_operations(request).await?;
@@ -237,20 +217,13 @@ impl LedgerClient {
         page_size: u32,
         page: Option<&str>,
     ) -> Result<Page, ClientError> {
-        let request = pb::ListOperationsRequest {
-            states: filter
-                .states
-                .iter()
-                .map(|s| state_to_pb(*s) as i32)
-                .collect(),
-            tool: filter.tool.clone().unwrap_or_default(),
-            provider: filter.provider.clone().unwrap_or_default(),
-            older_than: filter.older_than.map(duration),
+        let request = wire::list(
+            filter,
             page_size,
-            page_token: page.unwrap_or_default().to_owned(),
-            tenant: self.read_tenant(),
-            all_tenants: self.reads_all_tenants(),
-        };
+            page,
+            self.read_tenant(),
+            self.reads_all_tenants(),
+        );
         let listed = self
             .transport()
             .unary(
@@ -258,37 +231,13 @@ impl LedgerClient {
                 request,
             )
             .await?;
-        Ok(Page {
-            operations: listed.operations.into_iter().map(wire::summary).collect(),
-            next: Some(listed.next_page_token).filter(|t| !t.is_empty()),
-        })
+        Ok(wire::page(listed))
     }
 
     /// Settles an UNKNOWN operation as an operator; returns its state afterwards. Retried
     /// through transport failures with the same resolution id, so it is applied once.
     pub async fn resolve(&self, resolution: &Resolution) -> Result<State, ClientError> {
-        let (outcome, result, provider_ref) = match &resolution.truth {
-            Truth::Confirmed {
-                result,
-                provider_ref,
-            } => (
-                State::Confirmed,
-                result.clone(),
-                provider_ref.clone().unwrap_or_default(),
-            ),
-            Truth::Absent => (State::Absent, Vec::new(), String::new()),
-        };
-        let request = pb::ResolveRequest {
-            operation_id: resolution.operation_id.clone(),
-            outcome: state_to_pb(outcome) as i32,
-            result,
-            provider_ref,
-            reason: resolution.reason.clone(),
-            operator: resolution.operator.clone(),
-            resolution_id: resolution.resolution_id.clone(),
-            attempt: resolution.attempt.unwrap_or(0),
-            fencing_token: resolution.fencing_token,
-        };
+        let request = wire::resolve(resolution);
         let resolved = self
             .transport()
             .unary(
@@ -306,9 +255,7 @@ impl LedgerClient {
         operation_id: &str,
         wait: Duration,
     ) -> Result<Reconciled, ClientError> {
-        let request = pb::ReconcileRequest {
-            operation_id: operation_id.to_owned(),
-        };
+        let request = wire::reconcile(operation_id);
         let reconciled = self
             .transport()
             .call(
@@ -318,21 +265,12 @@ impl LedgerClient {
                 request,
             )
             .await?;
-        Ok(Reconciled {
-            reconciler: reconciled.reconciler,
-            verdict: wire::state(reconciled.verdict),
-            state: wire::state(reconciled.state),
-            detail: reconciled.detail,
-        })
+        Ok(wire::reconciled(reconciled))
     }
 
     /// The tenant's figures: now, and over the last `window`.
     pub async fn stats(&self, window: Duration) -> Result<StatsView, ClientError> {
-        let request = pb::GetStatsRequest {
-            window: Some(duration(window)),
-            tenant: self.read_tenant(),
-            all_tenants: self.reads_all_tenants(),
-        };
+        let request = wire::get_stats(window, self.read_tenant(), self.reads_all_tenants());
         let found = self
             .transport()
             .unary(
@@ -350,11 +288,7 @@ impl LedgerClient {
         tool: Option<&str>,
         since: Duration,
     ) -> Result<ForensicsView, ClientError> {
-        let request = pb::GetForensicsRequest {
-            tool: tool.unwrap_or_default().to_owned(),
-            since: Some(duration(since)),
-            tenant: self.read_tenant(),
-        };
+        let request = wire::get_forensics(tool, since, self.read_tenant());
         let found = self
             .transport()
             .unary(
@@ -388,12 +322,7 @@ impl LedgerClient {
         roles: &Roles,
         certificate_pem: Option<&str>,
     ) -> Result<(Credential, Option<String>), ClientError> {
-        let request = apb::CreateKeyRequest {
-            tenant: tenant.to_owned(),
-            name: name.to_owned(),
-            roles: roles.iter().map(|r| r.to_string()).collect(),
-            certificate_pem: certificate_pem.unwrap_or_default().to_owned(),
-        };
+        let request = wire::create_key(tenant, name, roles, certificate_pem);
         let created = self
             .transport()
             .admin_call(
@@ -401,15 +330,12 @@ impl LedgerClient {
                 request,
             )
             .await?;
-        let key = wire::credential(created.key.unwrap_or_default())?;
-        Ok((key, Some(created.secret).filter(|s| !s.is_empty())))
+        wire::created_key(created)
     }
 
     /// The credentials of `tenant`, or of every tenant (admin). Never a secret.
     pub async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<Credential>, ClientError> {
-        let request = apb::ListKeysRequest {
-            tenant: tenant.unwrap_or_default().to_owned(),
-        };
+        let request = wire::list_keys(tenant);
         let listed = self
             .transport()
             .admin_call(
@@ -422,9 +348,7 @@ impl LedgerClient {
 
     /// Revokes a credential (admin); returns it as revoked.
     pub async fn revoke_key(&self, key_id: &str) -> Result<Credential, ClientError> {
-        let request = apb::RevokeKeyRequest {
-            key_id: key_id.to_owned(),
-        };
+        let request = wire::revoke_key(key_id);
         let revoked = self
             .transport()
             .admin_call(

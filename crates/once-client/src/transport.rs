@@ -3,8 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use once_api::admin_pb::admin_client::AdminClient as AdminGrpc;
-use once_api::pb::ledger_client::LedgerClient as Grpc;
+use once_api::admin_pb::admin_client::AdminClient;
+use once_api::pb::ledger_client::LedgerClient;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
@@ -14,13 +14,18 @@ use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::reach::{self, Cause, Judged, Unreachable};
 
+/// The generated ledger client every call of this crate goes through.
+pub(crate) type Grpc = LedgerClient<Channel>;
+/// The generated admin client.
+pub(crate) type AdminGrpc = AdminClient<Channel>;
+
 /// The longest pause between two tries of one call.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
 /// The channel to the ledger and how calls over it are retried. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Transport {
-    grpc: Grpc<Channel>,
+    grpc: Grpc,
     channel: Channel,
     config: ClientConfig,
 }
@@ -60,7 +65,7 @@ impl Transport {
             _ => Channel::balance_list(endpoints.into_iter()),
         };
         Ok(Self {
-            grpc: Grpc::new(channel.clone()),
+            grpc: LedgerClient::new(channel.clone()),
             channel,
             config,
         })
@@ -82,7 +87,7 @@ impl Transport {
     ) -> Result<Resp, ClientError>
     where
         Req: Clone,
-        F: Fn(Grpc<Channel>, Request<Req>) -> Fut,
+        F: Fn(Grpc, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         self.call_with(&self.grpc, retries, extra, send, message)
@@ -97,7 +102,7 @@ impl Transport {
     ) -> Result<Resp, ClientError>
     where
         Req: Clone,
-        F: Fn(Grpc<Channel>, Request<Req>) -> Fut,
+        F: Fn(Grpc, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         self.call(Retries::Tries, Duration::ZERO, send, message)
@@ -112,7 +117,7 @@ impl Transport {
     ) -> Result<Resp, ClientError>
     where
         Req: Clone,
-        F: Fn(AdminGrpc<Channel>, Request<Req>) -> Fut,
+        F: Fn(AdminGrpc, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         self.call_with(&self.admin(), Retries::Tries, Duration::ZERO, send, message)
@@ -120,13 +125,13 @@ impl Transport {
     }
 
     /// The ledger's gRPC client, for a call [`Transport::call`] cannot make (a stream).
-    pub(crate) fn grpc(&self) -> Grpc<Channel> {
+    pub(crate) fn grpc(&self) -> Grpc {
         self.grpc.clone()
     }
 
     /// The admin service's client over the same channel.
-    pub(crate) fn admin(&self) -> AdminGrpc<Channel> {
-        AdminGrpc::new(self.channel.clone())
+    pub(crate) fn admin(&self) -> AdminGrpc {
+        AdminClient::new(self.channel.clone())
     }
 
     /// `message` as a request carrying the API key, if there is one, and the trace context of

@@ -1,37 +1,43 @@
-//! The wire's types turned into the client's, and back: the one place this crate reads a
-//! protobuf message (a Begin's decision, a listing, a credential …) or builds one other than a
-//! request.
+//! The wire's types turned into the client's, and back: the one place this crate builds a
+//! protobuf request from its own types or reads an answer into them (a Begin's decision, a
+//! listing, a credential …). The calls that send them (`client`, `attempt`, `operator`) never
+//! name a message.
 
 use std::time::{Duration, SystemTime};
 
 use once_api::admin_pb as apb;
+use once_api::convert::state_to_pb;
 use once_api::pb;
-use once_core::access::{Credential, CredentialKind};
+use once_core::access::{Credential, CredentialKind, Roles};
 use once_core::{AttemptContext, State};
+use tonic::Streaming;
 
-use crate::attempt::Attempt;
+use crate::attempt::{Attempt, Grant};
 use crate::decision::{Conflict, Decision, InProgress, Replay, Unknown};
+use crate::effect::Effect;
 use crate::error::ClientError;
+use crate::operator::{ListFilter, Page, Reconciled, Resolution, Truth, WatchRequest, Watched};
+use crate::spec::OperationSpec;
 use crate::view::{
     AgesView, AttemptView, CallView, EventView, ForensicsView, KeyInfo, OperationView, ServerInfo,
     StatsView, WatchedEvent,
 };
 
-pub(crate) fn duration(d: Duration) -> prost_types::Duration {
+fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
     }
 }
 
-pub(crate) fn std_duration(d: prost_types::Duration) -> Duration {
+fn std_duration(d: prost_types::Duration) -> Duration {
     Duration::new(
         u64::try_from(d.seconds).unwrap_or(0),
         u32::try_from(d.nanos).unwrap_or(0),
     )
 }
 
-pub(crate) fn system_time(ts: prost_types::Timestamp) -> SystemTime {
+fn system_time(ts: prost_types::Timestamp) -> SystemTime {
     let millis = u64::try_from(once_api::convert::millis(&ts)).unwrap_or(0);
     SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
 }
@@ -41,7 +47,7 @@ fn present(text: String) -> Option<String> {
     Some(text).filter(|t| !t.is_empty())
 }
 
-pub(crate) fn context(context: &AttemptContext) -> pb::AttemptContext {
+fn context(context: &AttemptContext) -> pb::AttemptContext {
     pb::AttemptContext {
         client_name: context.client_name.clone().unwrap_or_default(),
         session_id: context.session_id.clone().unwrap_or_default(),
@@ -136,7 +142,7 @@ pub(crate) fn forensics(found: pb::GetForensicsResponse) -> ForensicsView {
 }
 
 /// An operation without its history, as a listing holds it.
-pub(crate) fn summary(op: pb::Operation) -> OperationView {
+fn summary(op: pb::Operation) -> OperationView {
     OperationView {
         state: state(op.state).unwrap_or(State::Unknown),
         result: Some(op.result)
@@ -165,7 +171,7 @@ pub(crate) fn summary(op: pb::Operation) -> OperationView {
     }
 }
 
-pub(crate) fn watched(e: pb::OperationEvent) -> WatchedEvent {
+fn watched_event(e: pb::OperationEvent) -> WatchedEvent {
     WatchedEvent {
         tenant: e.tenant,
         operation_id: e.operation_id,
@@ -218,12 +224,21 @@ pub(crate) fn server_info(found: pb::GetServerInfoResponse) -> ServerInfo {
 /// A Begin's answer as the client's [`Decision`]; `start` makes the attempt an EXECUTE grants.
 pub(crate) fn decision(
     response: pb::BeginResponse,
-    start: impl FnOnce(String, pb::Execute) -> Attempt,
+    start: impl FnOnce(String, Grant) -> Attempt,
 ) -> Decision {
     use pb::begin_response::Decision as D;
     let operation_id = response.operation_id;
     match response.decision {
-        Some(D::Execute(grant)) => Decision::Execute(start(operation_id, grant)),
+        Some(D::Execute(grant)) => {
+            let grant = Grant {
+                attempt: grant.attempt,
+                fencing_token: grant.fencing_token,
+                provider_key: grant.provider_key,
+                lease_deadline: grant.lease_deadline.map(system_time),
+                lease_ttl: grant.lease_ttl.map(std_duration),
+            };
+            Decision::Execute(start(operation_id, grant))
+        }
         Some(D::Replay(replay)) => Decision::Replay(Replay {
             operation_id,
             result: replay.result,
@@ -272,4 +287,252 @@ pub(crate) fn credential(key: apb::Key) -> Result<Credential, ClientError> {
         created_at: key.created_at_ms,
         revoked_at: once_api::admin::cap(key.revoked_at_ms),
     })
+}
+
+/// A created key and, for a generated one, its secret.
+pub(crate) fn created_key(
+    created: apb::CreateKeyResponse,
+) -> Result<(Credential, Option<String>), ClientError> {
+    let key = credential(created.key.unwrap_or_default())?;
+    Ok((key, present(created.secret)))
+}
+
+/// A page of a listing.
+pub(crate) fn page(listed: pb::ListOperationsResponse) -> Page {
+    Page {
+        operations: listed.operations.into_iter().map(summary).collect(),
+        next: present(listed.next_page_token),
+    }
+}
+
+pub(crate) fn reconciled(reconciled: pb::ReconcileResponse) -> Reconciled {
+    Reconciled {
+        reconciler: reconciled.reconciler,
+        verdict: state(reconciled.verdict),
+        state: state(reconciled.state),
+        detail: reconciled.detail,
+    }
+}
+
+/// The stream a watch reads.
+pub(crate) type EventStream = Streaming<pb::WatchOperationsResponse>;
+
+/// One message of a watch: an event, or how far it has caught up; `None` when it holds neither.
+pub(crate) fn watched(message: pb::WatchOperationsResponse) -> Option<Watched> {
+    use pb::watch_operations_response::Item;
+    match message.item? {
+        Item::Event(event) => Some(Watched::Event(watched_event(event))),
+        Item::CaughtUpTo(sequence) => Some(Watched::CaughtUpTo(sequence)),
+    }
+}
+
+// The requests, each built from the client's own types.
+
+fn states(states: &[State]) -> Vec<i32> {
+    states.iter().map(|s| state_to_pb(*s) as i32).collect()
+}
+
+pub(crate) fn begin(
+    spec: &OperationSpec,
+    operation_id: String,
+    fingerprint: String,
+    attempt_id: String,
+    attempt_context: &AttemptContext,
+) -> pb::BeginRequest {
+    pb::BeginRequest {
+        tool: spec.tool.clone(),
+        // Every identity form is resolved by the client, so the ledger gets the id it would
+        // compute.
+        identity: Some(pb::begin_request::Identity::OperationId(operation_id)),
+        effect: Some(pb::begin_request::Effect::Fingerprint(fingerprint)),
+        volatile_fields: Vec::new(),
+        attempt_id,
+        context: Some(context(attempt_context)),
+        lease_ttl: spec.lease_ttl.map(duration),
+        wait: spec.wait.map(duration),
+        new_intent: spec.new_intent,
+        retention: spec.retention.map(duration),
+        provider: spec.provider.clone().unwrap_or_default(),
+        lookup_hints_json: spec
+            .lookup_hints
+            .as_ref()
+            .map(|h| h.to_string())
+            .unwrap_or_default(),
+    }
+}
+
+pub(crate) fn confirm(
+    operation_id: String,
+    fencing_token: u64,
+    effect: Effect,
+) -> pb::ConfirmRequest {
+    pb::ConfirmRequest {
+        operation_id,
+        fencing_token,
+        result: effect.result,
+        provider_ref: effect.provider_ref.unwrap_or_default(),
+    }
+}
+
+pub(crate) fn report_absent(
+    operation_id: String,
+    fencing_token: u64,
+    reason: String,
+) -> pb::ReportAbsentRequest {
+    pb::ReportAbsentRequest {
+        operation_id,
+        fencing_token,
+        reason,
+    }
+}
+
+pub(crate) fn report_unknown(
+    operation_id: String,
+    fencing_token: u64,
+    reason: String,
+) -> pb::ReportUnknownRequest {
+    pb::ReportUnknownRequest {
+        operation_id,
+        fencing_token,
+        reason,
+    }
+}
+
+pub(crate) fn heartbeat(
+    operation_id: &str,
+    fencing_token: u64,
+    ttl: Duration,
+) -> pb::HeartbeatRequest {
+    pb::HeartbeatRequest {
+        operation_id: operation_id.to_owned(),
+        fencing_token,
+        lease_ttl: Some(duration(ttl)),
+    }
+}
+
+pub(crate) fn get_operation(operation_id: &str, tenant: String) -> pb::GetOperationRequest {
+    pb::GetOperationRequest {
+        operation_id: operation_id.to_owned(),
+        tenant,
+    }
+}
+
+pub(crate) fn server_info_request() -> pb::GetServerInfoRequest {
+    pb::GetServerInfoRequest {}
+}
+
+pub(crate) fn list(
+    filter: &ListFilter,
+    page_size: u32,
+    page: Option<&str>,
+    tenant: String,
+    all_tenants: bool,
+) -> pb::ListOperationsRequest {
+    pb::ListOperationsRequest {
+        states: states(&filter.states),
+        tool: filter.tool.clone().unwrap_or_default(),
+        provider: filter.provider.clone().unwrap_or_default(),
+        older_than: filter.older_than.map(duration),
+        page_size,
+        page_token: page.unwrap_or_default().to_owned(),
+        tenant,
+        all_tenants,
+    }
+}
+
+pub(crate) fn watch(
+    request: &WatchRequest,
+    tenant: String,
+    all_tenants: bool,
+) -> pb::WatchOperationsRequest {
+    pb::WatchOperationsRequest {
+        after_sequence: request.after.unwrap_or(0),
+        from_now: request.after.is_none(),
+        states: states(&request.states),
+        kinds: request.kinds.clone(),
+        tool: request.tool.clone().unwrap_or_default(),
+        tenant,
+        all_tenants,
+    }
+}
+
+pub(crate) fn resolve(resolution: &Resolution) -> pb::ResolveRequest {
+    let (outcome, result, provider_ref) = match &resolution.truth {
+        Truth::Confirmed {
+            result,
+            provider_ref,
+        } => (
+            State::Confirmed,
+            result.clone(),
+            provider_ref.clone().unwrap_or_default(),
+        ),
+        Truth::Absent => (State::Absent, Vec::new(), String::new()),
+    };
+    pb::ResolveRequest {
+        operation_id: resolution.operation_id.clone(),
+        outcome: state_to_pb(outcome) as i32,
+        result,
+        provider_ref,
+        reason: resolution.reason.clone(),
+        operator: resolution.operator.clone(),
+        resolution_id: resolution.resolution_id.clone(),
+        attempt: resolution.attempt.unwrap_or(0),
+        fencing_token: resolution.fencing_token,
+    }
+}
+
+pub(crate) fn reconcile(operation_id: &str) -> pb::ReconcileRequest {
+    pb::ReconcileRequest {
+        operation_id: operation_id.to_owned(),
+    }
+}
+
+pub(crate) fn get_stats(
+    window: Duration,
+    tenant: String,
+    all_tenants: bool,
+) -> pb::GetStatsRequest {
+    pb::GetStatsRequest {
+        window: Some(duration(window)),
+        tenant,
+        all_tenants,
+    }
+}
+
+pub(crate) fn get_forensics(
+    tool: Option<&str>,
+    since: Duration,
+    tenant: String,
+) -> pb::GetForensicsRequest {
+    pb::GetForensicsRequest {
+        tool: tool.unwrap_or_default().to_owned(),
+        since: Some(duration(since)),
+        tenant,
+    }
+}
+
+pub(crate) fn create_key(
+    tenant: &str,
+    name: &str,
+    roles: &Roles,
+    certificate_pem: Option<&str>,
+) -> apb::CreateKeyRequest {
+    apb::CreateKeyRequest {
+        tenant: tenant.to_owned(),
+        name: name.to_owned(),
+        roles: roles.iter().map(|r| r.to_string()).collect(),
+        certificate_pem: certificate_pem.unwrap_or_default().to_owned(),
+    }
+}
+
+pub(crate) fn list_keys(tenant: Option<&str>) -> apb::ListKeysRequest {
+    apb::ListKeysRequest {
+        tenant: tenant.unwrap_or_default().to_owned(),
+    }
+}
+
+pub(crate) fn revoke_key(key_id: &str) -> apb::RevokeKeyRequest {
+    apb::RevokeKeyRequest {
+        key_id: key_id.to_owned(),
+    }
 }
