@@ -5,12 +5,10 @@
 
 use std::marker::PhantomData;
 
+use crate::refusal::Refusal;
 use prost::Message;
 use tonic::codec::{BufferSettings, DecodeBuf, Decoder};
 use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
-
-use crate::ERROR_DOMAIN;
 
 /// Named by the generated clients and servers (`codec_path` in `build.rs`).
 #[derive(Debug, Clone)]
@@ -67,14 +65,10 @@ impl<U: Message + Default> Decoder for MessageDecoder<U> {
 /// `INVALID_ARGUMENT` for a message that is not valid protobuf. prost's description names the
 /// message and field it stopped at (`BeginRequest.tool: invalid string value: …`).
 fn malformed(error: &prost::DecodeError) -> Status {
-    let details = ErrorDetails::with_error_info(
-        "MALFORMED_REQUEST",
-        ERROR_DOMAIN,
-        std::collections::HashMap::new(),
-    );
-    Status::with_error_details(
+    Refusal::new(
         Code::InvalidArgument,
+        "MALFORMED_REQUEST",
         format!("the message cannot be decoded: {error}"),
-        details,
     )
+    .into_status()
 }

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod convert;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod refusal;
 
 /// The response header of WatchOperations naming the sequence the stream starts after, so a
 /// watch from now that breaks before its first message resumes there.

@@ -2,37 +2,35 @@
 //!
 //! Every status carries a `google.rpc.ErrorInfo` with a stable reason code clients branch on.
 //! Database text never leaves the process: it is logged here, where the error is handled.
+//!
+//! It includes tonic's own refusal of an oversized request ([`TooLargeLayer`]:
+//! RESOURCE_EXHAUSTED) and the refusals of access: UNAUTHENTICATED, PERMISSION_DENIED, and
+//! RESOURCE_EXHAUSTED with a `RetryInfo`, `retry_after_ms` and a `retry-after` header.
 
+use once_api::refusal::Refusal;
 use once_core::{Invalid, Rejection};
 use once_store::StoreError;
 use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::reconciliation::Refused;
 
 pub use once_api::ERROR_DOMAIN;
 
 fn status(code: Code, reason: &str, message: String, metadata: Vec<(String, String)>) -> Status {
-    let details = ErrorDetails::with_error_info(
-        reason,
-        ERROR_DOMAIN,
-        metadata
-            .into_iter()
-            .collect::<std::collections::HashMap<_, _>>(),
-    );
-    Status::with_error_details(code, message, details)
+    metadata
+        .into_iter()
+        .fold(
+            Refusal::new(code, reason, message),
+            |refusal, (key, value)| refusal.with(key, value),
+        )
+        .into_status()
 }
 
 pub fn invalid(error: Invalid) -> Status {
-    let mut details = ErrorDetails::with_error_info(
-        error.code,
-        ERROR_DOMAIN,
-        [("field".to_owned(), error.field.clone())]
-            .into_iter()
-            .collect::<std::collections::HashMap<_, _>>(),
-    );
-    details.add_bad_request_violation(error.field.clone(), error.message.clone());
-    Status::with_error_details(Code::InvalidArgument, error.to_string(), details)
+    Refusal::new(Code::InvalidArgument, error.code, error.to_string())
+        .with("field", error.field.clone())
+        .bad_field(error.field.clone(), error.message.clone())
+        .into_status()
 }
 
 pub fn store(error: StoreError) -> Status {
@@ -337,18 +335,10 @@ pub fn permission_denied(needed: &str, held: &str) -> Status {
 /// A tenant or credential limit is reached; the call changed nothing and may be sent again
 /// after `retry_after`.
 pub fn exhausted(reason: &str, message: String, retry_after: std::time::Duration) -> Status {
-    let mut details = ErrorDetails::with_error_info(
-        reason,
-        ERROR_DOMAIN,
-        [(
-            "retry_after_ms".to_owned(),
-            retry_after.as_millis().to_string(),
-        )]
-        .into_iter()
-        .collect::<std::collections::HashMap<_, _>>(),
-    );
-    details.set_retry_info(Some(retry_after));
-    let mut status = Status::with_error_details(Code::ResourceExhausted, message, details);
+    let mut status = Refusal::new(Code::ResourceExhausted, reason, message)
+        .with("retry_after_ms", retry_after.as_millis().to_string())
+        .retry_after(retry_after)
+        .into_status();
     if let Ok(value) = retry_after.as_secs().max(1).to_string().parse() {
         status.metadata_mut().insert("retry-after", value);
     }
@@ -363,4 +353,22 @@ pub fn not_found(reason: &str, message: &str) -> Status {
 /// What an administrative call would create exists already.
 pub fn already_exists(reason: &str, message: &str) -> Status {
     status(Code::AlreadyExists, reason, message.to_owned(), vec![])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_refusal_is_the_same_bytes_every_time() {
+        let first = permission_denied("operator", "reader");
+        for _ in 0..64 {
+            let again = permission_denied("operator", "reader");
+            assert_eq!(
+                again.details(),
+                first.details(),
+                "the details differ in their bytes"
+            );
+        }
+    }
 }
