@@ -9,6 +9,52 @@
 //! finding and a new fencing token) before it grants anything, and [`report`] asks for the
 //! attempt record of a superseded fencing token, of this life or of one that handed its provider
 //! key to it ([`needs_attempt_record`]).
+//!
+//! # Lives and tokens
+//!
+//! A settled operation past retention (deleted, or found expired by a Begin) starts a new *life*
+//! on its next claim, with a new provider key, unless the life before ended ABSENT for the same
+//! intent (`inherited_key`): its provider key passes to the next life, and retention keeps the
+//! ABSENT row, expired but readable, as a tombstone until `--provider-key-window` after it
+//! settled, so a stalled attempt of the old life is deduplicated by the provider. Fencing tokens
+//! come from one counter for the whole store, so a token is never issued twice for an operation id
+//! across its lives; a life is named by the token of its first attempt, and its events carry it.
+//!
+//! A life that took over the key keeps the attempt log of the lives before it
+//! (`Plan::forgets_attempts` is false), so a stalled attempt of one of them that reports late is
+//! judged as a superseded attempt of this life would be: its effect is under this life's key. What
+//! its confirm proves and changes nothing here is recorded in the life it belongs to
+//! (`NewEvent::in_earlier_life`): RESOLUTION_CONTRADICTED when it names the provider object this
+//! life confirmed, DOUBLE_EXECUTION when another. Every anomaly of one late token shares the
+//! dedupe key `EARLIER_LIFE:<token>`; its report that it did nothing, or cannot tell, is recorded
+//! in its life as a note (dedupe key `EARLIER_LIFE_REPORT:<token>`). A report with a token of a
+//! life that kept its key, or one never issued for this operation, changes nothing.
+//!
+//! # Who holds an attempt
+//!
+//! An attempt belongs to the credential it was granted to (`holder`), recorded on the operation
+//! and in the attempt log. A fencing token or an attempt id is readable by anyone who may read the
+//! operation, so neither proves anything alone: a report or a heartbeat from another credential is
+//! answered as one with a token never issued, and the same Begin again is granted again only to
+//! the holder (to another credential it is IN_PROGRESS). An attempt granted to none (while the
+//! ledger was open) is any credential's of its tenant (`model::may_act_for`).
+//!
+//! # A superseded attempt's confirm
+//!
+//! It is proof the effect happened. When every later attempt of the life said by itself that it
+//! did nothing, the operation becomes CONFIRMED (recording that the ABSENT it had was
+//! contradicted); when a later attempt runs or may have run, it is held UNKNOWN for an operator
+//! (source `anomaly`, a DOUBLE_EXECUTION event): no reconciler settles it and an operator cannot
+//! call it ABSENT. Either way the superseded attempt is answered EXECUTION_RIGHT_LOST. The
+//! operation records which attempt's confirm its result is (`confirmed_by`), so a retried confirm
+//! gets the same answer.
+//!
+//! # Resolutions
+//!
+//! An operator's resolution names the attempt examined by its fencing token, which also names the
+//! life: a resolution of an attempt that is no longer the latest is refused naming the current
+//! one. A resolution id names one resolution: the same outcome of the same attempt again gets the
+//! first answer; the id reused for anything else is refused.
 
 use serde_json::json;
 

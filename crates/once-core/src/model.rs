@@ -1,4 +1,13 @@
 //! The nouns of the ledger: operations, attempts, events, and the commands that move them.
+//!
+//! [`FencingToken`] is a newtype (a token is never an attempt number). [`Actor`] (`ledger`,
+//! `executor:<name>`, `reconciler:<name>`, `operator:<name>`, or `operator:<name>@<key name>` for
+//! a resolution made with a credential of another name) has `Display` and `FromStr`, so the string
+//! form exists only at the edges. Events are built by `NewEvent::transition` (a state change),
+//! `NewEvent::note` (a lookup, an escalation) and `NewEvent::anomaly` (recorded once per cause:
+//! the dedupe key is the kind and the cause). What the read API returns is here too: [`Listed`],
+//! [`OperationEvent`] and [`WatchFilter`], whose `matches` states the rule the store's query
+//! applies.
 
 use std::fmt;
 

@@ -12,7 +12,7 @@
 //! The plugin declares its provider's capabilities itself; until it has answered, misses count
 //! for nothing.
 
-use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use once_api::reconciler_pb as pb;
@@ -31,7 +31,7 @@ const UNDECLARED: Capabilities = Capabilities {
 pub struct GrpcReconciler {
     client: ReconcilerClient<Channel>,
     /// The plugin's declared capabilities, once it has declared them.
-    declared: Mutex<Option<Capabilities>>,
+    declared: OnceLock<Capabilities>,
     /// The credential of the one tenant this instance serves, sent as a bearer token.
     api_key: Option<String>,
 }
@@ -58,14 +58,14 @@ impl GrpcReconciler {
             .connect_lazy();
         Ok(Self {
             client: ReconcilerClient::new(channel),
-            declared: Mutex::new(None),
+            declared: OnceLock::new(),
             api_key,
         })
     }
 
     async fn declare(&self) -> Result<Capabilities, String> {
-        if let Some(known) = *self.declared.lock().unwrap() {
-            return Ok(known);
+        if let Some(known) = self.declared.get() {
+            return Ok(*known);
         }
         let answer = self
             .client
@@ -88,15 +88,15 @@ impl GrpcReconciler {
                 .saturating_add(i64::from(settle.nanos / 1_000_000)),
             dedupes_by_provider_key: answer.dedupes_by_provider_key,
         };
-        *self.declared.lock().unwrap() = Some(declared);
-        Ok(declared)
+        // Two lookups may ask at once: the first declaration kept is the one every lookup reads.
+        Ok(*self.declared.get_or_init(|| declared))
     }
 }
 
 #[async_trait::async_trait]
 impl Reconciler for GrpcReconciler {
     fn capabilities(&self) -> Capabilities {
-        self.declared.lock().unwrap().unwrap_or(UNDECLARED)
+        self.declared.get().copied().unwrap_or(UNDECLARED)
     }
 
     async fn lookup(&self, request: &LookupRequest) -> Verdict {

@@ -1,4 +1,11 @@
 //! What differs between the databases the ledger can live in.
+//!
+//! Implemented for `sqlx::Sqlite` and `sqlx::Postgres`: the clock expression, the row lock a read
+//! appends, the token statement, how a write transaction starts, the fresh-id guard's query
+//! ([`Dialect::blocking`], once per dialect), rows affected, a key among a subquery's keys
+//! ([`Dialect::one_of`]), whether a token may be taken outside the write lock and a decision written
+//! in one checked statement, and `ping`. The statements of the Begin and report path that name the
+//! clock are built from these once.
 
 use std::future::Future;
 

@@ -1,4 +1,14 @@
 //! The domain state machine run over a [`Backend`]: read, decide, write, commit.
+//!
+//! Every write (a Begin's claim, a report, a heartbeat, a resolution, a lease's expiry, a verdict)
+//! is one closure over a transaction (`Ledger::write`): it locks, decides with the core, applies
+//! the plan, and returns its answer with what it wrote. A Begin or a report is first decided from a
+//! lock-free read; what needs no write is answered from it (those states change only under a lock
+//! or a version check, so the read is a committed truth), and on PostgreSQL a decided write may be
+//! one checked statement (`postgres::unlocked`). After a commit that wrote events the ledger
+//! signals `events_committed`, which the replica's watch feed waits on. [`Ledger::explain`] is an
+//! operation with its history and its classified calls (of its duplicates, the latest
+//! `EXPLAINED_DUPLICATES`, so a call replayed without end still answers in one small message).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,6 +3,13 @@
 //! Several `onced` processes may share one file. The file runs in WAL mode with a busy
 //! timeout, and every write transaction starts with `BEGIN IMMEDIATE`, taking SQLite's single
 //! write lock before it reads: two writers never both read a state and then both act on it.
+//!
+//! The file is created mode 600 (SQLite gives its WAL and shared-memory files the same mode; an
+//! existing file others can read is served with a warning), with `synchronous = FULL`. On a bad
+//! disk day (a full disk, an I/O error, no memory) SQLite rolls a transaction back itself and
+//! sqlx's connection is left believing it is still inside one; the pool's `after_release` check
+//! closes such a connection instead of handing it out again, so the failure is one `UNAVAILABLE`
+//! per refused write and service resumes once space is back, with no restart.
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -4,6 +4,11 @@
 //!
 //! All are safe to run on every replica at once: each lease expiry locks its operation and
 //! re-checks it, and each deletion re-checks state and expiry on the row it deletes.
+//!
+//! The health sweeper reports NOT_SERVING while the database does not answer or does not commit a
+//! write: `Ledger::ping` commits a write that changes nothing on SQLite, and once the storage
+//! refused a write, a 1 MiB row written and deleted again, until one commits; PostgreSQL is asked
+//! whether it is read-only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

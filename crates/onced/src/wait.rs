@@ -1,4 +1,9 @@
 //! A Begin that may wait: how long, for what, and what wakes it.
+//!
+//! While the decision is IN_PROGRESS for the same operation and the caller asked to wait, the
+//! Begin looks again, woken at once by [`Settled`] when this replica records a report, resolution
+//! or verdict, until the bound runs out. An UNKNOWN one due for a lookup gets one lookup, under the
+//! workers' claim, so a storm of retried Begins is one lookup.
 
 use std::time::Duration;
 

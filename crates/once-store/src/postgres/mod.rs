@@ -4,6 +4,15 @@
 //! if a concurrent claim inserted it first, the unique key refuses the second insert and the
 //! claim is retried against the now-existing row. Every timestamp comes from the database's
 //! `clock_timestamp()`, so replicas with skewed clocks agree on when a lease ends.
+//!
+//! The fresh-id guard of one intent is serialised by a transaction-scoped advisory lock, taken in
+//! one statement with the token a clear claim will use. Fencing tokens come from a sequence.
+//! `GATE` is the one advisory-lock key of the write gate, which the gate, the frontier query and
+//! [`unlocked`] share. The pool's connections are set to READ COMMITTED whatever the database's
+//! default, which the guard's fresh snapshot and the version checks rely on. `ping` also checks
+//! that the server accepts writes (not in recovery, not read-only), and the pool pings a
+//! connection on its way out only when it sat idle for a second or more, so a call's path has no
+//! ping on it.
 
 mod unlocked;
 
