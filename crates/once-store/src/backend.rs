@@ -42,7 +42,7 @@ pub struct PoolUse {
     pub max: u32,
 }
 
-/// What [`Backend::credentials_since`] read.
+/// What [`Credentials::credentials_since`] read.
 #[derive(Debug, Clone, Default)]
 pub struct CredentialChanges {
     /// Each changed credential as it is now, with the hash of its secret and its tenant.
@@ -52,10 +52,13 @@ pub struct CredentialChanges {
     pub through: i64,
 }
 
-/// A database that can hold the ledger: what is read, and the sweeps. Only the [`crate::Ledger`]
-/// writes, through the transaction primitives of its supertrait, which nothing outside this crate
-/// can name or call (see [`sealed::Transactions`]).
-pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
+/// A database that can hold the ledger: the API's reads here, the rest by concern in its
+/// supertraits ([`Credentials`], [`Events`], [`Forensics`], [`Sweeps`]). Only the
+/// [`crate::Ledger`] writes an operation, through the transaction primitives of its sealed
+/// supertrait, which nothing outside this crate can name or call (see [`sealed::Transactions`]).
+pub trait Backend:
+    sealed::Transactions + Credentials + Events + Forensics + Sweeps + Clone + Send + Sync + 'static
+{
     /// A short name for logs: `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
 
@@ -88,6 +91,35 @@ pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
         query: &ListQuery,
     ) -> impl Future<Output = Result<Vec<Listed>, StoreError>> + Send;
 
+    /// The figures of `scope`: its operations by state and tool and the ages of its UNKNOWN
+    /// ones now, and what left UNKNOWN and the anomalies recorded over the last `window_ms`, by
+    /// the store's clock.
+    fn stats(
+        &self,
+        scope: &Scope,
+        window_ms: i64,
+    ) -> impl Future<Output = Result<Stats, StoreError>> + Send;
+
+    /// Every tenant's open operations, the ages of the UNKNOWN ones and the leases past their
+    /// end, now, in one statement.
+    fn gauges(&self) -> impl Future<Output = Result<Gauges, StoreError>> + Send;
+
+    /// The connection pool now: connections open, idle, and the most it opens.
+    fn pool_use(&self) -> PoolUse;
+
+    /// The store's clock.
+    fn clock(&self) -> impl Future<Output = Result<Millis, StoreError>> + Send;
+
+    /// Checks that the database answers and accepts writes, as hard as `probe` says.
+    fn ping(&self, probe: Probe) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Closes the pool: waits for checked-out connections to return, then closes them.
+    fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// What the background work reads and deletes: leases past their end, lookups due, and what
+/// retention allows.
+pub trait Sweeps {
     /// Up to `limit` IN_FLIGHT operations whose lease has ended, by the store's clock.
     fn expired_leases(
         &self,
@@ -96,7 +128,7 @@ pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
 
     /// Up to `limit` UNKNOWN operations of a (tenant, provider) in `served`, due for a reconciler
     /// lookup that no lookup holds, most overdue first. Nothing is claimed: see
-    /// [`Backend::claim_lookup`].
+    /// [`Sweeps::claim_lookup`].
     fn due_lookups(
         &self,
         limit: u32,
@@ -132,6 +164,16 @@ pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Deletes up to `limit` duplicates older than `age_ms`; returns how many.
+    fn delete_duplicates_older_than(
+        &self,
+        age_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Tenants and credentials, and the count admission caps.
+pub trait Credentials {
     /// Creates a tenant, or changes the limits of the one with its name; returns it as stored.
     fn put_tenant(
         &self,
@@ -175,7 +217,10 @@ pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
 
     /// How many operations of `tenant` are IN_FLIGHT.
     fn in_flight(&self, tenant: &str) -> impl Future<Output = Result<i64, StoreError>> + Send;
+}
 
+/// What a watcher reads, and how replicas tell one another they committed events.
+pub trait Events {
     /// The highest event sequence retention has deleted (0 when none).
     fn deleted_through(&self) -> impl Future<Output = Result<i64, StoreError>> + Send;
 
@@ -193,22 +238,19 @@ pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<OperationEvent>, StoreError>> + Send;
 
-    /// The figures of `scope`: its operations by state and tool and the ages of its UNKNOWN
-    /// ones now, and what left UNKNOWN and the anomalies recorded over the last `window_ms`, by
-    /// the store's clock.
-    fn stats(
+    /// Tells other replicas that this one committed events (PostgreSQL's NOTIFY); nothing where
+    /// they cannot be told.
+    fn announce_events(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Listens for other replicas' announcements; `None` where there are none to hear (then
+    /// the store is read again every [`crate::Announcements::POLL`]).
+    fn listen_for_events(
         &self,
-        scope: &Scope,
-        window_ms: i64,
-    ) -> impl Future<Output = Result<Stats, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<Announcements>, StoreError>> + Send;
+}
 
-    /// Every tenant's open operations, the ages of the UNKNOWN ones and the leases past their
-    /// end, now, in one statement.
-    fn gauges(&self) -> impl Future<Output = Result<Gauges, StoreError>> + Send;
-
-    /// The connection pool now: connections open, idle, and the most it opens.
-    fn pool_use(&self) -> PoolUse;
-
+/// The Begins answered without a new execution right.
+pub trait Forensics {
     /// Records duplicates, all in one statement.
     fn record_duplicates(
         &self,
@@ -234,32 +276,6 @@ pub trait Backend: sealed::Transactions + Clone + Send + Sync + 'static {
         since: Millis,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<Duplicate>, StoreError>> + Send;
-
-    /// Deletes up to `limit` duplicates older than `age_ms`; returns how many.
-    fn delete_duplicates_older_than(
-        &self,
-        age_ms: i64,
-        limit: u32,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Tells other replicas that this one committed events (PostgreSQL's NOTIFY); nothing where
-    /// they cannot be told.
-    fn announce_events(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Listens for other replicas' announcements; `None` where there are none to hear (then
-    /// the store is read again every [`crate::Announcements::POLL`]).
-    fn listen_for_events(
-        &self,
-    ) -> impl Future<Output = Result<Option<Announcements>, StoreError>> + Send;
-
-    /// The store's clock.
-    fn clock(&self) -> impl Future<Output = Result<Millis, StoreError>> + Send;
-
-    /// Checks that the database answers and accepts writes, as hard as `probe` says.
-    fn ping(&self, probe: Probe) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Closes the pool: waits for checked-out connections to return, then closes them.
-    fn close(&self) -> impl Future<Output = ()> + Send;
 }
 
 /// How hard a health check tries the database.

@@ -24,7 +24,10 @@ mod store;
 pub mod watch;
 pub mod writer;
 
-pub use backend::{Backend, CredentialChanges, PoolUse, Probe, Unlocked, Written};
+pub use backend::{
+    Backend, CredentialChanges, Credentials, Events, Forensics, PoolUse, Probe, Sweeps, Unlocked,
+    Written,
+};
 pub use dialect::Dialect;
 pub use error::StoreError;
 pub use ledger::{Ledger, Observer, EXPLAINED_DUPLICATES};

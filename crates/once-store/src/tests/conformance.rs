@@ -2,7 +2,7 @@
 //! instantiated for SQLite and for PostgreSQL. A backend is done when all of it passes.
 
 use crate::backend::sealed::Transactions as _;
-use crate::{Backend, Probe, StoreError};
+use crate::{Backend, Events as _, Probe, StoreError};
 use once_core::machine::{self, FreshIdGuard, Plan, Write};
 use once_core::reconcile::Lookup;
 use once_core::*;
