@@ -6,6 +6,7 @@ use once_core::access::{Credential, Roles, Tenant};
 use once_core::Invalid;
 
 use crate::admin_pb as pb;
+use crate::convert::timestamp;
 
 /// A limit as a message carries it: 0 means no cap.
 pub fn cap(value: i64) -> Option<i64> {
@@ -25,7 +26,7 @@ pub fn roles(names: &[String]) -> Result<Roles, Invalid> {
 pub fn tenant(t: Tenant) -> pb::Tenant {
     pb::Tenant {
         name: t.name,
-        created_at_ms: t.created_at,
+        created_at: Some(timestamp(t.created_at)),
         max_in_flight: t.max_in_flight.unwrap_or(0),
         requests_per_second: t.requests_per_second.unwrap_or(0),
     }
@@ -38,8 +39,8 @@ pub fn key(c: Credential) -> pb::Key {
         name: c.name,
         roles: c.roles.iter().map(|r| r.to_string()).collect(),
         kind: c.kind.as_str().to_owned(),
-        created_at_ms: c.created_at,
-        revoked_at_ms: c.revoked_at.unwrap_or(0),
+        created_at: Some(timestamp(c.created_at)),
+        revoked_at: c.revoked_at.map(timestamp),
     }
 }
 

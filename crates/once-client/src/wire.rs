@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use once_api::admin_pb as apb;
-use once_api::convert::state_to_pb;
+use once_api::convert::{millis, state_to_pb};
 use once_api::pb;
 use once_core::access::{Credential, CredentialKind, Roles};
 use once_core::{AttemptContext, State};
@@ -284,8 +284,8 @@ pub(crate) fn credential(key: apb::Key) -> Result<Credential, ClientError> {
         key_id: key.key_id,
         tenant: key.tenant,
         name: key.name,
-        created_at: key.created_at_ms,
-        revoked_at: once_api::admin::cap(key.revoked_at_ms),
+        created_at: key.created_at.as_ref().map(millis).unwrap_or(0),
+        revoked_at: key.revoked_at.as_ref().map(millis),
     })
 }
 
