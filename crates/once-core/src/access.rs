@@ -202,6 +202,23 @@ pub struct Credential {
     pub revoked_at: Option<Millis>,
 }
 
+impl Credential {
+    /// The credential as `onced keys` and `oncectl keys` print it for programs (`--json`):
+    /// never a secret, times in milliseconds since the Unix epoch.
+    pub fn to_json(&self) -> serde_json::Value {
+        let roles: Vec<&str> = self.roles.iter().map(Role::as_str).collect();
+        serde_json::json!({
+            "key_id": self.key_id,
+            "tenant": self.tenant,
+            "name": self.name,
+            "roles": roles,
+            "kind": self.kind.as_str(),
+            "created_at_ms": self.created_at,
+            "revoked_at_ms": self.revoked_at,
+        })
+    }
+}
+
 /// A credential to store: its record and the hash of its secret.
 #[derive(Debug, Clone)]
 pub struct NewCredential {

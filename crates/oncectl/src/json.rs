@@ -1,5 +1,7 @@
 //! What programs read (`-o json`): one JSON document a command, or one a line for `watch`.
-//! Times are RFC 3339 in UTC; a result is its text when it is UTF-8, else its bytes as numbers.
+//! Times are RFC 3339 in UTC (a credential's are milliseconds, as `onced keys` prints them:
+//! [`once_core::access::Credential::to_json`]); a result is its text when it is UTF-8, else its
+//! bytes as numbers.
 
 use std::time::SystemTime;
 
@@ -7,7 +9,6 @@ use once_client::{
     AgesView, AttemptView, CallView, EventView, ForensicsView, OperationView, Reconciled,
     ServerInfo, StatsView, WatchedEvent,
 };
-use once_core::access::{Credential, Role};
 use once_core::State;
 use serde_json::{json, Value};
 
@@ -199,18 +200,5 @@ pub fn reconciled(operation_id: &str, r: &Reconciled) -> Value {
         "verdict": state(r.verdict),
         "state": state(r.state),
         "detail": r.detail,
-    })
-}
-
-pub fn key(c: &Credential) -> Value {
-    let roles: Vec<&str> = c.roles.iter().map(Role::as_str).collect();
-    json!({
-        "key_id": c.key_id,
-        "tenant": c.tenant,
-        "name": c.name,
-        "roles": roles,
-        "kind": c.kind.as_str(),
-        "created_at_ms": c.created_at,
-        "revoked_at_ms": c.revoked_at,
     })
 }

@@ -19,7 +19,7 @@ use once_client::{
     ClientError, LedgerClient, ListFilter, OperationView, Resolution, Truth, WatchRequest, Watched,
     WatchedEvent,
 };
-use once_core::access::Roles;
+use once_core::access::{Credential, Roles};
 use once_core::{EventKind, State};
 
 use crate::cli::{Cli, Command, Global, KeysCommand, ListArgs, ResolveArgs, WatchArgs};
@@ -649,7 +649,7 @@ async fn keys(ledger: &LedgerClient, out: &Out, command: KeysCommand) -> Result<
                 .create_key(&tenant, &name, &Roles::of(roles), pem.as_deref())
                 .await?;
             if out.json {
-                let mut shown = json::key(&key);
+                let mut shown = key.to_json();
                 if let Some(secret) = &secret {
                     shown["secret"] = secret.clone().into();
                 }
@@ -666,7 +666,7 @@ async fn keys(ledger: &LedgerClient, out: &Out, command: KeysCommand) -> Result<
             let keys = ledger.list_keys(tenant.as_deref()).await?;
             if out.json {
                 out.json(&serde_json::Value::Array(
-                    keys.iter().map(json::key).collect(),
+                    keys.iter().map(Credential::to_json).collect(),
                 ));
             } else {
                 out.print(&render::keys(&out.look, &keys));
@@ -681,7 +681,7 @@ async fn keys(ledger: &LedgerClient, out: &Out, command: KeysCommand) -> Result<
                     other => other.into(),
                 })?;
             if out.json {
-                out.json(&json::key(&key));
+                out.json(&key.to_json());
             } else {
                 out.print(&render::keys(&out.look, std::slice::from_ref(&key)));
             }

@@ -113,7 +113,7 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
                 )
                 .await?;
             if json {
-                let mut shown = credential_json(&credential);
+                let mut shown = credential.to_json();
                 if let Some(key) = &key {
                     shown["secret"] = key.expose().into();
                 }
@@ -129,7 +129,7 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
         Command::Keys(KeysCommand::List { tenant, json }) => {
             let keys = admin.keys(tenant.as_deref()).await?;
             if json {
-                let shown: Vec<_> = keys.iter().map(credential_json).collect();
+                let shown: Vec<_> = keys.iter().map(Credential::to_json).collect();
                 println!("{}", serde_json::Value::Array(shown));
             } else {
                 print_keys(&keys);
@@ -138,26 +138,13 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
         Command::Keys(KeysCommand::Revoke { key_id, json }) => {
             let credential = admin.revoke(&key_id).await?;
             if json {
-                println!("{}", credential_json(&credential));
+                println!("{}", credential.to_json());
             } else {
                 print_keys(std::slice::from_ref(&credential));
             }
         }
     }
     Ok(())
-}
-
-fn credential_json(c: &Credential) -> serde_json::Value {
-    let roles: Vec<&str> = c.roles.iter().map(Role::as_str).collect();
-    serde_json::json!({
-        "key_id": c.key_id,
-        "tenant": c.tenant,
-        "name": c.name,
-        "roles": roles,
-        "kind": c.kind.as_str(),
-        "created_at_ms": c.created_at,
-        "revoked_at_ms": c.revoked_at,
-    })
 }
 
 fn print_tenants(tenants: &[Tenant], json: bool) {
