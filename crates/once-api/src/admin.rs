@@ -27,6 +27,8 @@ pub fn tenant(t: Tenant) -> pb::Tenant {
     pb::Tenant {
         name: t.name,
         created_at: Some(timestamp(t.created_at)),
+        #[allow(deprecated)]
+        created_at_ms: t.created_at,
         max_in_flight: t.max_in_flight.unwrap_or(0),
         requests_per_second: t.requests_per_second.unwrap_or(0),
     }
@@ -41,6 +43,10 @@ pub fn key(c: Credential) -> pb::Key {
         kind: c.kind.as_str().to_owned(),
         created_at: Some(timestamp(c.created_at)),
         revoked_at: c.revoked_at.map(timestamp),
+        #[allow(deprecated)]
+        created_at_ms: c.created_at,
+        #[allow(deprecated)]
+        revoked_at_ms: c.revoked_at.unwrap_or(0),
     }
 }
 
@@ -62,5 +68,32 @@ pub fn create_key_response(credential: Credential, secret: Option<&str>) -> pb::
 pub fn list_keys_response(keys: Vec<Credential>) -> pb::ListKeysResponse {
     pb::ListKeysResponse {
         keys: keys.into_iter().map(key).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use once_core::access::{CredentialKind, Role, Roles};
+
+    use super::*;
+
+    #[test]
+    #[allow(deprecated)]
+    fn a_key_is_sent_with_its_times_in_both_spellings() {
+        let sent = key(Credential {
+            key_id: "2fa1ee5785ef".into(),
+            tenant: "acme".into(),
+            name: "oncall".into(),
+            roles: Roles::of([Role::Reader]),
+            kind: CredentialKind::Key,
+            created_at: 1_700_000_000_000,
+            revoked_at: Some(1_700_000_500_000),
+        });
+        assert_eq!(sent.created_at, Some(timestamp(1_700_000_000_000)));
+        assert_eq!(sent.revoked_at, Some(timestamp(1_700_000_500_000)));
+        assert_eq!(
+            (sent.created_at_ms, sent.revoked_at_ms),
+            (1_700_000_000_000, 1_700_000_500_000)
+        );
     }
 }

@@ -284,8 +284,14 @@ pub(crate) fn credential(key: apb::Key) -> Result<Credential, ClientError> {
         key_id: key.key_id,
         tenant: key.tenant,
         name: key.name,
-        created_at: key.created_at.as_ref().map(millis).unwrap_or(0),
-        revoked_at: key.revoked_at.as_ref().map(millis),
+        // A ledger older than the Timestamp fields sends only the milliseconds.
+        #[allow(deprecated)]
+        created_at: key.created_at.as_ref().map_or(key.created_at_ms, millis),
+        #[allow(deprecated)]
+        revoked_at: match &key.revoked_at {
+            Some(at) => Some(millis(at)),
+            None => once_api::admin::cap(key.revoked_at_ms),
+        },
     })
 }
 
@@ -534,5 +540,55 @@ pub(crate) fn list_keys(tenant: Option<&str>) -> apb::ListKeysRequest {
 pub(crate) fn revoke_key(key_id: &str) -> apb::RevokeKeyRequest {
     apb::RevokeKeyRequest {
         key_id: key_id.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use once_core::access::{CredentialKind, Role, Roles};
+
+    use super::*;
+
+    fn key() -> apb::Key {
+        apb::Key {
+            key_id: "2fa1ee5785ef".into(),
+            tenant: "acme".into(),
+            name: "oncall".into(),
+            roles: vec!["reader".into()],
+            kind: "key".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn a_key_from_a_ledger_older_than_its_timestamps_reads_its_milliseconds() {
+        let old = apb::Key {
+            created_at_ms: 1_700_000_000_000,
+            revoked_at_ms: 1_700_000_500_000,
+            ..key()
+        };
+        let read = credential(old).expect("a valid key");
+        assert_eq!(read.created_at, 1_700_000_000_000);
+        assert_eq!(read.revoked_at, Some(1_700_000_500_000));
+        assert_eq!(read.roles, Roles::of([Role::Reader]));
+        assert_eq!(read.kind, CredentialKind::Key);
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn a_keys_timestamps_win_over_its_milliseconds() {
+        let new = apb::Key {
+            created_at: Some(once_api::convert::timestamp(1_700_000_000_000)),
+            revoked_at: None,
+            created_at_ms: 1,
+            revoked_at_ms: 0,
+            ..key()
+        };
+        let read = credential(new).expect("a valid key");
+        assert_eq!(
+            (read.created_at, read.revoked_at),
+            (1_700_000_000_000, None)
+        );
     }
 }
