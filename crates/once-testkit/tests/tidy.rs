@@ -74,8 +74,9 @@ fn test_modules(sources: &[PathBuf]) -> BTreeSet<PathBuf> {
     modules
 }
 
-/// The code of a shipped source file that is not test code: `None` for a test file, else the
-/// text before its `#[cfg(test)] mod … {` block.
+/// The code of a shipped source file that is not test code: `None` for a test file, else its
+/// text without its `#[cfg(test)] mod … { … }` blocks (a block ends at the first `}` at the
+/// start of a line, as rustfmt leaves a module's end).
 fn shipped_code(path: &Path, tests: &BTreeSet<PathBuf>) -> Option<String> {
     let name = path.to_string_lossy();
     let in_src = path
@@ -91,14 +92,22 @@ fn shipped_code(path: &Path, tests: &BTreeSet<PathBuf>) -> Option<String> {
     }
     let text = read(path);
     let lines: Vec<&str> = text.lines().collect();
-    let end = lines
-        .windows(2)
-        .position(|pair| {
-            let next = pair[1].trim();
-            pair[0].trim() == "#[cfg(test)]" && next.starts_with("mod ") && next.ends_with('{')
-        })
-        .unwrap_or(lines.len());
-    Some(lines[..end].join("\n"))
+    let mut shipped = Vec::new();
+    let mut in_tests = false;
+    for (n, line) in lines.iter().enumerate() {
+        let opens_tests = line.starts_with("#[cfg(test)]")
+            && lines
+                .get(n + 1)
+                .is_some_and(|next| next.starts_with("mod ") && next.ends_with('{'));
+        if opens_tests {
+            in_tests = true;
+        } else if in_tests && *line == "}" {
+            in_tests = false;
+        } else if !in_tests {
+            shipped.push(*line);
+        }
+    }
+    Some(shipped.join("\n"))
 }
 
 #[test]
