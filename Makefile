@@ -19,7 +19,8 @@ run:
 
 # Unit tests, the Rust integration suite (SQLite and the PostgreSQL on 127.0.0.1:5432), then
 # the MCP tests with the official Python MCP SDK against the built binaries (and, for
-# once-proxy, Python and TypeScript upstream servers).
+# once-proxy, Python and TypeScript upstream servers), two at a time (pytest-xdist): each waits
+# on its processes far more than it computes.
 # Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials),
 # and the benchmarks run once in their smoke modes (one-second phases, a few proxied calls) so
 # they cannot rot.
@@ -29,7 +30,7 @@ test: $(VENV)/installed $(PROMTOOL) $(TS_UPSTREAM)/node_modules/.installed
 	$(LINTED) cargo build --workspace --all-targets
 	rm -rf target/test-logs
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(LINTED) cargo test --workspace
-	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(VENV)/bin/python -m pytest -q tests/mcp
+	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(VENV)/bin/python -m pytest -q -n 2 tests/mcp
 	tests/scan-logs target/test-logs
 	$(LINTED) cargo bench --workspace --bench ledger --profile dev -- --smoke
 	$(VENV)/bin/python bench/proxy_latency.py --calls 5 --bin-dir target/debug
