@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use once_api::convert::{self, WatchStart};
 use once_api::pb;
-use once_api::pb::watch_operations_response::Item;
 use once_core::{Scope, WatchFilter};
 use once_store::{Announcements, Backend, Ledger, Watermark};
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
@@ -369,8 +368,7 @@ impl<B: Backend> Stream<B> {
                 let full = page.len() == PAGE as usize;
                 for event in page {
                     let sequence = event.event.sequence;
-                    let event = convert::operation_event(event);
-                    self.send(Item::Event(event)).await?;
+                    self.send(convert::watched(event)).await?;
                     self.cursor = sequence;
                     keepalive = tokio::time::Instant::now() + KEEPALIVE;
                 }
@@ -381,7 +379,7 @@ impl<B: Backend> Stream<B> {
             }
             // Say how far the stream has caught up the first time it has, and while it is quiet.
             if !caught_up || tokio::time::Instant::now() >= keepalive {
-                self.send(Item::CaughtUpTo(self.cursor)).await?;
+                self.send(convert::caught_up_to(self.cursor)).await?;
                 caught_up = true;
                 keepalive = tokio::time::Instant::now() + KEEPALIVE;
             }
@@ -429,8 +427,7 @@ impl<B: Backend> Stream<B> {
         }
     }
 
-    async fn send(&self, item: Item) -> Result<(), Gone> {
-        let message = pb::WatchOperationsResponse { item: Some(item) };
+    async fn send(&self, message: pb::WatchOperationsResponse) -> Result<(), Gone> {
         tokio::select! {
             sent = self.sender.send(Ok(message)) => sent.map_err(|_| Gone),
             _ = self.stop.cancelled() => Err(Gone),

@@ -117,6 +117,18 @@ pub fn operation_event(e: OperationEvent) -> pb::OperationEvent {
     }
 }
 
+/// One event of a watch, as its stream sends it.
+pub fn watched(e: OperationEvent) -> pb::WatchOperationsResponse {
+    let item = pb::watch_operations_response::Item::Event(operation_event(e));
+    pb::WatchOperationsResponse { item: Some(item) }
+}
+
+/// A watch has sent every wanted event up to `sequence`.
+pub fn caught_up_to(sequence: i64) -> pb::WatchOperationsResponse {
+    let item = pb::watch_operations_response::Item::CaughtUpTo(sequence);
+    pb::WatchOperationsResponse { item: Some(item) }
+}
+
 pub fn state_to_pb(state: State) -> pb::OperationState {
     match state {
         State::Absent => pb::OperationState::Absent,
