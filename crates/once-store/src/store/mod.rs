@@ -26,14 +26,13 @@ use once_core::stats::{Gauges, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
     Attempt, Event, EventKind, FencingToken, ListQuery, Listed, Millis, OperationId, Scope,
 };
-use sqlx::{
-    Arguments, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type,
-};
+use sqlx::{Arguments, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
+use crate::backend::sealed::Transactions;
+use crate::backend::{Credentials, Events, Forensics, Sweeps};
 use crate::rows::{
-    self, AttemptRow, BlockingRow, CredentialRow, DuplicateRow, EventRow, KeyRow,
-    KnownCredentialRow, ListedRow, OperationRow, TenantRow, WatchedEventRow, EVENT_COLUMNS,
-    LISTED_OPERATION_COLUMNS, OPERATION_COLUMNS,
+    self, AttemptRow, EventRow, ListedRow, EVENT_COLUMNS, LISTED_OPERATION_COLUMNS,
+    OPERATION_COLUMNS,
 };
 use crate::{Backend, Dialect, StoreError};
 
@@ -60,42 +59,24 @@ impl<D: Database> Store<D> {
     }
 }
 
-// What the shared SQL needs of a database's sqlx driver: that its connections execute queries,
-// and that it encodes and decodes the handful of types the ledger's columns hold. SQLite's and
-// PostgreSQL's drivers both do; the compiler checks it where a backend is named.
+// The concerns' impls (in the files beside this one) each say what their SQL needs of a
+// database's sqlx driver; these reads need only what they bind and decode. SQLite's and
+// PostgreSQL's drivers have all of it; the compiler checks that where a backend is named.
 impl<D> Backend for Store<D>
 where
     D: Dialect,
+    Self: Transactions + Credentials + Events + Forensics + Sweeps,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
-    for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
-    for<'q> &'q [u8]: Encode<'q, D> + Type<D>,
-    for<'q> Option<&'q [u8]>: Encode<'q, D> + Type<D>,
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
-    for<'q> Option<i64>: Encode<'q, D> + Type<D>,
-    for<'q> bool: Encode<'q, D> + Type<D>,
-    for<'q> String: Encode<'q, D> + Type<D>,
-    for<'q> Option<String>: Decode<'q, D> + Type<D>,
-    for<'r> OperationRow: FromRow<'r, D::Row>,
     for<'r> AttemptRow: FromRow<'r, D::Row>,
     for<'r> EventRow: FromRow<'r, D::Row>,
-    for<'r> BlockingRow: FromRow<'r, D::Row>,
-    for<'r> KeyRow: FromRow<'r, D::Row>,
-    for<'r> TenantRow: FromRow<'r, D::Row>,
-    for<'r> CredentialRow: FromRow<'r, D::Row>,
-    for<'r> KnownCredentialRow: FromRow<'r, D::Row>,
-    for<'r> WatchedEventRow: FromRow<'r, D::Row>,
     for<'r> ListedRow: FromRow<'r, D::Row>,
-    for<'r> DuplicateRow: FromRow<'r, D::Row>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
     for<'r> (String, String, i64): FromRow<'r, D::Row>,
     for<'r> (String, Option<i64>): FromRow<'r, D::Row>,
     for<'r> (String, i64): FromRow<'r, D::Row>,
-    for<'r> (i64, String): FromRow<'r, D::Row>,
-    for<'q> Option<i64>: Decode<'q, D>,
-    for<'r> (Option<String>, Option<String>): FromRow<'r, D::Row>,
-    for<'r> (i64,): FromRow<'r, D::Row>,
-    for<'n> &'n str: ColumnIndex<D::Row>,
 {
     fn kind(&self) -> &'static str {
         D::KIND
