@@ -138,11 +138,23 @@ async fn create_key(
 }
 
 async fn put_tenant(admin: &mut AdminClient<Channel>, admin_key: &str, name: &str) {
+    put_limited_tenant(admin, admin_key, name, 0, 0).await;
+}
+
+/// A tenant with its in-flight cap and per-key rate (0 for none).
+async fn put_limited_tenant(
+    admin: &mut AdminClient<Channel>,
+    admin_key: &str,
+    name: &str,
+    max_in_flight: i64,
+    requests_per_second: i64,
+) {
     admin
         .put_tenant(with_key(
             apb::PutTenantRequest {
                 name: name.into(),
-                ..Default::default()
+                max_in_flight,
+                requests_per_second,
             },
             Some(admin_key),
         ))
@@ -1037,17 +1049,7 @@ async fn an_operation_past_its_retention_begun_again_counts_against_the_cap(stor
     let (server, admin_key) = guarded_ledger(&db, &flags).await;
     let mut ledger = server.client().await;
     let mut admin = admin_client(&server).await;
-    admin
-        .put_tenant(with_key(
-            apb::PutTenantRequest {
-                name: "capped".into(),
-                max_in_flight: 1,
-                requests_per_second: 0,
-            },
-            Some(&admin_key),
-        ))
-        .await
-        .unwrap();
+    put_limited_tenant(&mut admin, &admin_key, "capped", 1, 0).await;
     let capped = create_key(&mut admin, &admin_key, "capped", &["executor"])
         .await
         .secret;
@@ -1091,17 +1093,7 @@ async fn tenant_limits_refuse_with_retry_after(store: Engine) {
     let mut ledger = server.client().await;
     let mut admin = admin_client(&server).await;
     for (name, max_in_flight, rate) in [("capped", 2, 0), ("slow", 0, 1), ("free", 0, 0)] {
-        admin
-            .put_tenant(with_key(
-                apb::PutTenantRequest {
-                    name: name.into(),
-                    max_in_flight,
-                    requests_per_second: rate,
-                },
-                Some(&admin_key),
-            ))
-            .await
-            .unwrap();
+        put_limited_tenant(&mut admin, &admin_key, name, max_in_flight, rate).await;
     }
     let capped = create_key(&mut admin, &admin_key, "capped", &["executor"])
         .await
@@ -1991,17 +1983,7 @@ async fn a_report_that_settles_nothing_is_charged_to_the_rate(store: Engine) {
     let (server, admin_key) = guarded_ledger(&db, &[]).await;
     let mut ledger = server.client().await;
     let mut admin = admin_client(&server).await;
-    admin
-        .put_tenant(with_key(
-            apb::PutTenantRequest {
-                name: "slow".into(),
-                max_in_flight: 0,
-                requests_per_second: 3,
-            },
-            Some(&admin_key),
-        ))
-        .await
-        .unwrap();
+    put_limited_tenant(&mut admin, &admin_key, "slow", 0, 3).await;
     let prober = create_key(&mut admin, &admin_key, "slow", &["executor"])
         .await
         .secret;
