@@ -170,23 +170,17 @@ async fn send_report(
         Report::Confirmed(effect) => {
             let request = wire::confirm(operation_id, fencing_token, effect);
             let send = |mut grpc: Grpc, r| async move { grpc.confirm(r).await };
-            transport
-                .call(Retries::Tries, Duration::ZERO, send, request)
-                .await?;
+            transport.unary(send, request).await?;
         }
         Report::Absent { reason } => {
             let request = wire::report_absent(operation_id, fencing_token, reason);
             let send = |mut grpc: Grpc, r| async move { grpc.report_absent(r).await };
-            transport
-                .call(Retries::Tries, Duration::ZERO, send, request)
-                .await?;
+            transport.unary(send, request).await?;
         }
         Report::Unknown { reason } => {
             let request = wire::report_unknown(operation_id, fencing_token, reason);
             let send = |mut grpc: Grpc, r| async move { grpc.report_unknown(r).await };
-            transport
-                .call(Retries::Tries, Duration::ZERO, send, request)
-                .await?;
+            transport.unary(send, request).await?;
         }
     }
     Ok(())
@@ -218,7 +212,7 @@ async fn heartbeat(
         let extended = transport.call(
             Retries::Until(lease_ends),
             Duration::ZERO,
-            |mut grpc, r| async move { grpc.heartbeat(r).await },
+            |mut grpc: Grpc, r| async move { grpc.heartbeat(r).await },
             request,
         );
         tokio::select! {

@@ -12,7 +12,7 @@ use crate::decision::{Decision, EffectContext, Outcome};
 use crate::effect::{Effect, EffectError, Report};
 use crate::error::ClientError;
 use crate::spec::OperationSpec;
-use crate::transport::{Retries, Transport};
+use crate::transport::{Grpc, Retries, Transport};
 use crate::view::{OperationView, ServerInfo};
 use crate::wire;
 
@@ -91,7 +91,7 @@ impl LedgerClient {
             .call(
                 Retries::Tries,
                 extra,
-                |mut grpc, request| async move { grpc.begin(request).await },
+                |mut grpc: Grpc, request| async move { grpc.begin(request).await },
                 request,
             )
             .await?;
@@ -158,7 +158,7 @@ impl LedgerClient {
         let found = self
             .transport
             .unary(
-                |mut grpc, request| async move { grpc.get_operation(request).await },
+                |mut grpc: Grpc, request| async move { grpc.get_operation(request).await },
                 request,
             )
             .await?;
@@ -171,7 +171,7 @@ impl LedgerClient {
         let found = self
             .transport
             .unary(
-                |mut grpc, request| async move { grpc.get_server_info(request).await },
+                |mut grpc: Grpc, request| async move { grpc.get_server_info(request).await },
                 wire::server_info_request(),
             )
             .await?;

@@ -10,7 +10,7 @@ use once_core::State;
 
 use crate::client::LedgerClient;
 use crate::error::ClientError;
-use crate::transport::{Failure, Retries, Transport};
+use crate::transport::{AdminGrpc, Failure, Grpc, Retries, Transport};
 use crate::view::{ForensicsView, OperationView, StatsView, WatchedEvent};
 use crate::wire::{self, EventStream};
 
@@ -227,7 +227,7 @@ impl LedgerClient {
         let listed = self
             .transport()
             .unary(
-                |mut grpc, request| async move { grpc.list_operations(request).await },
+                |mut grpc: Grpc, request| async move { grpc.list_operations(request).await },
                 request,
             )
             .await?;
@@ -241,7 +241,7 @@ impl LedgerClient {
         let resolved = self
             .transport()
             .unary(
-                |mut grpc, request| async move { grpc.resolve(request).await },
+                |mut grpc: Grpc, request| async move { grpc.resolve(request).await },
                 request,
             )
             .await?;
@@ -261,7 +261,7 @@ impl LedgerClient {
             .call(
                 Retries::Tries,
                 wait,
-                |mut grpc, request| async move { grpc.reconcile(request).await },
+                |mut grpc: Grpc, request| async move { grpc.reconcile(request).await },
                 request,
             )
             .await?;
@@ -274,7 +274,7 @@ impl LedgerClient {
         let found = self
             .transport()
             .unary(
-                |mut grpc, request| async move { grpc.get_stats(request).await },
+                |mut grpc: Grpc, request| async move { grpc.get_stats(request).await },
                 request,
             )
             .await?;
@@ -292,7 +292,7 @@ impl LedgerClient {
         let found = self
             .transport()
             .unary(
-                |mut grpc, request| async move { grpc.get_forensics(request).await },
+                |mut grpc: Grpc, request| async move { grpc.get_forensics(request).await },
                 request,
             )
             .await?;
@@ -325,8 +325,8 @@ impl LedgerClient {
         let request = wire::create_key(tenant, name, roles, certificate_pem);
         let created = self
             .transport()
-            .admin_call(
-                |mut admin, request| async move { admin.create_key(request).await },
+            .unary(
+                |mut admin: AdminGrpc, request| async move { admin.create_key(request).await },
                 request,
             )
             .await?;
@@ -338,8 +338,8 @@ impl LedgerClient {
         let request = wire::list_keys(tenant);
         let listed = self
             .transport()
-            .admin_call(
-                |mut admin, request| async move { admin.list_keys(request).await },
+            .unary(
+                |mut admin: AdminGrpc, request| async move { admin.list_keys(request).await },
                 request,
             )
             .await?;
@@ -351,8 +351,8 @@ impl LedgerClient {
         let request = wire::revoke_key(key_id);
         let revoked = self
             .transport()
-            .admin_call(
-                |mut admin, request| async move { admin.revoke_key(request).await },
+            .unary(
+                |mut admin: AdminGrpc, request| async move { admin.revoke_key(request).await },
                 request,
             )
             .await?;

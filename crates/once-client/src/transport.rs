@@ -19,6 +19,23 @@ pub(crate) type Grpc = LedgerClient<Channel>;
 /// The generated admin client.
 pub(crate) type AdminGrpc = AdminClient<Channel>;
 
+/// A generated client of one of the ledger's services, made over a transport's channel.
+pub(crate) trait Service: Clone {
+    fn over(transport: &Transport) -> Self;
+}
+
+impl Service for Grpc {
+    fn over(transport: &Transport) -> Self {
+        transport.grpc.clone()
+    }
+}
+
+impl Service for AdminGrpc {
+    fn over(transport: &Transport) -> Self {
+        AdminClient::new(transport.channel.clone())
+    }
+}
+
 /// The longest pause between two tries of one call.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
@@ -75,10 +92,10 @@ impl Transport {
         &self.config
     }
 
-    /// Sends one RPC, retrying transport failures and UNAVAILABLE with the very same message,
-    /// so a retry is the same attempt or the same report, never a new one. `extra` is added to
-    /// the deadline of each try (a Begin that waits on the server).
-    pub(crate) async fn call<Req, Resp, F, Fut>(
+    /// Sends one RPC to the service of `G`, retrying transport failures and UNAVAILABLE with
+    /// the very same message, so a retry is the same attempt or the same report, never a new
+    /// one. `extra` is added to the deadline of each try (a Begin that waits on the server).
+    pub(crate) async fn call<G, Req, Resp, F, Fut>(
         &self,
         retries: Retries,
         extra: Duration,
@@ -86,83 +103,12 @@ impl Transport {
         message: Req,
     ) -> Result<Resp, ClientError>
     where
-        Req: Clone,
-        F: Fn(Grpc, Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-    {
-        self.call_with(&self.grpc, retries, extra, send, message)
-            .await
-    }
-
-    /// A plain call: [`Transport::call`] with [`Retries::Tries`] and no extra deadline.
-    pub(crate) async fn unary<Req, Resp, F, Fut>(
-        &self,
-        send: F,
-        message: Req,
-    ) -> Result<Resp, ClientError>
-    where
-        Req: Clone,
-        F: Fn(Grpc, Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-    {
-        self.call(Retries::Tries, Duration::ZERO, send, message)
-            .await
-    }
-
-    /// A plain call to the admin service, as [`Transport::unary`].
-    pub(crate) async fn admin_call<Req, Resp, F, Fut>(
-        &self,
-        send: F,
-        message: Req,
-    ) -> Result<Resp, ClientError>
-    where
-        Req: Clone,
-        F: Fn(AdminGrpc, Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-    {
-        self.call_with(&self.admin(), Retries::Tries, Duration::ZERO, send, message)
-            .await
-    }
-
-    /// The ledger's gRPC client, for a call [`Transport::call`] cannot make (a stream).
-    pub(crate) fn grpc(&self) -> Grpc {
-        self.grpc.clone()
-    }
-
-    /// The admin service's client over the same channel.
-    pub(crate) fn admin(&self) -> AdminGrpc {
-        AdminClient::new(self.channel.clone())
-    }
-
-    /// `message` as a request carrying the API key, if there is one, and the trace context of
-    /// the current span, if it is traced.
-    pub(crate) fn authorized<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        once_telemetry::propagation::inject_grpc(request.metadata_mut());
-        if let Some(token) = &self.config.token {
-            if let Ok(mut value) = MetadataValue::try_from(format!("Bearer {token}")) {
-                value.set_sensitive(true);
-                request.metadata_mut().insert("authorization", value);
-            }
-        }
-        request
-    }
-
-    /// [`Transport::call`] with `client`, a client of any of the ledger's services.
-    pub(crate) async fn call_with<G, Req, Resp, F, Fut>(
-        &self,
-        client: &G,
-        retries: Retries,
-        extra: Duration,
-        send: F,
-        message: Req,
-    ) -> Result<Resp, ClientError>
-    where
-        G: Clone,
+        G: Service,
         Req: Clone,
         F: Fn(G, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
+        let client = G::over(self);
         let mut pause = self.config.backoff;
         let mut last = None;
         for try_number in 1.. {
@@ -189,6 +135,41 @@ impl Transport {
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
         }
         Err(ClientError::Unreachable(last.expect("at least one try")))
+    }
+
+    /// A plain call: [`Transport::call`] with [`Retries::Tries`] and no extra deadline.
+    pub(crate) async fn unary<G, Req, Resp, F, Fut>(
+        &self,
+        send: F,
+        message: Req,
+    ) -> Result<Resp, ClientError>
+    where
+        G: Service,
+        Req: Clone,
+        F: Fn(G, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call(Retries::Tries, Duration::ZERO, send, message)
+            .await
+    }
+
+    /// The ledger's gRPC client, for a call [`Transport::call`] cannot make (a stream).
+    pub(crate) fn grpc(&self) -> Grpc {
+        self.grpc.clone()
+    }
+
+    /// `message` as a request carrying the API key, if there is one, and the trace context of
+    /// the current span, if it is traced.
+    pub(crate) fn authorized<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        once_telemetry::propagation::inject_grpc(request.metadata_mut());
+        if let Some(token) = &self.config.token {
+            if let Ok(mut value) = MetadataValue::try_from(format!("Bearer {token}")) {
+                value.set_sensitive(true);
+                request.metadata_mut().insert("authorization", value);
+            }
+        }
+        request
     }
 
     /// Where the ledger is, as a person gave it.
