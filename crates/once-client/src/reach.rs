@@ -159,6 +159,12 @@ pub(crate) async fn judge(status: &Status, endpoint: &str, presents_certificate:
     {
         return Judged::Unreachable(Cause::ClientCertificate);
     }
+    // A TLS server closes the connection on the HTTP/2 preface it reads as a bad ClientHello;
+    // whether the client first reads its alert (a protocol error, below) or finds the
+    // connection cut while still writing is a race.
+    if chain.cut_off() && !endpoint.starts_with("https://") && speaks_tls(endpoint).await {
+        return Judged::Unreachable(Cause::PlaintextToTls);
+    }
     match status.code() {
         // A gRPC server without the ledger's methods, or an HTTP/2 server answering 404.
         Code::Unimplemented => Judged::Unreachable(Cause::NotALedger),
@@ -226,11 +232,11 @@ impl Chain {
         if let Some(tls) = error.downcast_ref::<rustls::Error>() {
             self.tls.get_or_insert_with(|| tls.clone());
         }
-        if error
-            .downcast_ref::<h2::Error>()
-            .is_some_and(|h2| !h2.is_io())
-        {
-            self.protocol_error = true;
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            match h2.get_io() {
+                Some(io) => self.io_kinds.push(io.kind()),
+                None => self.protocol_error = true,
+            }
         }
         if error.downcast_ref::<tonic::TimeoutExpired>().is_some() {
             self.timed_out = true;
@@ -286,6 +292,17 @@ impl Chain {
             return Some(Cause::TimedOut);
         }
         None
+    }
+
+    /// The connection was closed under the client.
+    fn cut_off(&self) -> bool {
+        use std::io::ErrorKind;
+        self.io_kinds.iter().any(|kind| {
+            matches!(
+                kind,
+                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted
+            )
+        })
     }
 
     fn words(&self) -> String {
@@ -459,5 +476,49 @@ fn certificate_fault(fault: &rustls::CertificateError) -> String {
     match fault {
         rustls::CertificateError::Other(other) => format!("{other}"),
         fault => fault.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener that answers whatever it is sent with `answer`, then closes.
+    async fn answering(answer: &'static [u8]) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("bound");
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut first = [0u8; 5];
+                let _ = stream.read(&mut first).await;
+                let _ = stream.write_all(answer).await;
+            }
+        });
+        format!("http://{address}")
+    }
+
+    /// What a client sees when the server closed the connection while its HTTP/2 preface was
+    /// still being written.
+    fn cut_off() -> Status {
+        Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::BrokenPipe,
+        )))
+    }
+
+    #[tokio::test]
+    async fn a_plaintext_call_cut_off_by_a_tls_server_is_named_as_one() {
+        // A TLS alert record: what a TLS server answers a ClientHello it refuses.
+        let tls = answering(&[21, 3, 3, 0, 2, 2, 40]).await;
+        assert!(matches!(
+            judge(&cut_off(), &tls, false).await,
+            Judged::Unreachable(Cause::PlaintextToTls)
+        ));
+        let closing = answering(b"").await;
+        assert!(matches!(
+            judge(&cut_off(), &closing, false).await,
+            Judged::Unreachable(Cause::Other(_))
+        ));
     }
 }
