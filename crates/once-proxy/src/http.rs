@@ -27,9 +27,6 @@ use crate::message::{self, IdKey, Json};
 use crate::policy::ToolPolicy;
 use crate::session::{self, Minter, Session};
 
-/// How long open streams (a client's GET stream) may keep the proxy from stopping.
-const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// How long the guarded calls in flight may take to be reported once the proxy stops.
 const REPORT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -137,7 +134,7 @@ where
         tls = proxy.settings.door.tls(),
         "once-proxy serving MCP over Streamable HTTP at /mcp"
     );
-    accept(listener, router, stop).await;
+    once_tls::serve(listener, router, stop).await;
     proxy.calls.close();
     if tokio::time::timeout(REPORT_GRACE, proxy.calls.wait())
         .await
@@ -146,73 +143,6 @@ where
         tracing::warn!("guarded calls still in flight at exit; their leases expire into UNKNOWN");
     }
     Ok(())
-}
-
-/// Most connections the listener holds at once, and from one peer address (clients on this
-/// machine share one).
-const MAX_CONNECTIONS: usize = 1024;
-const MAX_PER_PEER: usize = 256;
-
-/// How long a client has to send a request's headers, or its next request on a connection.
-const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Serves `router` on the connections of `listener` until `stop`, then lets the open ones
-/// finish for [`STOP_GRACE`]. What a peer can hold before the door judges its request is
-/// bounded: connections (in all and per address), the time to send headers, their size, the
-/// streams of an HTTP/2 connection.
-async fn accept<L>(
-    mut listener: L,
-    router: axum::Router,
-    stop: impl std::future::Future<Output = ()>,
-) where
-    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
-{
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .max_buf_size(64 * 1024);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(64 * 1024)
-        .max_concurrent_streams(64);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let peers = once_tls::PerPeer::new(MAX_PER_PEER);
-    tokio::pin!(stop);
-    loop {
-        let (io, peer) = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = &mut stop => break,
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "{MAX_CONNECTIONS} connections open; refusing another");
-            continue;
-        };
-        let Some(held) = peers.hold(peer.ip()) else {
-            tracing::warn!(%peer, "{MAX_PER_PEER} connections open from one address; refusing another");
-            continue;
-        };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "connection ended");
-            }
-            drop((permit, held));
-        });
-    }
-    drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(STOP_GRACE) => tracing::info!("streams still open after the grace; closing them"),
-    }
 }
 
 async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response<Body> {
