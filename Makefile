@@ -7,6 +7,8 @@ TS_UPSTREAM := tests/mcp/upstreams/ts
 # Prometheus and promtool, for the telemetry tests: Debian's package (through sudo unless root).
 PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Headless Chromium and its WebDriver, for the console's browser tests: Debian's packages.
+CHROMEDRIVER := /usr/bin/chromedriver
 # Clippy's lints are checked as the workspace compiles: cargo hands the workspace's own crates
 # to clippy-driver (rustc with Clippy's lints; dependencies are compiled by rustc as ever), with
 # warnings denied. `make lint` and `make test` share that one compile of every target, so what
@@ -19,14 +21,15 @@ run:
 
 # Unit tests, the Rust integration suite (SQLite and the PostgreSQL on 127.0.0.1:5432), then
 # the MCP tests with the official Python MCP SDK against the built binaries (and, for
-# once-proxy, Python and TypeScript upstream servers), two at a time (pytest-xdist): each waits
-# on its processes far more than it computes.
+# once-proxy, Python and TypeScript upstream servers), with the console's tests in headless
+# Chromium, two at a time (pytest-xdist): each waits on its processes far more than it computes.
+# The console's tests save a screenshot of each page under target/console/.
 # Every log the suite keeps is then scanned for secrets (keys, bearer tokens, credentials),
 # and the benchmarks run once in their smoke modes (one-second phases, a few proxied calls) so
 # they cannot rot.
 # Every target (binaries, tests, benches) is built in one invocation, so one feature set serves
 # the binaries the MCP tests start, the tests and the bench: nothing is compiled twice.
-test: $(VENV)/installed $(PROMTOOL) $(TS_UPSTREAM)/node_modules/.installed
+test: $(VENV)/installed $(PROMTOOL) $(CHROMEDRIVER) $(TS_UPSTREAM)/node_modules/.installed
 	$(LINTED) cargo build --workspace --all-targets
 	rm -rf target/test-logs
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(LINTED) cargo test --workspace
@@ -90,6 +93,11 @@ $(VENV)/installed: tests/mcp/requirements.txt
 # The TypeScript SDK and tsx for the TypeScript upstream, exactly as its lock file pins them.
 $(TS_UPSTREAM)/node_modules/.installed: $(TS_UPSTREAM)/package.json $(TS_UPSTREAM)/package-lock.json
 	cd $(TS_UPSTREAM) && npm ci --no-audit --no-fund && touch node_modules/.installed
+
+# The browser the console's tests drive (Selenium, from the venv), and its WebDriver.
+$(CHROMEDRIVER):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
 
 # The real Prometheus the telemetry tests scrape with, and promtool for the shipped alerts.
 $(PROMTOOL):

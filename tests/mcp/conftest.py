@@ -119,8 +119,11 @@ class Stack:
     database."""
 
     def __init__(self, tmp: Path, backend: str, transport: str, reconcile: bool = False, tenants: tuple[str, ...] = (),
-                 env: dict | None = None, config: str | None = None):
+                 env: dict | None = None, config: str | None = None, console: bool = False):
         self.tmp = tmp
+        # Whether the ledger serves its web console (on a port it picks, learnt from its log).
+        self.console = console
+        self.console_port = 0
         # The environment of the ledger and refund-mcp processes (the OTEL_* variables).
         self.env = env
         self.reconcile = reconcile
@@ -189,12 +192,24 @@ class Stack:
             config = self.tmp / "onced.toml"
             config.write_text(self.config)
             args += ["--config", str(config)]
+        if self.console:
+            args += ["--console-listen", f"127.0.0.1:{self.console_port}", "--credential-ttl", "1s"]
         log = self.tmp / "onced.log"
         served = announcements(log, "onced serving")
+        consoles = announcements(log, "console serving")
         self.ledger = self.spawn("onced", args)
         # Its port opens before the store is ready (a PostgreSQL database is connected to and
         # migrated first): the ledger says in its log when it serves, and where.
         self.ledger_port = wait_for("onced", lambda: served_port(log, "onced serving", served))
+        if self.console:
+            self.console_port = wait_for("the console", lambda: served_port(log, "console serving", consoles))
+
+    def create_key(self, tenant: str, name: str, roles: str) -> str:
+        """A new API key of `tenant`, made with `onced keys create` on the database."""
+        created = json.loads(self.onced_command(
+            "keys", "create", "--tenant", tenant, "--name", name, "--role", roles, "--json",
+        ))
+        return created["secret"]
 
     def onced_command(self, *args: str) -> str:
         done = subprocess.run(
@@ -207,11 +222,7 @@ class Stack:
 
     def create_tenant(self, tenant: str) -> str:
         self.onced_command("tenants", "put", tenant)
-        created = json.loads(self.onced_command(
-            "keys", "create", "--tenant", tenant, "--name", f"{tenant}-refund-mcp",
-            "--role", "executor,reader", "--json",
-        ))
-        return created["secret"]
+        return self.create_key(tenant, f"{tenant}-refund-mcp", "executor,reader")
 
     def start_tenant_refund_http(self, tenant: str | None) -> int:
         """Starts a refund-mcp over Streamable HTTP presenting `tenant`'s key (none for None);
@@ -223,9 +234,10 @@ class Stack:
         args = [*self.refund_args(), "--http", "127.0.0.1:0"]
         args[args.index("--instance") + 1] = f"{self.instance}-{tenant}"
         log = self.tmp / f"refund-mcp-{tenant}.log"
+        served = announcements(log, REFUND_HTTP_SERVING)
         process = Process([str(BIN / "refund-mcp"), *args], log, env=env)
         self.processes.append(process)
-        return wait_for("refund-mcp", lambda: served_port(log, REFUND_HTTP_SERVING, 0))
+        return wait_for("refund-mcp", lambda: served_port(log, REFUND_HTTP_SERVING, served))
 
     @contextlib.asynccontextmanager
     async def session_at(self, port: int):
@@ -302,10 +314,10 @@ def transport(request):
     return request.param
 
 
-def make_stack(tmp_path, backend, transport, reconcile, tenants=(), env=None, config=None):
+def make_stack(tmp_path, backend, transport, reconcile, tenants=(), env=None, config=None, console=False):
     for binary in ("onced", "fakepay", "refund-mcp"):
         assert (BIN / binary).exists(), f"{BIN / binary} is missing: run cargo build --workspace first"
-    return Stack(tmp_path, backend, transport, reconcile, tenants, env, config)
+    return Stack(tmp_path, backend, transport, reconcile, tenants, env, config, console)
 
 
 @pytest.fixture

@@ -37,6 +37,19 @@ impl LedgerClient {
         })
     }
 
+    /// A client over `channel`, a channel to a ledger the caller opened (one served in the same
+    /// process, say); `config` gives everything but the endpoints, which name it in errors.
+    pub fn over_channel(
+        channel: tonic::transport::Channel,
+        config: ClientConfig,
+    ) -> Result<Self, ClientError> {
+        Ok(Self {
+            transport: Transport::over(channel, config)?,
+            tenant: None,
+            all_tenants: false,
+        })
+    }
+
     /// The same client, its reads (`get`, listings, watches, figures) naming `tenant`: another
     /// tenant's operations, for a key with the admin role.
     pub fn reading(&self, tenant: impl Into<String>) -> Self {

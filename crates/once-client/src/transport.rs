@@ -64,13 +64,6 @@ impl Transport {
                 "at least one ledger endpoint is required".into(),
             ));
         }
-        if let Some(token) = &config.token {
-            if MetadataValue::try_from(format!("Bearer {token}")).is_err() {
-                return Err(ClientError::Invalid(
-                    "the API key holds characters a header cannot carry".into(),
-                ));
-            }
-        }
         let endpoints = config
             .endpoints
             .iter()
@@ -81,6 +74,18 @@ impl Transport {
             [single] => single.connect_lazy(),
             _ => Channel::balance_list(endpoints.into_iter()),
         };
+        Self::over(channel, config)
+    }
+
+    /// Calls over `channel`, a channel the caller opened.
+    pub(crate) fn over(channel: Channel, config: ClientConfig) -> Result<Self, ClientError> {
+        if let Some(token) = &config.token {
+            if MetadataValue::try_from(format!("Bearer {token}")).is_err() {
+                return Err(ClientError::Invalid(
+                    "the API key holds characters a header cannot carry".into(),
+                ));
+            }
+        }
         Ok(Self {
             grpc: LedgerClient::new(channel.clone()),
             channel,

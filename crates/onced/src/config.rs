@@ -199,6 +199,37 @@ pub struct Config {
     #[arg(long, env = "ONCE_METRICS_INTERVAL", hide_env_values = true, default_value = "15s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
 
+    /// Serve the on-call web console at http://ADDR/ (off unless given): the UNKNOWN queue,
+    /// each operation's story, and reconcile and resolve for operators, signed in with an API
+    /// key. It is served without TLS, so beyond loopback only with --insecure (behind a
+    /// TLS-terminating proxy that keeps the `Host`).
+    #[arg(long, env = "ONCE_CONSOLE_LISTEN", hide_env_values = true)]
+    pub console_listen: Option<SocketAddr>,
+
+    /// A `Host` the console answers to besides its loopback names, as browsers send it
+    /// (`name` or `name:port`); repeatable.
+    #[arg(
+        long = "console-allowed-host",
+        env = "ONCE_CONSOLE_ALLOWED_HOSTS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub console_allowed_hosts: Vec<String>,
+
+    /// The origin browsers reach the console at when it is not the listener itself: behind a
+    /// TLS-terminating proxy, `https://console.example.com`. Forms must come from it, its host
+    /// is answered to, and under https the session cookie is `Secure`.
+    #[arg(long, env = "ONCE_CONSOLE_PUBLIC_ORIGIN", hide_env_values = true)]
+    pub console_public_origin: Option<String>,
+
+    /// A console session ends after this long without a request.
+    #[arg(long, env = "ONCE_CONSOLE_SESSION_IDLE", hide_env_values = true, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub console_session_idle: Duration,
+
+    /// A console session ends this long after sign-in, used or not.
+    #[arg(long, env = "ONCE_CONSOLE_SESSION_LIFETIME", hide_env_values = true, default_value = "12h", value_parser = humantime::parse_duration)]
+    pub console_session_lifetime: Duration,
+
     /// PostgreSQL connections per replica.
     #[arg(
         long,
@@ -265,6 +296,25 @@ pub enum ConfigError {
          --metrics-token-file, or pass --insecure"
     )]
     MetricsExposed { listen: SocketAddr },
+    #[error(
+        "refusing to serve the console on {listen}: it serves no TLS, so a key typed into it \
+         and its session cookie would cross the network in clear. Serve it on loopback (reach \
+         it through an SSH tunnel), or behind a TLS-terminating proxy with --insecure"
+    )]
+    ConsoleExposed { listen: SocketAddr },
+    #[error(
+        "--console-public-origin {0:?}: write the scheme and host browsers use, as \
+         https://console.example.com"
+    )]
+    ConsoleOrigin(String),
+    #[error(
+        "refusing to serve the console while --tls-client-ca requires client certificates: the \
+         console signs in with API keys alone, so it would let a caller without a certificate \
+         in. Pass --insecure to serve it anyway"
+    )]
+    ConsoleWithoutCertificates,
+    #[error("--console-session-idle and --console-session-lifetime must be positive")]
+    ConsoleSessions,
     #[error("--metrics-token-file {}: {message}", path.display())]
     MetricsToken {
         path: std::path::PathBuf,
@@ -364,7 +414,39 @@ impl Config {
                 replica: self.max_watchers,
             });
         }
-        Ok(())
+        if self.console_session_idle.is_zero() || self.console_session_lifetime.is_zero() {
+            return Err(ConfigError::ConsoleSessions);
+        }
+        if let Some(origin) = &self.console_public_origin {
+            let well_formed = origin.split_once("://").is_some_and(|(scheme, host)| {
+                matches!(scheme, "http" | "https")
+                    && !host.is_empty()
+                    && !host.trim_end_matches('/').contains('/')
+            });
+            if !well_formed {
+                return Err(ConfigError::ConsoleOrigin(origin.clone()));
+            }
+        }
+        match self.console_listen {
+            Some(listen) if !listen.ip().is_loopback() && !self.insecure => {
+                Err(ConfigError::ConsoleExposed { listen })
+            }
+            Some(_) if self.tls_client_ca.is_some() && !self.insecure => {
+                Err(ConfigError::ConsoleWithoutCertificates)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// How the console is reached, when it is served.
+    pub(crate) fn console(&self) -> Option<once_console::ConsoleOptions> {
+        Some(once_console::ConsoleOptions {
+            listen: self.console_listen?,
+            allowed_hosts: self.console_allowed_hosts.clone(),
+            public_origin: self.console_public_origin.clone(),
+            session_idle: self.console_session_idle,
+            session_lifetime: self.console_session_lifetime,
+        })
     }
 
     pub fn store_kind(&self) -> Result<StoreKind, ConfigError> {
@@ -511,6 +593,39 @@ mod tests {
         Config::try_parse_from(args)
             .expect("flags parse")
             .validate()
+    }
+
+    #[test]
+    fn the_console_is_served_beyond_loopback_only_when_told_insecure() {
+        assert!(validated(&["--console-listen", "127.0.0.1:8080"]).is_ok());
+        assert!(validated(&["--console-listen", "[::1]:8080"]).is_ok());
+        assert!(matches!(
+            validated(&["--console-listen", "0.0.0.0:8080"]),
+            Err(ConfigError::ConsoleExposed { .. })
+        ));
+        assert!(validated(&["--console-listen", "0.0.0.0:8080", "--insecure"]).is_ok());
+        assert!(matches!(
+            validated(&[
+                "--console-listen",
+                "127.0.0.1:8080",
+                "--tls-cert",
+                "c.pem",
+                "--tls-key",
+                "k.pem",
+                "--tls-client-ca",
+                "ca.pem"
+            ]),
+            Err(ConfigError::ConsoleWithoutCertificates)
+        ));
+        assert!(matches!(
+            validated(&["--console-public-origin", "console.example.com"]),
+            Err(ConfigError::ConsoleOrigin(_))
+        ));
+        assert!(validated(&["--console-public-origin", "https://console.example.com"]).is_ok());
+        assert!(matches!(
+            validated(&["--console-session-idle", "0s"]),
+            Err(ConfigError::ConsoleSessions)
+        ));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod access;
 pub mod admin;
 pub mod cli;
 pub mod config;
+mod console;
 mod database;
 mod duplicates;
 mod reconciliation;
@@ -38,8 +39,8 @@ pub use config::{Config, ConfigError, Settings, StoreKind};
 pub use service::LedgerService;
 pub use status::ERROR_DOMAIN;
 
-/// Serves the ledger on `listener` until `shutdown` completes: binds the metrics listener,
-/// opens the database, builds the replica, starts its workers, serves, and drains.
+/// Serves the ledger on `listener` until `shutdown` completes: binds the metrics and console
+/// listeners, opens the database, builds the replica, starts its workers, serves, and drains.
 pub async fn run(
     settings: Settings,
     listener: TcpListener,
@@ -57,7 +58,19 @@ pub async fn run(
         }
         None => None,
     };
-    let listening = (listener, scrapes);
+    let console = match settings.config.console_listen {
+        Some(address) => Some(
+            TcpListener::bind(address)
+                .await
+                .with_context(|| format!("listening for the console on {address}"))?,
+        ),
+        None => None,
+    };
+    let listening = Listening {
+        calls: listener,
+        scrapes,
+        console,
+    };
     match settings.store {
         StoreKind::Sqlite => {
             let backend = database::sqlite(&settings.config).await?;
@@ -70,21 +83,24 @@ pub async fn run(
     }
 }
 
-/// The listener for calls, and the one for metrics scrapes when asked for.
-type Listening = (
-    TcpListener,
-    Option<(TcpListener, once_telemetry::Prometheus)>,
-);
+/// The listener for calls, the one for metrics scrapes and the console's, when asked for.
+struct Listening {
+    calls: TcpListener,
+    scrapes: Option<(TcpListener, once_telemetry::Prometheus)>,
+    console: Option<TcpListener>,
+}
 
 async fn serve<B: Backend>(
     backend: B,
     settings: Settings,
-    (listener, scrapes): Listening,
+    listening: Listening,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let mut replica = replica::Replica::build(backend, &settings).await?;
-    let workers = replica.spawn_workers(&settings, scrapes);
-    let served = replica.serve(settings, listener, shutdown).await;
+    let workers = replica.spawn_workers(&settings, listening.scrapes);
+    let served = replica
+        .serve(settings, listening.calls, listening.console, shutdown)
+        .await;
     workers.drain().await;
     served
 }

@@ -23,6 +23,10 @@ use crate::service::LedgerService;
 use crate::telemetry::{Metrics, RpcLayer};
 use crate::{access, duplicates, status, sweeper, telemetry, version, watch};
 
+/// How long the console's in-process calls may keep the replica from stopping once the
+/// console has closed its connections.
+const CONSOLE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What serves calls, and what the workers beside it need.
 pub(crate) struct Replica<B: Backend> {
     ledger: Ledger<B>,
@@ -180,6 +184,7 @@ impl<B: Backend> Replica<B> {
         self,
         settings: Settings,
         listener: TcpListener,
+        console: Option<TcpListener>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let config = &settings.config;
@@ -211,13 +216,35 @@ impl<B: Backend> Replica<B> {
             .layer(status::TooLargeLayer)
             .add_routes(routes);
         let stop_watchers = self.stop_watchers;
+        // The console calls this router in process, and stops as shutdown begins.
+        let console = match (console, config.console()) {
+            (Some(listener), Some(mut options)) => {
+                // The port it answers to is the one bound (the flag may have said 0).
+                options.listen = listener.local_addr()?;
+                let (channel, pipes) = crate::console::pipes();
+                let stopped = stop_watchers.clone();
+                let in_process = tokio::spawn(
+                    router
+                        .clone()
+                        .serve_with_incoming_shutdown(pipes, stopped.cancelled_owned()),
+                );
+                let console = once_console::Console::new(
+                    move || crate::console::connect(&channel),
+                    options,
+                    stop_watchers.clone(),
+                );
+                Some((in_process, tokio::spawn(console.serve(listener))))
+            }
+            _ => None,
+        };
+        let stop_console = stop_watchers.clone();
         let shutdown = async move {
             shutdown.await;
             stop_watchers.cancel();
         };
         let address = listener.local_addr()?;
         let database = config.database_shown();
-        match settings.tls {
+        let served = match settings.tls {
             None => {
                 tracing::info!(%address, %database, version = version(), tls = false, "onced serving");
                 // Answers go out as they are written, not held back for the next segment's ack.
@@ -245,7 +272,14 @@ impl<B: Backend> Replica<B> {
                 served
             }
         }
-        .context("serving gRPC")?;
+        .context("serving gRPC");
+        if let Some((in_process, console)) = console {
+            stop_console.cancel();
+            let _ = console.await;
+            // The console's connections are gone; its in-process ones close as they finish.
+            let _ = tokio::time::timeout(CONSOLE_GRACE, in_process).await;
+        }
+        served?;
         tracing::info!("stopped accepting; in-flight requests finished");
         Ok(())
     }

@@ -1,0 +1,537 @@
+//! The console's pages, rendered on the server as HTML. Every value that came from the ledger
+//! or the request passes through [`esc`] on its way into a page; the pages read without
+//! JavaScript, and `console.js` only makes the queue live.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use once_client::{AttemptView, EventView, OperationView, State};
+
+use crate::session::Session;
+
+/// Text made safe to stand in HTML, in an element or a quoted attribute.
+pub(crate) fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Text made safe to stand in a URL's path segment or query value.
+pub(crate) fn url(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// Who is signed in, as the pages show it: `None` in open mode.
+pub(crate) struct Viewer<'a> {
+    pub(crate) session: Option<&'a Session>,
+    /// The CSRF token of open mode's forms.
+    pub(crate) open_csrf: &'a str,
+    /// Without a session, whether the ledger answered this page key-less: open mode.
+    pub(crate) open: bool,
+}
+
+impl Viewer<'_> {
+    fn csrf(&self) -> &str {
+        self.session.map_or(self.open_csrf, |s| s.csrf.as_str())
+    }
+
+    /// Whether the viewer may settle operations: an operator's key, or open mode.
+    pub(crate) fn operates(&self) -> bool {
+        self.session.is_none_or(Session::operates)
+    }
+
+    fn hidden_csrf(&self) -> String {
+        format!(
+            r#"<input type="hidden" name="csrf" value="{}">"#,
+            esc(self.csrf())
+        )
+    }
+}
+
+/// A whole page around `body`.
+pub(crate) fn layout(title: &str, viewer: &Viewer<'_>, body: &str) -> String {
+    let who = match viewer.session {
+        Some(s) => format!(
+            r#"<span class="who">{tenant} · {name} <span class="roles">({roles})</span></span>
+<form method="post" action="/sign-out" class="inline">{csrf}<button type="submit">Sign out</button></form>"#,
+            tenant = esc(&s.tenant),
+            name = esc(&s.key_name),
+            roles = esc(&s.roles.join(", ")),
+            csrf = viewer.hidden_csrf(),
+        ),
+        None => String::new(),
+    };
+    let banner = match viewer.session.is_none() && viewer.open {
+        true => {
+            r#"<p class="banner" role="status">Open mode: the ledger holds no credentials, so this console opens without sign-in and acts as tenant <code>default</code> with every role. Create a key (<code>onced keys create</code>) to require sign-in.</p>"#
+        }
+        false => "",
+    };
+    format!(
+        r##"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · once-ledger</title>
+<link rel="stylesheet" href="/assets/console.css">
+<script src="/assets/console.js" defer></script>
+</head>
+<body>
+<a class="skip" href="#main">Skip to content</a>
+<header>
+<nav aria-label="Console">
+<a class="brand" href="/">once-ledger</a>
+<a href="/queue">UNKNOWN queue</a>
+</nav>
+<div class="session">{who}</div>
+</header>
+{banner}
+<main id="main">
+{body}
+</main>
+</body>
+</html>
+"##,
+        title = esc(title),
+    )
+}
+
+/// The sign-in form; `problem` says why the last try failed.
+pub(crate) fn sign_in(problem: Option<&str>, next: &str) -> String {
+    let problem = problem
+        .map(|p| format!(r#"<p class="error" role="alert">{}</p>"#, esc(p)))
+        .unwrap_or_default();
+    format!(
+        r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Sign in · once-ledger</title>
+<link rel="stylesheet" href="/assets/console.css">
+</head>
+<body>
+<main id="main" class="narrow">
+<h1>once-ledger console</h1>
+{problem}
+<form method="post" action="/sign-in">
+<input type="hidden" name="next" value="{next}">
+<label for="key">API key</label>
+<input id="key" name="key" type="password" autocomplete="off" required autofocus>
+<p class="hint">A key of your tenant: a reader's to look, an operator's to settle operations. It stays on the server; the browser holds only a session cookie.</p>
+<button type="submit">Sign in</button>
+</form>
+</main>
+</body>
+</html>
+"#,
+        next = esc(next),
+    )
+}
+
+/// The queue's filters, as the query string gives them.
+#[derive(Debug, Default, Clone, serde::Deserialize)]
+pub(crate) struct QueueFilter {
+    #[serde(default)]
+    pub(crate) tool: String,
+    #[serde(default)]
+    pub(crate) provider: String,
+    /// Only operations older than this (`90s`, `15m`, `2h`, `1d`).
+    #[serde(default)]
+    pub(crate) older_than: String,
+    /// Part of an operation id, a provider reference or a reason.
+    #[serde(default)]
+    pub(crate) q: String,
+}
+
+impl QueueFilter {
+    fn query(&self) -> String {
+        format!(
+            "tool={}&provider={}&older_than={}&q={}",
+            url(&self.tool),
+            url(&self.provider),
+            url(&self.older_than),
+            url(&self.q)
+        )
+    }
+
+    /// Whether `op` matches the text search.
+    pub(crate) fn matches(&self, op: &OperationView) -> bool {
+        let q = self.q.trim();
+        q.is_empty()
+            || op.operation_id.contains(q)
+            || op.provider_ref.as_deref().is_some_and(|r| r.contains(q))
+            || op.reason.as_deref().is_some_and(|r| r.contains(q))
+            || op.tool.contains(q)
+    }
+}
+
+/// The UNKNOWN queue, oldest first.
+pub(crate) fn queue(
+    filter: &QueueFilter,
+    rows: &[OperationView],
+    more: bool,
+    now: SystemTime,
+) -> String {
+    let input = |name: &str, label: &str, value: &str, hint: &str| {
+        format!(
+            r#"<label>{label}<input name="{name}" value="{value}" placeholder="{hint}"></label>"#,
+            value = esc(value)
+        )
+    };
+    let more = if more {
+        r#"<p class="hint">Only the oldest operations are shown; narrow the filter to see others.</p>"#
+    } else {
+        ""
+    };
+    format!(
+        r#"<h1>UNKNOWN operations</h1>
+<p class="lede">The effect of each may or may not have happened. A reconciler settles what its provider can tell; the rest wait for a person. Oldest first.</p>
+<form method="get" action="/queue" class="filters" role="search">
+{tool}{provider}{older}{q}
+<button type="submit">Filter</button>
+</form>
+<section aria-live="polite" data-live="/queue/live?{query}" data-rows="/queue/rows?{query}">
+{table}
+</section>
+{more}"#,
+        tool = input("tool", "Tool", &filter.tool, "issue_refund"),
+        provider = input("provider", "Provider", &filter.provider, "stripe"),
+        older = input("older_than", "Older than", &filter.older_than, "1h"),
+        q = input(
+            "q",
+            "Search",
+            &filter.q,
+            "operation id, provider ref, reason"
+        ),
+        query = esc(&filter.query()),
+        table = queue_rows(rows, now),
+    )
+}
+
+/// The queue's table alone: what the live page swaps in when an operation enters or leaves.
+pub(crate) fn queue_rows(rows: &[OperationView], now: SystemTime) -> String {
+    if rows.is_empty() {
+        return r#"<p class="empty" id="queue-count" data-count="0">No UNKNOWN operation matches.</p>"#.into();
+    }
+    let mut table = format!(
+        r#"<p id="queue-count" data-count="{n}">{n} UNKNOWN</p>
+<table class="queue">
+<thead><tr><th scope="col">Age</th><th scope="col">Operation</th><th scope="col">Tool</th><th scope="col">Provider</th><th scope="col">Source</th><th scope="col">Why</th></tr></thead>
+<tbody>
+"#,
+        n = rows.len()
+    );
+    for op in rows {
+        let _ = writeln!(
+            table,
+            r#"<tr data-operation="{id}"><td>{age}</td><td><a href="/operation?id={link}">{id}</a></td><td>{tool}</td><td>{provider}</td><td>{source}</td><td>{reason}</td></tr>"#,
+            id = esc(&op.operation_id),
+            link = url(&op.operation_id),
+            age = age(op.created_at, now),
+            tool = esc(&op.tool),
+            provider = esc(op.provider.as_deref().unwrap_or("—")),
+            source = esc(&op.source),
+            reason = esc(op.reason.as_deref().unwrap_or("")),
+        );
+    }
+    table.push_str("</tbody>\n</table>");
+    table
+}
+
+/// How long ago `at` was, in the largest unit that fits.
+fn age(at: Option<SystemTime>, now: SystemTime) -> String {
+    let Some(at) = at else {
+        return "—".into();
+    };
+    let secs = now.duration_since(at).unwrap_or(Duration::ZERO).as_secs();
+    match secs {
+        s if s < 120 => format!("{s} s"),
+        s if s < 2 * 3600 => format!("{} min", s / 60),
+        s if s < 2 * 86_400 => format!("{} h", s / 3600),
+        s => format!("{} d", s / 86_400),
+    }
+}
+
+fn time(at: Option<SystemTime>) -> String {
+    at.map(|at| {
+        chrono::DateTime::<chrono::Utc>::from(at)
+            .format("%Y-%m-%d %H:%M:%S%.3f UTC")
+            .to_string()
+    })
+    .unwrap_or_else(|| "—".into())
+}
+
+/// A stored result as a person reads it: JSON indented, anything else as text or bytes.
+fn result(bytes: &[u8]) -> String {
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
+        if let Ok(pretty) = serde_json::to_string_pretty(&value) {
+            return pretty;
+        }
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("{} bytes, not UTF-8: {}", bytes.len(), hex::encode(bytes)),
+    }
+}
+
+/// One operation: what it is, its timeline, its attempts, where its calls came from, and, for
+/// an operator and an UNKNOWN operation, what can be done.
+pub(crate) fn operation(op: &OperationView, viewer: &Viewer<'_>, notice: Option<&str>) -> String {
+    let id = esc(&op.operation_id);
+    let mut body = format!(
+        r#"<h1>Operation <code>{id}</code></h1>
+{notice}
+<dl class="facts">
+<dt>State</dt><dd><span class="state state-{st}">{st}</span> <span class="hint">set by {source}</span></dd>
+<dt>Tool</dt><dd>{tool}</dd>
+<dt>Tenant</dt><dd>{tenant}</dd>
+<dt>Provider</dt><dd>{provider}</dd>
+<dt>Provider reference</dt><dd>{provider_ref}</dd>
+<dt>Provider key</dt><dd><code>{provider_key}</code></dd>
+<dt>Latest attempt</dt><dd>{attempt} (fencing token {token})</dd>
+<dt>Why</dt><dd>{reason}</dd>
+<dt>Created</dt><dd>{created}</dd>
+<dt>Updated</dt><dd>{updated}</dd>
+<dt>Kept until</dt><dd>{expires}</dd>
+</dl>
+"#,
+        notice = notice
+            .map(|n| format!(r#"<p class="notice" role="status">{}</p>"#, esc(n)))
+            .unwrap_or_default(),
+        st = op.state.as_str(),
+        source = esc(&op.source),
+        tool = esc(&op.tool),
+        tenant = esc(&op.tenant),
+        provider = esc(op.provider.as_deref().unwrap_or("—")),
+        provider_ref = esc(op.provider_ref.as_deref().unwrap_or("—")),
+        provider_key = esc(&op.provider_key),
+        attempt = op.attempt,
+        token = op.fencing_token,
+        reason = esc(op.reason.as_deref().unwrap_or("—")),
+        created = time(op.created_at),
+        updated = time(op.updated_at),
+        expires = time(op.expires_at),
+    );
+    if op.state == State::Unknown && viewer.operates() {
+        body.push_str(&acts(op, viewer));
+    }
+    if let Some(forensics) = &op.forensics {
+        let _ = write!(
+            body,
+            r#"<h2>Why it was called more than once</h2><p class="forensics">{}</p>"#,
+            esc(forensics)
+        );
+    }
+    body.push_str(&timeline(&op.events));
+    body.push_str(&attempts(&op.attempts));
+    if !op.calls.is_empty() {
+        body.push_str(r#"<h2>Calls</h2><table><thead><tr><th scope="col">When</th><th scope="col">Decision</th><th scope="col">Attempt</th><th scope="col">Client</th><th scope="col">Session</th><th scope="col">Request</th><th scope="col">Origin</th></tr></thead><tbody>"#);
+        for call in &op.calls {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                time(call.at),
+                esc(&call.decision),
+                call.attempt.map(|a| a.to_string()).unwrap_or_default(),
+                esc(call.context.client_name.as_deref().unwrap_or("")),
+                esc(call.context.session_id.as_deref().unwrap_or("")),
+                esc(call.context.request_id.as_deref().unwrap_or("")),
+                esc(call.origin.as_deref().unwrap_or("")),
+            );
+        }
+        body.push_str("</tbody></table>");
+    }
+    body.push_str("<h2>Stored result</h2>");
+    match &op.result {
+        Some(bytes) => {
+            let _ = write!(body, r#"<pre class="result">{}</pre>"#, esc(&result(bytes)));
+        }
+        None => body.push_str(r#"<p class="hint">None stored.</p>"#),
+    }
+    body
+}
+
+fn timeline(events: &[EventView]) -> String {
+    let mut out = String::from(r#"<h2>Timeline</h2><ol class="timeline">"#);
+    for event in events {
+        let change = match (event.from, event.to) {
+            (Some(from), Some(to)) => format!("{} → {}", from.as_str(), to.as_str()),
+            (None, Some(to)) => format!("→ {}", to.as_str()),
+            _ => String::new(),
+        };
+        let _ = write!(
+            out,
+            r#"<li><span class="when">{at}</span> <strong>{kind}</strong> <span class="change">{change}</span> <span class="actor">by {actor}</span>{attempt}{reason}{details}</li>"#,
+            at = time(event.at),
+            kind = esc(&event.kind),
+            actor = esc(&event.actor),
+            attempt = match event.attempt {
+                0 => String::new(),
+                n => format!(" <span class=\"hint\">attempt {n}</span>"),
+            },
+            reason = event
+                .reason
+                .as_deref()
+                .map(|r| format!(r#"<div class="reason">{}</div>"#, esc(r)))
+                .unwrap_or_default(),
+            details = event
+                .details
+                .as_deref()
+                .map(|d| format!(
+                    r#"<pre class="details">{}</pre>"#,
+                    esc(&result(d.as_bytes()))
+                ))
+                .unwrap_or_default(),
+        );
+    }
+    out.push_str("</ol>");
+    out
+}
+
+fn attempts(attempts: &[AttemptView]) -> String {
+    if attempts.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        r#"<h2>Attempts</h2><table><thead><tr><th scope="col">#</th><th scope="col">Started</th><th scope="col">Lease until</th><th scope="col">Executor</th><th scope="col">Client</th><th scope="col">Session</th><th scope="col">Request</th><th scope="col">Fencing token</th></tr></thead><tbody>"#,
+    );
+    for a in attempts {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            a.number,
+            time(a.started_at),
+            time(a.lease_deadline),
+            esc(&a.actor),
+            esc(a.context.client_name.as_deref().unwrap_or("")),
+            esc(a.context.session_id.as_deref().unwrap_or("")),
+            esc(a.context.request_id.as_deref().unwrap_or("")),
+            a.fencing_token,
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// Reconcile and resolve, bound to the attempt this page shows.
+fn acts(op: &OperationView, viewer: &Viewer<'_>) -> String {
+    let id = esc(&op.operation_id);
+    let bound = format!(
+        r#"{csrf}<input type="hidden" name="fencing_token" value="{token}"><input type="hidden" name="attempt" value="{attempt}">"#,
+        csrf = viewer.hidden_csrf(),
+        token = op.fencing_token,
+        attempt = op.attempt,
+    );
+    format!(
+        r#"<section class="acts" aria-labelledby="acts-title">
+<h2 id="acts-title">Settle it</h2>
+<form method="post" action="/operation/reconcile" class="inline">{csrf}<input type="hidden" name="id" value="{id}"><button type="submit">Reconcile now</button></form>
+<form method="post" action="/operation/resolve" class="resolve">
+<input type="hidden" name="id" value="{id}">
+{bound}
+<fieldset>
+<legend>Resolve as</legend>
+<label><input type="radio" name="outcome" value="ABSENT" required> ABSENT: the effect did not happen; the next call executes it</label>
+<label><input type="radio" name="outcome" value="CONFIRMED"> CONFIRMED: the effect happened; the next call replays this result</label>
+</fieldset>
+<label for="result">Result to replay (CONFIRMED)</label>
+<textarea id="result" name="result" rows="4"></textarea>
+<label for="provider_ref">Provider reference (CONFIRMED)</label>
+<input id="provider_ref" name="provider_ref">
+<label for="reason">Reason (recorded with your name)</label>
+<input id="reason" name="reason" required>
+<button type="submit">Review…</button>
+</form>
+</section>
+"#,
+        csrf = viewer.hidden_csrf(),
+    )
+}
+
+/// What a resolution will do, asked before it is sent.
+pub(crate) fn confirm_resolve(
+    op: &OperationView,
+    viewer: &Viewer<'_>,
+    form: &crate::ResolveForm,
+) -> String {
+    let what = match form.outcome.as_str() {
+        "CONFIRMED" => "CONFIRMED: the ledger will record that the effect happened, and every later call of this operation will be answered with the result below, never executed again.",
+        _ => "ABSENT: the ledger will record that the effect did not happen, and the next call of this operation will execute it.",
+    };
+    format!(
+        r#"<h1>Resolve <code>{id}</code>?</h1>
+<p>{what}</p>
+<dl class="facts">
+<dt>Bound to</dt><dd>attempt {attempt}, fencing token {token}: if the operation moved since you looked, nothing is applied</dd>
+<dt>Reason</dt><dd>{reason}</dd>
+<dt>Provider reference</dt><dd>{provider_ref}</dd>
+</dl>
+<pre class="result">{result}</pre>
+<form method="post" action="/operation/resolve">
+<input type="hidden" name="id" value="{id}">
+{csrf}
+<input type="hidden" name="confirmed" value="yes">
+<input type="hidden" name="resolution_id" value="{resolution_id}">
+<input type="hidden" name="outcome" value="{outcome}">
+<input type="hidden" name="fencing_token" value="{token}">
+<input type="hidden" name="attempt" value="{attempt}">
+<input type="hidden" name="reason" value="{reason}">
+<input type="hidden" name="provider_ref" value="{provider_ref}">
+<input type="hidden" name="result" value="{result}">
+<button type="submit">Resolve {outcome}</button>
+<a href="/operation?id={link}">Cancel</a>
+</form>"#,
+        id = esc(&op.operation_id),
+        link = url(&op.operation_id),
+        attempt = form.attempt,
+        token = form.fencing_token,
+        reason = esc(&form.reason),
+        provider_ref = esc(&form.provider_ref),
+        result = esc(&form.result),
+        outcome = esc(&form.outcome),
+        resolution_id = esc(&crate::session::random_token()),
+        csrf = viewer.hidden_csrf(),
+    )
+}
+
+/// A page that says one thing, with a way back.
+pub(crate) fn message(heading: &str, text: &str, back: &str) -> String {
+    format!(
+        r#"<h1>{}</h1><p role="alert">{}</p><p><a href="{}">Back</a></p>"#,
+        esc(heading),
+        esc(text),
+        esc(back)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_from_the_ledger_cannot_become_markup() {
+        let hostile = r#"<script>alert("x")</script>' onmouseover='x"#;
+        let escaped = esc(hostile);
+        assert!(!escaped.contains('<') && !escaped.contains('"') && !escaped.contains('\''));
+        assert_eq!(esc("a & b"), "a &amp; b");
+        assert_eq!(url("refund:a/b?c=d&e"), "refund%3Aa%2Fb%3Fc%3Dd%26e");
+    }
+
+    #[test]
+    fn a_result_is_shown_indented_when_it_is_json_and_as_bytes_when_not_text() {
+        assert_eq!(result(br#"{"a":1}"#), "{\n  \"a\": 1\n}");
+        assert_eq!(result(b"plain"), "plain");
+        assert_eq!(result(&[0xff, 0x00]), "2 bytes, not UTF-8: ff00");
+    }
+}
