@@ -152,6 +152,19 @@ async def test_a_reader_sees_the_queue_live_and_cannot_act(console_stack, browse
     assert browser.find_element(By.CSS_SELECTOR, "p.live").get_attribute("data-opens") == "1"
     shot(browser, "queue-live", backend)
 
+    # The overview: what is UNKNOWN now, and how old, drawn as a chart by the server.
+    browser.get(base(stack) + "/overview?window=1h")
+    # Read in one step: the live page swaps its figures in when its stream opens.
+    count, chart, text = browser.execute_script(
+        "return [document.getElementById('unknown-count').dataset.count,"
+        " document.querySelector('figure.chart svg').getAttribute('aria-label'),"
+        " document.querySelector('main').innerText];"
+    )
+    assert count == "2" and "< 1 min: 2" in chart, (count, chart)
+    assert "issue_refund" in text
+    shot(browser, "overview", backend)
+    browser.get(base(stack) + "/queue")
+
     # The operation's page: its timeline, its attempt and where it came from; no act button.
     link = browser.execute_script(
         "return [...document.querySelectorAll('tr[data-operation] a')].find(a => a.textContent === arguments[0]).href;",

@@ -31,7 +31,7 @@
   source.addEventListener("open", function () {
     opens += 1;
     status.setAttribute("data-opens", String(opens));
-    status.textContent = "Live: the queue updates as operations enter and leave UNKNOWN.";
+    status.textContent = "Live: this page updates as operations enter and leave UNKNOWN.";
     refresh();
   });
   source.addEventListener("change", function () {

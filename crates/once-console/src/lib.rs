@@ -149,6 +149,8 @@ impl Console {
             .route("/queue", get(queue))
             .route("/queue/rows", get(queue_rows))
             .route("/queue/live", get(queue_live))
+            .route("/overview", get(overview))
+            .route("/overview/body", get(overview_body))
             .route("/operation", get(operation))
             .route("/operation/reconcile", post(reconcile))
             .route("/operation/resolve", post(resolve))
@@ -501,16 +503,19 @@ async fn sign_in(State(console): State<Console>, Form(form): Form<SignInForm>) -
     response
 }
 
+/// A form that only acts: its CSRF token, and the operation it acts on, if any.
 #[derive(serde::Deserialize)]
-struct CsrfForm {
+struct ActForm {
     #[serde(default)]
     csrf: String,
+    #[serde(default)]
+    id: String,
 }
 
 async fn sign_out(
     State(console): State<Console>,
     headers: HeaderMap,
-    Form(form): Form<CsrfForm>,
+    Form(form): Form<ActForm>,
 ) -> Response {
     let who = match console.acting(&headers, &form.csrf, "/queue") {
         Ok(who) => who,
@@ -578,6 +583,70 @@ async fn queue_rows(
     match unknowns(&who.client, &filter).await {
         Ok((rows, _)) => Html(page::queue_rows(&rows, SystemTime::now())).into_response(),
         Err(error) => console.failed(&who, &error, "/queue"),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Window {
+    #[serde(default)]
+    window: String,
+}
+
+impl Window {
+    /// The window asked for, if it is one the page offers; a day otherwise.
+    fn chosen(&self) -> &'static str {
+        page::WINDOWS
+            .iter()
+            .find(|w| **w == self.window)
+            .copied()
+            .unwrap_or("24h")
+    }
+}
+
+/// The overview's figures: the ledger's own (GetStats) and the UNKNOWN operations' ages.
+async fn figures(
+    client: &LedgerClient,
+    window: &'static str,
+) -> Result<(once_client::StatsView, Vec<OperationView>), ClientError> {
+    let span = humantime::parse_duration(window).expect("the offered windows parse");
+    let stats = client.stats(span).await?;
+    let (unknown, _) = unknowns(client, &QueueFilter::default()).await?;
+    Ok((stats, unknown))
+}
+
+async fn overview(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(window): Query<Window>,
+) -> Response {
+    let who = console.who(&headers);
+    let window = window.chosen();
+    match figures(&who.client, window).await {
+        Ok((stats, unknown)) => {
+            let body = page::overview(window, &stats, &unknown, SystemTime::now());
+            console.page(StatusCode::OK, "Overview", &who, true, &body)
+        }
+        Err(error) => console.failed(&who, &error, "/overview"),
+    }
+}
+
+/// The overview's figures alone, for the live page.
+async fn overview_body(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(window): Query<Window>,
+) -> Response {
+    let who = console.who(&headers);
+    let window = window.chosen();
+    match figures(&who.client, window).await {
+        Ok((stats, unknown)) => Html(page::overview_body(
+            window,
+            &stats,
+            &unknown,
+            SystemTime::now(),
+        ))
+        .into_response(),
+        Err(error) => console.failed(&who, &error, "/overview"),
     }
 }
 
@@ -683,17 +752,10 @@ async fn operation(
         .await
 }
 
-#[derive(serde::Deserialize)]
-struct ReconcileForm {
-    #[serde(default)]
-    csrf: String,
-    id: String,
-}
-
 async fn reconcile(
     State(console): State<Console>,
     headers: HeaderMap,
-    Form(form): Form<ReconcileForm>,
+    Form(form): Form<ActForm>,
 ) -> Response {
     let who = match console.acting(&headers, &form.csrf, &here(&form.id)) {
         Ok(who) => who,

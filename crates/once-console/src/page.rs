@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use once_client::{AttemptView, EventView, OperationView, State};
+use once_client::{AttemptView, EventView, OperationView, State, StatsView};
 
 use crate::session::Session;
 
@@ -92,6 +92,7 @@ pub(crate) fn layout(title: &str, viewer: &Viewer<'_>, body: &str) -> String {
 <nav aria-label="Console">
 <a class="brand" href="/">once-ledger</a>
 <a href="/queue">UNKNOWN queue</a>
+<a href="/overview">Overview</a>
 </nav>
 <div class="session">{who}</div>
 </header>
@@ -251,15 +252,9 @@ pub(crate) fn queue_rows(rows: &[OperationView], now: SystemTime) -> String {
 
 /// How long ago `at` was, in the largest unit that fits.
 fn age(at: Option<SystemTime>, now: SystemTime) -> String {
-    let Some(at) = at else {
-        return "—".into();
-    };
-    let secs = now.duration_since(at).unwrap_or(Duration::ZERO).as_secs();
-    match secs {
-        s if s < 120 => format!("{s} s"),
-        s if s < 2 * 3600 => format!("{} min", s / 60),
-        s if s < 2 * 86_400 => format!("{} h", s / 3600),
-        s => format!("{} d", s / 86_400),
+    match at {
+        Some(at) => duration(now.duration_since(at).unwrap_or(Duration::ZERO)),
+        None => "—".into(),
     }
 }
 
@@ -503,6 +498,177 @@ pub(crate) fn confirm_resolve(
         resolution_id = esc(&crate::session::random_token()),
         csrf = viewer.hidden_csrf(),
     )
+}
+
+/// How far back the overview's figures look, as the page offers it.
+pub(crate) const WINDOWS: [&str; 4] = ["1h", "24h", "7d", "30d"];
+
+/// The overview: what is open now and how UNKNOWN operations have been settled over `window`.
+pub(crate) fn overview(
+    window: &str,
+    stats: &StatsView,
+    unknown: &[OperationView],
+    now: SystemTime,
+) -> String {
+    let choices: String = WINDOWS
+        .iter()
+        .map(|w| {
+            let current = if *w == window {
+                r#" aria-current="page""#
+            } else {
+                ""
+            };
+            format!(r#"<a href="/overview?window={w}"{current}>{w}</a> "#)
+        })
+        .collect();
+    format!(
+        r#"<h1>Overview</h1>
+<nav class="windows" aria-label="Window">Over the last: {choices}</nav>
+<section aria-live="polite" data-live="/queue/live" data-rows="/overview/body?window={window}">
+{body}
+</section>"#,
+        window = url(window),
+        body = overview_body(window, stats, unknown, now),
+    )
+}
+
+/// The overview's figures alone: what the live page swaps in when an operation enters or
+/// leaves UNKNOWN.
+pub(crate) fn overview_body(
+    window: &str,
+    stats: &StatsView,
+    unknown: &[OperationView],
+    now: SystemTime,
+) -> String {
+    let mut out = String::new();
+    let ages = stats.unknown;
+    let _ = write!(
+        out,
+        r#"<h2>UNKNOWN now</h2>
+<p class="figure" id="unknown-count" data-count="{count}"><strong>{count}</strong> UNKNOWN; the oldest for {max}, half for more than {p50}.</p>
+{histogram}
+"#,
+        count = ages.count,
+        max = duration(ages.max),
+        p50 = duration(ages.p50),
+        histogram = histogram(unknown, now),
+    );
+    out.push_str(r#"<h2>Operations by state and tool</h2>"#);
+    if stats.operations.is_empty() {
+        out.push_str(r#"<p class="hint">None.</p>"#);
+    } else {
+        out.push_str(r#"<table><thead><tr><th scope="col">State</th><th scope="col">Tool</th><th scope="col">Operations</th></tr></thead><tbody>"#);
+        for (state, tool, count) in &stats.operations {
+            let _ = write!(
+                out,
+                r#"<tr><td><span class="state state-{st}">{st}</span></td><td>{tool}</td><td>{count}</td></tr>"#,
+                st = state.as_str(),
+                tool = esc(tool),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    let _ = write!(
+        out,
+        r#"<h2>How UNKNOWN operations were settled, last {}</h2>"#,
+        esc(window)
+    );
+    if stats.resolved.iter().all(|(_, a)| a.count == 0) {
+        out.push_str(r#"<p class="hint">None settled in this window.</p>"#);
+    } else {
+        out.push_str(r#"<table><thead><tr><th scope="col">By</th><th scope="col">Settled</th><th scope="col">p50</th><th scope="col">p90</th><th scope="col">p99</th><th scope="col">Longest</th></tr></thead><tbody>"#);
+        for (door, a) in &stats.resolved {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&door.replace('_', " ")),
+                a.count,
+                duration(a.p50),
+                duration(a.p90),
+                duration(a.p99),
+                duration(a.max),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    let _ = write!(
+        out,
+        r#"<h2>Anomalies and escalations, last {}</h2>"#,
+        esc(window)
+    );
+    if stats.events.is_empty() {
+        out.push_str(r#"<p class="hint">None.</p>"#);
+    } else {
+        out.push_str(r#"<table><thead><tr><th scope="col">Kind</th><th scope="col">Events</th></tr></thead><tbody>"#);
+        for (kind, count) in &stats.events {
+            let _ = write!(out, "<tr><td>{}</td><td>{count}</td></tr>", esc(kind));
+        }
+        out.push_str("</tbody></table>");
+    }
+    out
+}
+
+/// The UNKNOWN operations' ages (since their last change) as an SVG bar chart, drawn here.
+fn histogram(unknown: &[OperationView], now: SystemTime) -> String {
+    const BUCKETS: [(&str, u64); 6] = [
+        ("< 1 min", 60),
+        ("1–10 min", 600),
+        ("10–60 min", 3600),
+        ("1–6 h", 6 * 3600),
+        ("6–24 h", 86_400),
+        ("> 1 d", u64::MAX),
+    ];
+    let mut counts = [0u64; BUCKETS.len()];
+    for op in unknown {
+        let since = op.updated_at.or(op.created_at).unwrap_or(now);
+        let age = now
+            .duration_since(since)
+            .unwrap_or(Duration::ZERO)
+            .as_secs();
+        let bucket = BUCKETS
+            .iter()
+            .position(|(_, below)| age < *below)
+            .unwrap_or(BUCKETS.len() - 1);
+        counts[bucket] += 1;
+    }
+    let highest = counts.iter().copied().max().unwrap_or(0).max(1);
+    let (width, bar, gap, height) = (600u64, 80u64, 20u64, 120u64);
+    let described: Vec<String> = BUCKETS
+        .iter()
+        .zip(counts)
+        .map(|((label, _), n)| format!("{label}: {n}"))
+        .collect();
+    let mut svg = format!(
+        r#"<figure class="chart"><svg viewBox="0 0 {width} {total}" role="img" aria-label="UNKNOWN operations by age: {described}">"#,
+        total = height + 40,
+        described = esc(&described.join(", ")),
+    );
+    for (i, ((label, _), n)) in BUCKETS.iter().zip(counts).enumerate() {
+        let x = i as u64 * (bar + gap) + gap / 2;
+        let h = n * height / highest;
+        let _ = write!(
+            svg,
+            r#"<g><title>{label}: {n}</title><rect class="bar" x="{x}" y="{y}" width="{bar}" height="{h}"></rect><text x="{cx}" y="{ty}" text-anchor="middle">{n}</text><text x="{cx}" y="{ly}" text-anchor="middle" class="axis">{label}</text></g>"#,
+            y = height - h + 14,
+            cx = x + bar / 2,
+            ty = (height - h + 10).max(12),
+            ly = height + 34,
+        );
+    }
+    svg.push_str(r#"</svg><figcaption>UNKNOWN operations by time since their last change</figcaption></figure>"#);
+    svg
+}
+
+/// A duration as a person reads it.
+fn duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => format!("{} ms", d.as_millis()),
+        s if s < 120 => format!("{s} s"),
+        s if s < 2 * 3600 => format!("{} min", s / 60),
+        s if s < 2 * 86_400 => format!("{} h", s / 3600),
+        s => format!("{} d", s / 86_400),
+    }
 }
 
 /// A page that says one thing, with a way back.
