@@ -4,6 +4,8 @@
 VENV := .venv
 # The TypeScript MCP server once-proxy is tested in front of, and its packages (npm, Node 20).
 TS_UPSTREAM := tests/mcp/upstreams/ts
+# axe-core, the accessibility engine the console's browser tests run in each page (npm).
+A11Y := tests/mcp/a11y
 # Prometheus and promtool, for the telemetry tests: Debian's package (through sudo unless root).
 PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -29,7 +31,7 @@ run:
 # they cannot rot.
 # Every target (binaries, tests, benches) is built in one invocation, so one feature set serves
 # the binaries the MCP tests start, the tests and the bench: nothing is compiled twice.
-test: $(VENV)/installed $(PROMTOOL) $(CHROMEDRIVER) $(TS_UPSTREAM)/node_modules/.installed
+test: $(VENV)/installed $(PROMTOOL) $(CHROMEDRIVER) $(TS_UPSTREAM)/node_modules/.installed $(A11Y)/node_modules/.installed
 	$(LINTED) cargo build --workspace --all-targets
 	rm -rf target/test-logs
 	ONCE_TEST_LOG_DIR=$(CURDIR)/target/test-logs $(LINTED) cargo test --workspace
@@ -98,6 +100,10 @@ $(TS_UPSTREAM)/node_modules/.installed: $(TS_UPSTREAM)/package.json $(TS_UPSTREA
 $(CHROMEDRIVER):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+
+# axe-core, exactly as its lock file pins it.
+$(A11Y)/node_modules/.installed: $(A11Y)/package.json $(A11Y)/package-lock.json
+	cd $(A11Y) && npm ci --no-audit --no-fund && touch node_modules/.installed
 
 # The real Prometheus the telemetry tests scrape with, and promtool for the shipped alerts.
 $(PROMTOOL):

@@ -24,6 +24,10 @@ from conftest import BIN, PATIENCE, ROOT, make_stack, wait_for
 pytestmark = pytest.mark.anyio
 
 SCREENSHOTS = ROOT / "target" / "console"
+# axe-core, installed by `make test` from tests/mcp/a11y's lock file.
+AXE = ROOT / "tests" / "mcp" / "a11y" / "node_modules" / "axe-core" / "axe.min.js"
+# The rules every page must pass: WCAG 2.1, levels A and AA (labels, contrast, landmarks, names).
+WCAG = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 # How long a page may take to show what the test waits for.
 WAIT = 15 * PATIENCE
 
@@ -72,8 +76,28 @@ def base(stack) -> str:
 
 
 def shot(driver, name: str, backend: str) -> None:
+    """Saves the page as a screenshot, and checks it with axe-core: in light mode, and again in
+    dark mode (both follow the system)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(SCREENSHOTS / f"{name}-{backend}.png"))
+    assert AXE.exists(), f"{AXE} is missing: make test installs it (npm ci in tests/mcp/a11y)"
+    for scheme in ("light", "dark"):
+        driver.execute_cdp_cmd(
+            "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": scheme}]}
+        )
+        driver.execute_script(AXE.read_text())
+        violations = driver.execute_async_script(
+            """
+            const [tags, done] = arguments;
+            axe.run(document, {runOnly: {type: "tag", values: tags}}).then(
+                result => done(result.violations.map(v =>
+                    `${v.id} (${v.impact}): ${v.help}: ${v.nodes.map(n => n.target.join(" ")).join(", ")}`)),
+                error => done([`axe failed: ${error}`]));
+            """,
+            WCAG,
+        )
+        assert not violations, f"{name} in {scheme} mode: " + "; ".join(violations)
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
 
 async def make_unknown(stack, order_id: str, fault: str = "commit_then_drop") -> str:
@@ -289,6 +313,7 @@ async def test_open_mode_opens_without_sign_in_and_says_so(tmp_path, backend, br
         assert browser.current_url.endswith("/queue")
         assert "Open mode" in browser.find_element(By.CSS_SELECTOR, ".banner").text
         assert "No UNKNOWN operation" in browser.find_element(By.TAG_NAME, "main").text
+        shot(browser, "queue-open-mode", backend)
     finally:
         stack.close()
 
