@@ -777,10 +777,12 @@ class HttpOrders(Orders):
     ledger whose `http` reconciler reads the upstream's lookup route."""
 
     def __init__(self, tmp: Path, backend: str, language: str = "python", policy: str = RECONCILED_POLICY,
-                 gateway: bool = False, upstream_first: bool = True, proxy_args: tuple = ()):
+                 gateway: bool = False, upstream_first: bool = True, proxy_args: tuple = (),
+                 settle_time: str = "100ms"):
         """`gateway`: a gateway between the proxy and the upstream that refuses tool calls
         with 403 after the upstream answered them. `upstream_first`: the upstream is started
-        before the proxy (otherwise call `start_upstream`)."""
+        before the proxy (otherwise call `start_upstream`). `settle_time`: how long after an
+        attempt the reconciler may first look it up."""
         self.language = language
         self.upstream_port = free_port()
         config = (
@@ -789,7 +791,7 @@ class HttpOrders(Orders):
             f"endpoint = \"http://127.0.0.1:{self.upstream_port}\"\n"
             "url = \"{endpoint}/orders/{hints.order_id}?key={provider_key}\"\n"
             "found_status = [200]\nnot_found_status = [404]\nprovider_ref_pointer = \"/id\"\n"
-            "miss_is_authoritative = true\nsettle_time = \"100ms\"\n"
+            f"miss_is_authoritative = true\nsettle_time = \"{settle_time}\"\n"
         )
         super().__init__(make_stack(tmp, backend, "none", reconcile=False, config=config), tmp, language)
         self.policy.write_text(policy)
@@ -1015,9 +1017,10 @@ async def test_http_an_id_in_use_in_a_session_is_refused_for_any_request(http_or
 @pytest.fixture(params=["unknown", "absent"])
 def gated_orders(tmp_path, backend, request):
     """Behind a gateway that refuses tool calls after the upstream ran them; the policy's
-    on_error either way (it speaks of the tool's errors, not the gateway's)."""
+    on_error either way (it speaks of the tool's errors, not the gateway's). The reconciler
+    waits out the test before it looks: what the calls see is the proxy's judgement alone."""
     policy = RECONCILED_POLICY.replace('timeout = "30s"', f'timeout = "30s"\non_error = "{request.param}"')
-    with HttpOrders(tmp_path, backend, policy=policy, gateway=True) as orders:
+    with HttpOrders(tmp_path, backend, policy=policy, gateway=True, settle_time="5m") as orders:
         yield orders
 
 
@@ -1076,8 +1079,9 @@ def test_http_absent_for_a_tool_with_an_output_schema_is_refused_at_start(http_o
 
 @pytest.fixture
 def late_typed_orders(tmp_path, backend):
-    """The typed-absent policy, the proxy started before the upstream could be listed."""
-    with HttpOrders(tmp_path, backend, policy=TYPED_ABSENT, upstream_first=False) as orders:
+    """The typed-absent policy, the proxy started before the upstream could be listed; the
+    reconciler waits out the test, so the calls see the proxy's judgement alone."""
+    with HttpOrders(tmp_path, backend, policy=TYPED_ABSENT, upstream_first=False, settle_time="5m") as orders:
         yield orders
 
 

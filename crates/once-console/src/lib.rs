@@ -48,6 +48,8 @@ use session::{same_token, Session, Sessions};
 /// The session cookie's name; over https, with the prefix that binds it to this origin.
 const COOKIE: &str = "once_console";
 const SECURE_COOKIE: &str = "__Host-once_console";
+/// The header the live page's own requests carry.
+const LIVE: &str = "x-console-live";
 /// The most operations the queue shows at once.
 const QUEUE_ROWS: u32 = 500;
 /// How long a Reconcile pressed in the console may take.
@@ -147,10 +149,8 @@ impl Console {
             .route("/sign-in", get(sign_in_form).post(sign_in))
             .route("/sign-out", post(sign_out))
             .route("/queue", get(queue))
-            .route("/queue/rows", get(queue_rows))
             .route("/queue/live", get(queue_live))
             .route("/overview", get(overview))
-            .route("/overview/body", get(overview_body))
             .route("/operation", get(operation))
             .route("/operation/reconcile", post(reconcile))
             .route("/operation/resolve", post(resolve))
@@ -172,7 +172,7 @@ impl Console {
     /// mode; the ledger refuses it once credentials exist). A request the live page makes by
     /// itself (`X-Console-Live`) does not restart the session's idle clock.
     fn who(&self, headers: &HeaderMap) -> Who {
-        let touch = !headers.contains_key("x-console-live");
+        let touch = !live(headers);
         let sent = cookies(headers, self.cookie_name());
         let found = sent
             .iter()
@@ -555,35 +555,30 @@ async fn unknowns(
     Ok((rows, page.next.is_some()))
 }
 
+/// The queue; to the live page's own requests (`X-Console-Live`), its table alone.
 async fn queue(
     State(console): State<Console>,
     headers: HeaderMap,
     Query(filter): Query<QueueFilter>,
 ) -> Response {
     let who = console.who(&headers);
-    match unknowns(&who.client, &filter).await {
-        Ok((rows, more)) => console.page(
-            StatusCode::OK,
-            "UNKNOWN queue",
-            &who,
-            true,
-            &page::queue(&filter, &rows, more, SystemTime::now()),
-        ),
-        Err(error) => console.failed(&who, &error, "/queue"),
+    let (rows, more) = match unknowns(&who.client, &filter).await {
+        Ok(found) => found,
+        Err(error) => return console.failed(&who, &error, "/queue"),
+    };
+    let now = SystemTime::now();
+    match live(&headers) {
+        true => Html(page::queue_rows(&rows, now)).into_response(),
+        false => {
+            let body = page::queue(&filter, &rows, more, now);
+            console.page(StatusCode::OK, "UNKNOWN queue", &who, true, &body)
+        }
     }
 }
 
-/// The queue's table alone, for the live page.
-async fn queue_rows(
-    State(console): State<Console>,
-    headers: HeaderMap,
-    Query(filter): Query<QueueFilter>,
-) -> Response {
-    let who = console.who(&headers);
-    match unknowns(&who.client, &filter).await {
-        Ok((rows, _)) => Html(page::queue_rows(&rows, SystemTime::now())).into_response(),
-        Err(error) => console.failed(&who, &error, "/queue"),
-    }
+/// Whether the live page made this request by itself, to swap in what changed.
+fn live(headers: &HeaderMap) -> bool {
+    headers.contains_key(LIVE)
 }
 
 #[derive(serde::Deserialize)]
@@ -614,6 +609,7 @@ async fn figures(
     Ok((stats, unknown))
 }
 
+/// The overview; to the live page's own requests, its figures alone.
 async fn overview(
     State(console): State<Console>,
     headers: HeaderMap,
@@ -621,32 +617,17 @@ async fn overview(
 ) -> Response {
     let who = console.who(&headers);
     let window = window.chosen();
-    match figures(&who.client, window).await {
-        Ok((stats, unknown)) => {
-            let body = page::overview(window, &stats, &unknown, SystemTime::now());
+    let (stats, unknown) = match figures(&who.client, window).await {
+        Ok(found) => found,
+        Err(error) => return console.failed(&who, &error, "/overview"),
+    };
+    let now = SystemTime::now();
+    match live(&headers) {
+        true => Html(page::overview_body(window, &stats, &unknown, now)).into_response(),
+        false => {
+            let body = page::overview(window, &stats, &unknown, now);
             console.page(StatusCode::OK, "Overview", &who, true, &body)
         }
-        Err(error) => console.failed(&who, &error, "/overview"),
-    }
-}
-
-/// The overview's figures alone, for the live page.
-async fn overview_body(
-    State(console): State<Console>,
-    headers: HeaderMap,
-    Query(window): Query<Window>,
-) -> Response {
-    let who = console.who(&headers);
-    let window = window.chosen();
-    match figures(&who.client, window).await {
-        Ok((stats, unknown)) => Html(page::overview_body(
-            window,
-            &stats,
-            &unknown,
-            SystemTime::now(),
-        ))
-        .into_response(),
-        Err(error) => console.failed(&who, &error, "/overview"),
     }
 }
 

@@ -202,7 +202,7 @@ pub(crate) fn queue(
 {tool}{provider}{older}{q}
 <button type="submit">Filter</button>
 </form>
-<section aria-live="polite" data-live="/queue/live?{query}" data-rows="/queue/rows?{query}">
+<section aria-live="polite" data-live="/queue/live?{query}" data-rows="/queue?{query}">
 {table}
 </section>
 {more}"#,
@@ -524,7 +524,7 @@ pub(crate) fn overview(
     format!(
         r#"<h1>Overview</h1>
 <nav class="windows" aria-label="Window">Over the last: {choices}</nav>
-<section aria-live="polite" data-live="/queue/live" data-rows="/overview/body?window={window}">
+<section aria-live="polite" data-live="/queue/live" data-rows="/overview?window={window}">
 {body}
 </section>"#,
         window = url(window),
