@@ -441,7 +441,10 @@ fn unavailable(error: &ClientError) -> Response {
 
 /// Where to go after signing in: a path of this console, nothing else.
 fn local(next: &str) -> &str {
-    match next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+    // Visible ASCII only: a browser drops tabs and line ends from a URL, so `/\t/host` would
+    // be followed as `//host`, another site.
+    let path = next.starts_with('/') && next.bytes().all(|b| b.is_ascii_graphic());
+    match path && !next.starts_with("//") && !next.contains('\\') {
         true => next,
         false => "/queue",
     }
@@ -915,4 +918,30 @@ async fn js() -> impl IntoResponse {
         ],
         include_str!("../assets/console.js"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_sign_in_only_a_path_of_this_console_is_followed() {
+        assert_eq!(
+            local("/operation?id=refund%3Aa"),
+            "/operation?id=refund%3Aa"
+        );
+        for elsewhere in [
+            "https://evil.example/",
+            "//evil.example/",
+            "/\\evil.example",
+            // Browsers drop tabs and line ends from a URL: this is `//evil.example`.
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/ /x",
+            "queue",
+            "",
+        ] {
+            assert_eq!(local(elsewhere), "/queue", "{elsewhere:?}");
+        }
+    }
 }
