@@ -20,7 +20,7 @@ pub(crate) type Grpc = LedgerClient<Channel>;
 pub(crate) type AdminGrpc = AdminClient<Channel>;
 
 /// A generated client of one of the ledger's services, made over a transport's channel.
-pub(crate) trait Service: Clone {
+pub(crate) trait Service {
     fn over(transport: &Transport) -> Self;
 }
 
@@ -113,13 +113,12 @@ impl Transport {
         F: Fn(G, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let client = G::over(self);
         let mut pause = self.config.backoff;
         let mut last = None;
         for try_number in 1.. {
             let mut request = self.authorized(message.clone());
             request.set_timeout(self.config.rpc_timeout + extra);
-            let status = match send(client.clone(), request).await {
+            let status = match send(G::over(self), request).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
             };

@@ -83,12 +83,14 @@ struct Inner {
     /// so one that is slow to read holds up no other.
     connect: Box<dyn Fn() -> Channel + Send + Sync>,
     sessions: Sessions,
+    /// The key-less client of requests without a session: open mode's, refused by the ledger
+    /// once credentials exist. One for the console, so such requests open no connection each.
+    keyless: LedgerClient,
     hosts: Vec<String>,
     /// The origin forms must come from, when it is not `http://` and the request's `Host`.
     origin: Option<String>,
     /// Cookies are `Secure` (and `__Host-` prefixed).
     secure: bool,
-    lifetime: Duration,
     /// The CSRF token of open mode's forms, where there is no session to hold one.
     open_csrf: String,
     /// Cancelled when the host shuts down: live streams end, so the server can drain.
@@ -117,14 +119,16 @@ impl Console {
             .public_origin
             .as_deref()
             .map(|o| o.trim_end_matches('/').to_ascii_lowercase());
+        let keyless = LedgerClient::over_channel(connect(), client_config(None))
+            .expect("a client without a key has no header to refuse");
         Self {
             inner: Arc::new(Inner {
                 connect: Box::new(connect),
                 sessions: Sessions::new(options.session_idle, options.session_lifetime),
+                keyless,
                 hosts: hosts(&options, origin.as_deref()),
                 secure: origin.as_deref().is_some_and(|o| o.starts_with("https://")),
                 origin,
-                lifetime: options.session_lifetime,
                 open_csrf: session::random_token(),
                 stop,
             }),
@@ -160,12 +164,9 @@ impl Console {
             .with_state(self.clone())
     }
 
+    /// A client of its own connection, carrying `key`.
     fn client(&self, key: Option<String>) -> Result<LedgerClient, ClientError> {
-        let mut config = ClientConfig::new("in-process");
-        config.token = key;
-        config.client_name = "once-console".into();
-        config.rpc_timeout = Duration::from_secs(10);
-        LedgerClient::over_channel((self.inner.connect)(), config)
+        LedgerClient::over_channel((self.inner.connect)(), client_config(key))
     }
 
     /// Who asks: the live session a cookie names, or, without one, a key-less client (open
@@ -185,9 +186,7 @@ impl Console {
                 stale_cookie: false,
             },
             None => Who {
-                client: self
-                    .client(None)
-                    .expect("a client without a key has no header to refuse"),
+                client: self.inner.keyless.clone(),
                 session: None,
                 id: None,
                 stale_cookie: !sent.is_empty(),
@@ -294,18 +293,21 @@ impl Console {
     }
 }
 
+/// How the console's clients call: as `once-console`, with `key` when there is one.
+fn client_config(key: Option<String>) -> ClientConfig {
+    let mut config = ClientConfig::new("in-process");
+    config.token = key;
+    config.client_name = "once-console".into();
+    config.rpc_timeout = Duration::from_secs(10);
+    config
+}
+
 /// The names the console answers to: the listener's own (loopback names for a loopback or
 /// unspecified address, its address otherwise), a public origin's host, and those given.
 fn hosts(options: &ConsoleOptions, origin: Option<&str>) -> Vec<String> {
     let port = options.listen.port();
     let ip = options.listen.ip();
-    let mut names: Vec<String> = [
-        "127.0.0.1".to_owned(),
-        "localhost".to_owned(),
-        "[::1]".to_owned(),
-    ]
-    .into_iter()
-    .collect();
+    let mut names = vec!["127.0.0.1".to_owned(), "localhost".into(), "[::1]".into()];
     if !ip.is_loopback() && !ip.is_unspecified() {
         names.push(match ip {
             std::net::IpAddr::V4(v4) => v4.to_string(),
@@ -501,7 +503,7 @@ async fn sign_in(State(console): State<Console>, Form(form): Form<SignInForm>) -
     let mut response = Redirect::to(&next).into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,
-        console.cookie(&id, console.inner.lifetime.as_secs()),
+        console.cookie(&id, console.inner.sessions.lifetime().as_secs()),
     );
     response
 }

@@ -139,7 +139,13 @@ impl Sessions {
 
     /// Whether the session `id` names is live, without touching it.
     pub(crate) fn live(&self, id: &str) -> bool {
-        self.get(id, false).is_some()
+        let held = self.held.lock().expect("not poisoned");
+        held.get(id).is_some_and(|s| self.alive(s, Instant::now()))
+    }
+
+    /// How long a session lasts at most.
+    pub(crate) fn lifetime(&self) -> Duration {
+        self.lifetime
     }
 
     pub(crate) fn end(&self, id: &str) {

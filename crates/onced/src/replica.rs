@@ -221,15 +221,15 @@ impl<B: Backend> Replica<B> {
             (Some(listener), Some(mut options)) => {
                 // The port it answers to is the one bound (the flag may have said 0).
                 options.listen = listener.local_addr()?;
-                let (channel, pipes) = crate::console::pipes();
+                let (pipes, connections) = crate::console::pipes();
                 let stopped = stop_watchers.clone();
                 let in_process = tokio::spawn(
                     router
                         .clone()
-                        .serve_with_incoming_shutdown(pipes, stopped.cancelled_owned()),
+                        .serve_with_incoming_shutdown(connections, stopped.cancelled_owned()),
                 );
                 let console = once_console::Console::new(
-                    move || crate::console::connect(&channel),
+                    move || crate::console::connect(&pipes),
                     options,
                     stop_watchers.clone(),
                 );
