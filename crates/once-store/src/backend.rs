@@ -113,6 +113,11 @@ pub trait Backend:
     /// Checks that the database answers and accepts writes, as hard as `probe` says.
     fn ping(&self, probe: Probe) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// A call found a pooled connection the server had closed
+    /// ([`StoreError::is_lost_connection`]): every connection idle in the pool since before now
+    /// is checked before it is handed out again.
+    fn connection_lost(&self);
+
     /// Closes the pool: waits for checked-out connections to return, then closes them.
     fn close(&self) -> impl Future<Output = ()> + Send;
 }

@@ -41,6 +41,26 @@ impl StoreError {
         matches!(self, StoreError::Unavailable(_) | StoreError::ReadOnly)
     }
 
+    /// Whether a connection the pool handed out had been closed by the server or the network: it
+    /// ended the session (SQLSTATE 57P01/57P02, class 08) or the socket met its end. The call
+    /// failed before anything on it could commit, or its COMMIT's answer was lost, and either
+    /// way it is safe to make again as it was; on a new connection it may well succeed.
+    pub fn is_lost_connection(&self) -> bool {
+        match self {
+            StoreError::Unavailable(sqlx::Error::Io(error)) => matches!(
+                error.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            ),
+            StoreError::Unavailable(sqlx::Error::Database(db)) => db
+                .code()
+                .is_some_and(|code| matches!(&*code, "57P01" | "57P02") || code.starts_with("08")),
+            _ => false,
+        }
+    }
+
     /// Whether the database's storage refused the write: a full disk, an I/O error, memory, a
     /// file that cannot be written or opened (not another writer's lock).
     pub fn is_storage_failure(&self) -> bool {

@@ -10,6 +10,7 @@
 //! operation with its history and its classified calls (of its duplicates, the latest
 //! `EXPLAINED_DUPLICATES`, so a call replayed without end still answers in one small message).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -215,9 +216,32 @@ impl<B: Backend> Ledger<B> {
     /// Decides a Begin and commits whatever the decision needs before returning it, with the
     /// moment it was decided, by the store's clock.
     pub async fn begin(&self, cmd: &BeginCommand) -> Result<(BeginDecision, Millis), StoreError> {
-        self.begin_in_store(cmd)
+        self.on_a_live_connection(|| self.begin_in_store(cmd))
             .instrument(self.span("begin"))
             .await
+    }
+
+    /// Runs `call`, and once more when it met a connection the server had closed
+    /// ([`StoreError::is_lost_connection`]): after a restart or a failover, the pool still holds
+    /// connections that died idle, and a call should not fail for having drawn one. Every call
+    /// made again this way is one the caller may make again as it was sent (the same attempt id,
+    /// fencing token or resolution id get the first answer); the second run has every connection
+    /// that was idle through the loss checked before use.
+    async fn on_a_live_connection<'a, T, F>(
+        &'a self,
+        call: impl Fn() -> F + 'a,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>> + 'a,
+    {
+        match call().await {
+            Err(error) if error.is_lost_connection() => {
+                tracing::debug!(%error, "a pooled connection had been closed; calling again on another");
+                self.backend.connection_lost();
+                call().await
+            }
+            answered => answered,
+        }
     }
 
     async fn begin_in_store(
@@ -308,7 +332,7 @@ impl<B: Backend> Ledger<B> {
         cmd: &ReportCommand,
     ) -> (Result<State, StoreError>, bool) {
         match self
-            .report_in_store(tenant, id, cmd)
+            .on_a_live_connection(|| self.report_in_store(tenant, id, cmd))
             .instrument(self.span("report"))
             .await
         {
@@ -405,7 +429,7 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: &ResolveCommand,
     ) -> Result<State, StoreError> {
-        self.resolve_in_store(tenant, id, cmd)
+        self.on_a_live_connection(|| self.resolve_in_store(tenant, id, cmd))
             .instrument(self.span("resolve"))
             .await
     }
@@ -466,20 +490,25 @@ impl<B: Backend> Ledger<B> {
         operation: &'static str,
         tenant: &str,
         id: &OperationId,
-        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan) + Send + 'static,
+        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan)
+            + Clone
+            + Send
+            + 'static,
     ) -> Result<T, StoreError> {
-        let backend = self.backend.clone();
-        let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.write(move |tx| {
-            Box::pin(async move {
-                let key = (tenant.as_str(), &id);
-                let (current, now) = backend.lock(tx, key.0, key.1).await?;
-                let Some(op) = current else {
-                    return Err(StoreError::NotFound);
-                };
-                let (answer, plan) = decide(&op, now);
-                let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
-                Ok((answer, wrote))
+        self.on_a_live_connection(|| {
+            let backend = self.backend.clone();
+            let (tenant, id, decide) = (tenant.to_owned(), id.clone(), decide.clone());
+            self.write(move |tx| {
+                Box::pin(async move {
+                    let key = (tenant.as_str(), &id);
+                    let (current, now) = backend.lock(tx, key.0, key.1).await?;
+                    let Some(op) = current else {
+                        return Err(StoreError::NotFound);
+                    };
+                    let (answer, plan) = decide(&op, now);
+                    let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
+                    Ok((answer, wrote))
+                })
             })
         })
         .instrument(self.span(operation))
@@ -492,7 +521,8 @@ impl<B: Backend> Ledger<B> {
         tenant: &str,
         id: &OperationId,
     ) -> Result<(Option<Operation>, Millis), StoreError> {
-        self.backend.read(tenant, id).await
+        self.on_a_live_connection(|| self.backend.read(tenant, id))
+            .await
     }
 
     /// One operation with its attempt log and event history.
@@ -632,7 +662,8 @@ impl<B: Backend> Ledger<B> {
         } else {
             Probe::Write
         };
-        self.backend.ping(probe).await?;
+        self.on_a_live_connection(|| self.backend.ping(probe))
+            .await?;
         if let (Some(writer), Some(seen)) = (&self.writer, refused) {
             writer.room_again(seen);
         }

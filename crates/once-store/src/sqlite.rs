@@ -173,7 +173,10 @@ impl Store<Sqlite> {
         }
         let pool = open(&options).await?;
         migrate(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            losses: Default::default(),
+        })
     }
 }
 

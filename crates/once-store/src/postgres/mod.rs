@@ -11,11 +11,14 @@
 //! [`unlocked`] share. The pool's connections are set to READ COMMITTED whatever the database's
 //! default, which the guard's fresh snapshot and the version checks rely on. `ping` also checks
 //! that the server accepts writes (not in recovery, not read-only), and the pool pings a
-//! connection on its way out only when it sat idle for a second or more, so a call's path has no
-//! ping on it.
+//! connection on its way out only when it sat idle for a second or more, or through the moment a
+//! call last found a connection closed by the server, so a call's path has no ping on it. The
+//! call that found it is made once more ([`crate::Ledger`]), so a restart or a failover fails no
+//! call for the dead connections the pool still held.
 
 mod unlocked;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use once_core::{BeginCommand, Blocking, FencingToken, Millis, Plan};
@@ -25,7 +28,7 @@ use sqlx::{Pool, Postgres, Transaction};
 use std::sync::LazyLock;
 
 use crate::rows::{self, BlockingRow, BLOCKING_COLUMNS};
-use crate::store::Statements;
+use crate::store::{Losses, Statements};
 use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
 /// The channel replicas announce committed events on.
@@ -245,12 +248,17 @@ impl Store<Postgres> {
         // A connection handed out again within a second of its last use is not pinged first:
         // that would be a round trip on every call's path, and sqlx pinged it as it came back
         // (closing one that did not answer). One idle for longer, which a restarted server may
-        // have dropped meanwhile, is pinged, and replaced if it does not answer.
+        // have dropped meanwhile, is pinged, and replaced if it does not answer; so is one that
+        // was idle when a call last found a connection closed by the server.
+        let losses = Arc::new(Losses::default());
+        let seen = losses.clone();
         let pool = PgPoolOptions::new()
             .test_before_acquire(false)
-            .before_acquire(|connection, used| {
+            .before_acquire(move |connection, used| {
+                let suspect =
+                    used.idle_for >= IDLE_BEFORE_PING || seen.idle_through_one(used.idle_for);
                 Box::pin(async move {
-                    if used.idle_for >= IDLE_BEFORE_PING {
+                    if suspect {
                         sqlx::Connection::ping(connection).await?;
                     }
                     Ok(true)
@@ -279,7 +287,7 @@ impl Store<Postgres> {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Internal(e.into()))?;
-        Ok(Self { pool })
+        Ok(Self { pool, losses })
     }
 }
 

@@ -22,6 +22,10 @@ pub(crate) use sweeps::{sweep_statements, SweepBinds};
 #[cfg(test)]
 pub(crate) use transactions::{call_statements, CallBinds};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use once_core::stats::{Gauges, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
     Attempt, Event, EventKind, FencingToken, ListQuery, Listed, Millis, OperationId, Scope,
@@ -41,13 +45,54 @@ use crate::{Backend, Dialect, StoreError};
 #[derive(Debug)]
 pub struct Store<D: Database> {
     pub(crate) pool: Pool<D>,
+    pub(crate) losses: Arc<Losses>,
 }
 
 impl<D: Database> Clone for Store<D> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
+            losses: self.losses.clone(),
         }
+    }
+}
+
+/// When a call last found one of the pool's connections closed by the server. The server ends
+/// sessions together (it restarts, fails over, or an operator or a pooler ends them), so every
+/// connection that sat idle in the pool then is as likely dead: each is pinged on its way out,
+/// once, before a call can meet it.
+#[derive(Debug)]
+pub(crate) struct Losses {
+    epoch: Instant,
+    /// Nanoseconds from `epoch` to the latest loss; 0 before the first.
+    latest: AtomicU64,
+}
+
+impl Default for Losses {
+    fn default() -> Self {
+        Self {
+            epoch: Instant::now(),
+            latest: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Losses {
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A call found a connection closed: every connection idle since before now is suspect.
+    pub(crate) fn noticed(&self) {
+        self.latest
+            .fetch_max(self.nanos(Instant::now()).max(1), Ordering::Relaxed);
+    }
+
+    /// Whether a connection that has sat idle for `idle_for` was already in the pool when a
+    /// loss was last noticed.
+    pub(crate) fn idle_through_one(&self, idle_for: Duration) -> bool {
+        let released = Instant::now().checked_sub(idle_for).unwrap_or(self.epoch);
+        self.latest.load(Ordering::Relaxed) >= self.nanos(released).max(1)
     }
 }
 
@@ -312,6 +357,10 @@ where
 
     async fn ping(&self, probe: crate::Probe) -> Result<(), StoreError> {
         D::ping(&self.pool, probe).await
+    }
+
+    fn connection_lost(&self) {
+        self.losses.noticed();
     }
 
     async fn close(&self) {

@@ -184,6 +184,33 @@ async fn a_read_only_postgres_answers_unavailable_and_not_serving() {
     .await;
 }
 
+/// The server ends every session at once (a pooler or the server restarts, an operator
+/// terminates backends), while the pool holds connections it used a moment ago and so hands out
+/// without a ping. No call is answered UNAVAILABLE for a connection that died idle: the first
+/// call to find one dead has every connection released before it checked on its way out, and is
+/// itself answered on a live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_the_server_ended_every_session_are_answered() {
+    let db = TestDb::new(Engine::Postgres).await;
+    // No health check comes first to find the dead connections.
+    let ledger = TestLedger::spawn_with(&db, &["--health-check-interval", "1h"]).await;
+    let client = ledger.client().await;
+    for round in 0..3 {
+        // Several connections in the pool, each used within the last second.
+        let warm = (0..6).map(|i| {
+            let mut client = client.clone();
+            async move { claim(&mut client, begin(&format!("warm-{round}-{i}"), ARGS)).await }
+        });
+        futures::future::join_all(warm).await;
+        db.end_sessions().await;
+        for i in 0..6 {
+            let mut client = client.clone();
+            claim(&mut client, begin(&format!("after-{round}-{i}"), ARGS)).await;
+        }
+    }
+    ledger.stop().await;
+}
+
 /// Waits until the database clock reads at least `at`.
 async fn clock_at(db: &TestDb, at: i64) {
     eventually(Duration::from_secs(30), "the database clock", || async {
