@@ -31,6 +31,7 @@
 //! — dropped, cancelled, panicked — is reported UNKNOWN, never ABSENT.
 
 mod attempt;
+mod bulk;
 mod client;
 mod config;
 mod decision;
@@ -47,6 +48,7 @@ mod wire;
 pub mod mcp;
 
 pub use attempt::Attempt;
+pub use bulk::{Done, Selection, Target, BULK_LIMIT};
 pub use client::LedgerClient;
 pub use config::ClientConfig;
 pub use decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Replay, Unknown};

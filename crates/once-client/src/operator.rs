@@ -248,14 +248,16 @@ impl LedgerClient {
         Ok(wire::state(resolved.state).unwrap_or(State::Unknown))
     }
 
-    /// Looks an UNKNOWN operation up with its reconciler now and applies the verdict. The
-    /// lookup may take up to the reconciler's timeout: `wait` bounds the call.
+    /// Looks an UNKNOWN operation up with its reconciler now and applies the verdict; the
+    /// lookup's events name `operator` as who asked (the key's name when empty). The lookup
+    /// may take up to the reconciler's timeout: `wait` bounds the call.
     pub async fn reconcile(
         &self,
         operation_id: &str,
+        operator: &str,
         wait: Duration,
     ) -> Result<Reconciled, ClientError> {
-        let request = wire::reconcile(operation_id);
+        let request = wire::reconcile(operation_id, operator);
         let reconciled = self
             .transport()
             .call(

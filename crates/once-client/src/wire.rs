@@ -487,9 +487,10 @@ pub(crate) fn resolve(resolution: &Resolution) -> pb::ResolveRequest {
     }
 }
 
-pub(crate) fn reconcile(operation_id: &str) -> pb::ReconcileRequest {
+pub(crate) fn reconcile(operation_id: &str, operator: &str) -> pb::ReconcileRequest {
     pb::ReconcileRequest {
         operation_id: operation_id.to_owned(),
+        operator: operator.to_owned(),
     }
 }
 

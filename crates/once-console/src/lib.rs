@@ -362,6 +362,16 @@ struct Who {
     stale_cookie: bool,
 }
 
+impl Who {
+    /// Who acts, as the ledger records it: the signed-in key's name (beside the key itself,
+    /// which the ledger records from the call); `console` in open mode.
+    fn operator(&self) -> String {
+        self.session
+            .as_ref()
+            .map_or_else(|| "console".to_owned(), |s| s.key_name.clone())
+    }
+}
+
 /// The values of the cookies named `name` the request carries (a cookie another site on this
 /// host set may stand beside ours).
 fn cookies(headers: &HeaderMap, name: &str) -> Vec<String> {
@@ -747,7 +757,11 @@ async fn reconcile(
         Ok(who) => who,
         Err(refusal) => return refusal.answer(&console),
     };
-    let reconciled = match who.client.reconcile(&form.id, RECONCILE_WAIT).await {
+    let reconciled = match who
+        .client
+        .reconcile(&form.id, &who.operator(), RECONCILE_WAIT)
+        .await
+    {
         Ok(reconciled) => reconciled,
         Err(error) => return console.failed(&who, &error, &here(&form.id)),
     };
@@ -830,15 +844,11 @@ async fn resolve(
         let body = page::confirm_resolve(&op, &console.viewer(&who, true), &form);
         return console.page(StatusCode::OK, "Resolve?", &who, true, &body);
     }
-    let operator = who
-        .session
-        .as_ref()
-        .map_or_else(|| "console".to_owned(), |s| s.key_name.clone());
     let resolution = Resolution {
         operation_id: form.id.clone(),
         truth,
         reason: form.reason.trim().to_owned(),
-        operator,
+        operator: who.operator(),
         resolution_id: form.resolution_id.clone(),
         fencing_token: form.fencing_token,
         attempt: Some(form.attempt).filter(|a| *a > 0),

@@ -113,12 +113,15 @@ impl Escalation {
 /// The claim a lookup ran under, read from the store in the claiming statement: which life and
 /// attempt of the operation it looks up, the operation's version when claimed, and when the
 /// lookup was issued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lookup {
     pub life: FencingToken,
     pub fencing_token: FencingToken,
     pub version: i64,
     pub issued_at: Millis,
+    /// The operator who asked for it now, recorded with its events as `asked_by`; `None` for
+    /// the workers' own lookups.
+    pub asked_by: Option<Actor>,
 }
 
 impl Lookup {
@@ -129,6 +132,7 @@ impl Lookup {
             fencing_token: op.fencing_token,
             version: op.version,
             issued_at,
+            asked_by: None,
         }
     }
 }
@@ -326,8 +330,34 @@ fn judge<'v>(
     }
 }
 
-/// Applies a verdict from a lookup of `op` claimed as `lookup`.
+/// Applies a verdict from a lookup of `op` claimed as `lookup`; the events the reconciler
+/// records name the operator who asked for the lookup, if one did.
 pub fn apply_verdict(
+    op: &Operation,
+    lookup: &Lookup,
+    verdict: &Verdict,
+    policy: &LookupPolicy,
+    jitter: f64,
+    now: Millis,
+) -> (Applied, Plan) {
+    let (applied, mut plan) = verdict_applied(op, lookup, verdict, policy, jitter, now);
+    if let Some(asked_by) = &lookup.asked_by {
+        let reconciler = Actor::Reconciler(policy.name.clone());
+        for event in plan.events.iter_mut().filter(|e| e.actor == reconciler) {
+            let mut details = event
+                .details
+                .as_deref()
+                .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                .filter(serde_json::Value::is_object)
+                .unwrap_or_else(|| json!({}));
+            details["asked_by"] = asked_by.to_string().into();
+            event.details = Some(details.to_string());
+        }
+    }
+    (applied, plan)
+}
+
+fn verdict_applied(
     op: &Operation,
     lookup: &Lookup,
     verdict: &Verdict,

@@ -613,7 +613,7 @@ impl<B: Backend> Ledger<B> {
         policy: &reconcile::LookupPolicy,
         jitter: f64,
     ) -> Result<(reconcile::Applied, bool), StoreError> {
-        let (lookup, verdict, policy) = (*lookup, verdict.clone(), policy.clone());
+        let (lookup, verdict, policy) = (lookup.clone(), verdict.clone(), policy.clone());
         self.locked("apply_verdict", tenant, id, move |op, now| {
             let (applied, plan) =
                 reconcile::apply_verdict(op, &lookup, &verdict, &policy, jitter, now);

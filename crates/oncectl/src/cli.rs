@@ -6,6 +6,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use once_core::access::Role;
 
+use crate::bulk::Filter;
+
 /// The on-call CLI of once-ledger: find, inspect, reconcile, resolve and watch operations.
 ///
 /// Exit codes: 0 done, 1 no ledger answered (or another failure), 2 usage, 3 not found,
@@ -109,15 +111,13 @@ pub enum Command {
         #[arg(long)]
         tenant: Option<String>,
     },
-    /// Settle an UNKNOWN operation, with the attempt you examined and a reason.
+    /// Settle an UNKNOWN operation, with the attempt you examined and a reason; or, with
+    /// --filter, every UNKNOWN operation a filter selects ABSENT, each bound to the attempt it
+    /// had when listed.
     Resolve(ResolveArgs),
-    /// Look an UNKNOWN operation up with its reconciler now, and apply the verdict.
-    Reconcile {
-        operation: String,
-        /// How long to wait for the lookup.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-        wait: Duration,
-    },
+    /// Look an UNKNOWN operation up with its reconciler now, and apply the verdict; or, with
+    /// --filter, every UNKNOWN operation a filter selects.
+    Reconcile(ReconcileArgs),
     /// Counts by state and tool, UNKNOWN ages, time to resolution by door, anomalies.
     Stats {
         /// How far back resolutions and anomalies are counted.
@@ -203,12 +203,47 @@ pub struct ListArgs {
     pub all_tenants: bool,
 }
 
+/// Many UNKNOWN operations at once: which, and whether only to list them.
+#[derive(Debug, Args)]
+pub struct BulkArgs {
+    /// Every UNKNOWN operation this selects, instead of one: comma-separated tool=NAME,
+    /// provider=NAME, older-than=DURATION (e.g. provider=stripe,older-than=1h), or `all`.
+    /// The list is shown, and asked about, before anything is done.
+    #[arg(long, value_name = "FILTER")]
+    pub filter: Option<Filter>,
+    /// With --filter: list what would be done, and do nothing.
+    #[arg(long, requires = "filter")]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["operation", "filter"])))]
+pub struct ReconcileArgs {
+    /// The operation id, or a unique start of it.
+    #[arg(conflicts_with = "filter")]
+    pub operation: Option<String>,
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+    /// How long to wait for each lookup.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+    /// With --filter: do not ask.
+    #[arg(long, short = 'y', requires = "filter")]
+    pub yes: bool,
+}
+
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("truth").required(true).args(["confirmed", "absent"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["operation", "filter"])))]
 pub struct ResolveArgs {
-    pub operation: String,
-    /// The effect happened (give the provider's reference).
-    #[arg(long, requires = "provider_ref")]
+    /// The operation id, or a unique start of it.
+    #[arg(conflicts_with = "filter")]
+    pub operation: Option<String>,
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+    /// The effect happened (give the provider's reference). One operation at a time: each
+    /// has a reference and a result of its own.
+    #[arg(long, requires = "provider_ref", conflicts_with = "filter")]
     pub confirmed: bool,
     /// The effect certainly did not happen.
     #[arg(long, conflicts_with_all = ["provider_ref", "result"])]
@@ -224,10 +259,10 @@ pub struct ResolveArgs {
     pub reason: String,
     /// The number of the attempt you examined [default: the latest]. The resolution is refused
     /// if another attempt has run since.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "filter")]
     pub attempt: Option<u32>,
     /// The resolution's id, to retry one whose answer was lost [default: a new one].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "filter")]
     pub resolution_id: Option<String>,
     /// Do not ask.
     #[arg(long, short = 'y')]

@@ -4,6 +4,7 @@
 //! what it got as a table ([`render`]) or as JSON ([`json`]). What went wrong becomes an exit
 //! code in one place, [`Failure::code`].
 
+mod bulk;
 mod cli;
 mod json;
 mod profile;
@@ -22,6 +23,7 @@ use once_client::{
 use once_core::access::{Credential, Roles};
 use once_core::{EventKind, State};
 
+use crate::bulk::Action;
 use crate::cli::{Cli, Command, Global, KeysCommand, ListArgs, ResolveArgs, WatchArgs};
 use crate::profile::Settings;
 use crate::render::Look;
@@ -147,8 +149,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Show { operation, tenant } => {
             show(&reading(&ledger, &tenant, false), &out, &operation).await
         }
-        Command::Resolve(args) => resolve(&ledger, &out, &settings.operator, args).await,
-        Command::Reconcile { operation, wait } => reconcile(&ledger, &out, &operation, wait).await,
+        Command::Resolve(args) => match &args.bulk.filter {
+            Some(filter) => {
+                let action = Action::Absent {
+                    reason: reason(&args.reason)?,
+                    operator: settings.operator.clone(),
+                };
+                bulk::run(&ledger, &out, filter, args.bulk.dry_run, args.yes, action).await
+            }
+            None => resolve(&ledger, &out, &settings.operator, args).await,
+        },
+        Command::Reconcile(args) => match (&args.bulk.filter, &args.operation) {
+            (Some(filter), _) => {
+                let action = Action::Reconcile {
+                    operator: settings.operator.clone(),
+                    wait: args.wait,
+                };
+                bulk::run(&ledger, &out, filter, args.bulk.dry_run, args.yes, action).await
+            }
+            (None, Some(operation)) => {
+                reconcile(&ledger, &out, operation, &settings.operator, args.wait).await
+            }
+            (None, None) => unreachable!("clap requires an operation or a filter"),
+        },
         Command::Watch(args) => {
             let ledger = reading(&ledger, &args.tenant, args.all_tenants);
             watch(&ledger, &out, args).await
@@ -327,12 +350,9 @@ async fn resolve(
     operator: &str,
     args: ResolveArgs,
 ) -> Result<(), Failure> {
-    if args.reason.trim().is_empty() {
-        return Err(Failure::Usage(
-            "--reason is mandatory: say why you believe this outcome".into(),
-        ));
-    }
-    let op = find(ledger, &args.operation).await?;
+    reason(&args.reason)?;
+    let given = args.operation.as_deref().unwrap_or_default();
+    let op = find(ledger, given).await?;
     let number = args.attempt.unwrap_or(op.attempt);
     let examined = op
         .attempts
@@ -381,7 +401,7 @@ async fn resolve(
     );
     eprint!("{plan}");
     if !args.yes {
-        confirm()?;
+        confirm("Resolve?")?;
     }
     let resolution = Resolution {
         operation_id: op.operation_id.clone(),
@@ -407,14 +427,24 @@ async fn resolve(
     Ok(())
 }
 
+/// A resolution's reason, which is mandatory.
+fn reason(given: &str) -> Result<String, Failure> {
+    match given.trim() {
+        "" => Err(Failure::Usage(
+            "--reason is mandatory: say why you believe this outcome".into(),
+        )),
+        reason => Ok(reason.to_owned()),
+    }
+}
+
 /// Asks on the terminal whether to go on.
-fn confirm() -> Result<(), Failure> {
+fn confirm(question: &str) -> Result<(), Failure> {
     if !std::io::stdin().is_terminal() {
         return Err(Failure::Usage(
-            "not asking without a terminal: pass --yes to resolve".into(),
+            "not asking without a terminal: pass --yes to go on".into(),
         ));
     }
-    eprint!("Resolve? [y/N] ");
+    eprint!("{question} [y/N] ");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     std::io::stdin()
@@ -430,6 +460,7 @@ async fn reconcile(
     ledger: &LedgerClient,
     out: &Out,
     operation: &str,
+    operator: &str,
     wait: Duration,
 ) -> Result<(), Failure> {
     let op = find(ledger, operation).await?;
@@ -442,7 +473,7 @@ async fn reconcile(
         )));
     }
     let reconciled = ledger
-        .reconcile(operation, wait)
+        .reconcile(operation, operator, wait)
         .await
         .map_err(|e| not_found(e, operation))?;
     if out.json {

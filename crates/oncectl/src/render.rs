@@ -616,6 +616,39 @@ pub fn reconciled(look: &Look, operation_id: &str, r: &Reconciled) -> String {
     )
 }
 
+/// One operation of a bulk command: what became of it, its state after, and what was said.
+pub struct Outcome<'a> {
+    pub operation_id: &'a str,
+    pub attempt: u32,
+    /// `done`, `refused` or `failed`.
+    pub outcome: &'a str,
+    pub state: Option<State>,
+    pub detail: &'a str,
+}
+
+/// A bulk command's outcomes, one line each.
+pub fn outcomes(look: &Look, rows: &[Outcome<'_>]) -> String {
+    let mut table = look.table();
+    look.header(
+        &mut table,
+        &["OPERATION", "ATTEMPT", "OUTCOME", "STATE", "DETAIL"],
+    );
+    for row in rows {
+        let outcome = match row.outcome {
+            "done" => Cell::new(row.outcome),
+            _ => Cell::new(row.outcome).fg(Color::Red),
+        };
+        table.add_row(vec![
+            Cell::new(row.operation_id),
+            Cell::new(row.attempt),
+            outcome,
+            row.state.map_or_else(|| Cell::new("-"), state_cell),
+            Cell::new(row.detail),
+        ]);
+    }
+    trimmed(&mut table)
+}
+
 /// `oncectl keys`: the credentials, never a secret.
 pub fn keys(look: &Look, keys: &[Credential]) -> String {
     if keys.is_empty() {

@@ -16,6 +16,7 @@ on_both_backends!(
     resolve_refuses_without_a_reason_a_stale_attempt_or_a_missing_operation,
     a_resolve_whose_answer_is_lost_is_sent_again_and_applied_once,
     reconcile_looks_up_now_and_shows_the_verdict,
+    a_filter_is_listed_first_then_reconciled_and_resolved_one_by_one,
     watch_prints_every_change_once_as_json_lines,
     a_watch_outlasts_a_ledger_restart_and_misses_nothing,
     a_watch_narrowed_by_provider_and_age_prints_only_their_operations,
@@ -474,6 +475,216 @@ async fn reconcile_looks_up_now_and_shows_the_verdict(store: Engine) {
         "{}",
         stderr(&again)
     );
+    ledger.stop().await;
+}
+
+/// UNKNOWN, looked up by the `stripe` reconciler with these hints.
+async fn stripe_unknown_refund(client: &mut Grpc, id: &str) -> pb::Execute {
+    let mut request = begin(id, ARGS);
+    request.provider = "stripe".into();
+    request.lookup_hints_json = format!(r#"{{"payment_intent":"pi_{id}"}}"#);
+    let grant = claim(client, request).await;
+    report_unknown(client, id, grant.fencing_token)
+        .await
+        .unwrap();
+    grant
+}
+
+/// The ids of a bulk command's listing or outcomes, and each outcome's state.
+fn outcomes(found: &Value) -> Vec<(String, String, String)> {
+    found["outcomes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no outcomes: {found}"))
+        .iter()
+        .map(|row| {
+            let text = |key: &str| row[key].as_str().unwrap_or_default().to_owned();
+            (text("operation_id"), text("outcome"), text("state"))
+        })
+        .collect()
+}
+
+async fn a_filter_is_listed_first_then_reconciled_and_resolved_one_by_one(store: Engine) {
+    let db = TestDb::new(store).await;
+    let provider = serve(fakepay::router(fakepay::Provider::default())).await;
+    // The workers wait an hour: only oncectl looks anything up.
+    let config = config_file(
+        &db,
+        format!(
+            "[reconciliation]\ninterval = \"1h\"\n\n[[reconciler]]\nname = \"stripe\"\n\
+             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"0s\"\ntimeout = \"2s\"\n"
+        ),
+    );
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
+    let mut client = ledger.client().await;
+    // One refund happened at the provider, one did not; a third has no reconciler.
+    let happened = stripe_unknown_refund(&mut client, "refund:b-1").await;
+    refund_at_provider(&provider, "pi_refund:b-1", &happened.provider_key).await;
+    stripe_unknown_refund(&mut client, "refund:b-2").await;
+    let grant = claim(&mut client, begin("refund:b-3", ARGS)).await;
+    report_unknown(&mut client, "refund:b-3", grant.fencing_token)
+        .await
+        .unwrap();
+
+    // A dry run lists what the filter selects and does nothing.
+    let filter = ["--filter", "provider=stripe"];
+    let listed = json(
+        &oncectl(
+            ledger.addr,
+            &[&["reconcile", "--dry-run", "--json"][..], &filter].concat(),
+        )
+        .await,
+    );
+    let ids: Vec<_> = listed["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["operation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["refund:b-1", "refund:b-2"], "{listed}");
+    assert_eq!(listed["dry_run"], true);
+    let human = oncectl(
+        ledger.addr,
+        &[&["reconcile", "--dry-run"][..], &filter].concat(),
+    )
+    .await;
+    assert_eq!(code(&human), 0, "{}", stderr(&human));
+    let said = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        said.contains("Dry run: 2 UNKNOWN operations match provider=stripe; nothing was done."),
+        "{said}"
+    );
+    let unknown = json(&oncectl(ledger.addr, &["list", "--json"]).await);
+    assert_eq!(
+        unknown["operations"].as_array().unwrap().len(),
+        3,
+        "{unknown}"
+    );
+
+    // Without a terminal it does not ask, and does nothing, unless told --yes.
+    let unasked = oncectl(ledger.addr, &[&["reconcile"][..], &filter].concat()).await;
+    says(&unasked, 2, &["not asking without a terminal: pass --yes"]);
+
+    // Each is looked up; each outcome is printed.
+    let done = json(
+        &oncectl(
+            ledger.addr,
+            &[
+                &["--operator", "alice", "reconcile", "--yes", "--json"][..],
+                &filter,
+            ]
+            .concat(),
+        )
+        .await,
+    );
+    assert_eq!(
+        outcomes(&done),
+        [
+            ("refund:b-1".into(), "done".into(), "CONFIRMED".into()),
+            // One miss is not proof that it did not happen: it stays UNKNOWN.
+            ("refund:b-2".into(), "done".into(), "UNKNOWN".into()),
+        ],
+        "{done}"
+    );
+
+    // Each lookup's event names who asked for it.
+    let shown = json(&oncectl(ledger.addr, &["show", "refund:b-2", "--json"]).await);
+    let looked_up = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "LOOKUP_INCONCLUSIVE")
+        .unwrap_or_else(|| panic!("no lookup: {shown}"));
+    assert!(
+        looked_up["details"]["asked_by"] == "operator:alice",
+        "{looked_up}"
+    );
+
+    // The rest resolved ABSENT with one reason, each bound to the attempt it was listed with.
+    let resolve = [
+        "resolve",
+        "--filter",
+        "tool=issue_refund",
+        "--absent",
+        "--reason",
+        "provider outage: never sent",
+    ];
+    let listed = json(
+        &oncectl(
+            ledger.addr,
+            &[&resolve[..], &["--dry-run", "--json"]].concat(),
+        )
+        .await,
+    );
+    assert_eq!(
+        listed["operations"].as_array().unwrap().len(),
+        2,
+        "{listed}"
+    );
+    let resolved =
+        json(&oncectl(ledger.addr, &[&resolve[..], &["--yes", "--json"]].concat()).await);
+    assert_eq!(
+        outcomes(&resolved),
+        [
+            ("refund:b-2".into(), "done".into(), "ABSENT".into()),
+            ("refund:b-3".into(), "done".into(), "ABSENT".into()),
+        ],
+        "{resolved}"
+    );
+    assert!(resolved["outcomes"][1]["resolution_id"]
+        .as_str()
+        .is_some_and(|id| !id.is_empty()));
+    let shown = json(&oncectl(ledger.addr, &["show", "refund:b-3", "--json"]).await);
+    let last = shown["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["reason"], "provider outage: never sent", "{shown}");
+    assert!(
+        last["actor"].as_str().unwrap().starts_with("operator:"),
+        "{shown}"
+    );
+
+    // Nothing left: said, and done, with nothing.
+    let none = oncectl(ledger.addr, &[&resolve[..], &["--yes"]].concat()).await;
+    says(&none, 0, &[]);
+    assert!(String::from_utf8_lossy(&none.stdout)
+        .contains("No UNKNOWN operation matches tool=issue_refund."));
+
+    // A filter that cannot be read, a CONFIRMED by filter, and one operation with a filter are
+    // usage mistakes.
+    for (args, needle) in [
+        (
+            &["reconcile", "--filter", "colour=red"][..],
+            "no filter \"colour\"",
+        ),
+        (&["reconcile", "--filter", ""][..], "name at least one of"),
+        (
+            &["reconcile", "--filter", "older-than=soon"][..],
+            "older-than=soon",
+        ),
+        (
+            &[
+                "resolve",
+                "--filter",
+                "all",
+                "--confirmed",
+                "--provider-ref",
+                "re_1",
+                "--reason",
+                "r",
+            ][..],
+            "cannot be used with",
+        ),
+        (
+            &["reconcile", "refund:b-1", "--filter", "all"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let refused = oncectl(ledger.addr, args).await;
+        assert_eq!(code(&refused), 2, "{args:?}: {}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains(needle),
+            "{args:?}: {}",
+            stderr(&refused)
+        );
+    }
     ledger.stop().await;
 }
 

@@ -73,6 +73,16 @@ impl Principal {
         self.credential.as_ref().map(|c| c.key_id.clone())
     }
 
+    /// The operator recorded as asking for a lookup: the name given, or the credential's name
+    /// when none was; with the credential it came with.
+    pub fn asker(&self, given: &str) -> Actor {
+        match (&self.credential, given) {
+            (Some(credential), "") => Actor::Operator(credential.name.clone()),
+            (None, "") => Actor::Operator("anonymous".to_owned()),
+            _ => self.operator(given),
+        }
+    }
+
     /// The operator recorded for a resolution: the name given, and the credential it came with.
     pub fn operator(&self, given: &str) -> Actor {
         match &self.credential {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use once_core::reconcile::{is_due, Applied, Lookup};
-use once_core::{Operation, OperationId, Rejection, State};
+use once_core::{Actor, Operation, OperationId, Rejection, State};
 use once_reconcile::config::Settings;
 use once_reconcile::{LookupRequest, Registered, Registry, Verdict};
 use once_store::{Backend, Ledger, StoreError};
@@ -192,7 +192,12 @@ impl<B: Backend> Reconciliation<B> {
     /// Looks `id` up with its reconciler now, whatever the backoff says, and applies the
     /// verdict. An operator's action, under the same claim as the workers' lookups, so it never
     /// runs beside one.
-    pub async fn now(&self, tenant: &str, id: &OperationId) -> Result<Reconciled, Refused> {
+    pub async fn now(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        asked_by: Actor,
+    ) -> Result<Reconciled, Refused> {
         let op = self.get(tenant, id).await?;
         if op.state != State::Unknown || op.held_for_operator() {
             return Err(refusal(&op));
@@ -208,7 +213,7 @@ impl<B: Backend> Reconciliation<B> {
             .ledger
             .claim_lookup(tenant, id, self.claim_ms, true)
             .await?;
-        let Some((op, lookup)) = claimed else {
+        let Some((op, mut lookup)) = claimed else {
             // It changed since it was read, is held, or another lookup holds it: say which.
             return Err(refusal(&self.get(tenant, id).await?));
         };
@@ -221,6 +226,7 @@ impl<B: Backend> Reconciliation<B> {
                 tenant: tenant.to_owned(),
             });
         };
+        lookup.asked_by = Some(asked_by);
         let (verdict, applied) = self.look_up(registered, &op, &lookup).await;
         let state = match applied?.0 {
             Applied::Judged(state) => state,

@@ -313,11 +313,14 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let principal = self.access.admit(&request, Allowed::OPERATOR).await?;
-        let id = convert::reconcile(request.into_inner()).map_err(status::invalid)?;
-        tracing::Span::current().record("once.operation_id", id.as_str());
+        let (id, operator) = convert::reconcile(request.into_inner()).map_err(status::invalid)?;
+        let asked_by = principal.asker(&operator);
+        let span = tracing::Span::current();
+        span.record("once.operation_id", id.as_str());
+        span.record("once.actor", asked_by.to_string());
         let reconciled = self
             .reconciliation
-            .now(&principal.tenant, &id)
+            .now(&principal.tenant, &id, asked_by)
             .await
             .map_err(status::refused)?;
         Ok(Response::new(convert::reconcile_response(

@@ -281,8 +281,13 @@ pub fn get_operation(req: pb::GetOperationRequest) -> Result<OperationId, Invali
     OperationId::parse("operation_id", &req.operation_id)
 }
 
-pub fn reconcile(req: pb::ReconcileRequest) -> Result<OperationId, Invalid> {
-    OperationId::parse("operation_id", &req.operation_id)
+/// The operation to look up now, and the name of the operator who asks (empty: not given).
+pub fn reconcile(req: pb::ReconcileRequest) -> Result<(OperationId, String), Invalid> {
+    let id = OperationId::parse("operation_id", &req.operation_id)?;
+    if !req.operator.is_empty() {
+        check_name("operator", &req.operator, MAX_NAME_BYTES)?;
+    }
+    Ok((id, req.operator))
 }
 
 pub fn list_operations(req: pb::ListOperationsRequest) -> Result<ListQuery, Invalid> {

@@ -350,6 +350,7 @@ async fn call(
                 .reconcile(with_key(
                     pb::ReconcileRequest {
                         operation_id: id.into(),
+                        ..Default::default()
                     },
                     key,
                 ))
@@ -1441,6 +1442,7 @@ async fn a_tenant_no_reconciler_serves_is_named_at_start_and_in_the_refusal(stor
                 .unwrap();
             let reconcile = pb::ReconcileRequest {
                 operation_id: id.into(),
+                ..Default::default()
             };
             grpc.reconcile(with_key(reconcile, Some(globex)))
                 .await

@@ -424,7 +424,10 @@ fn reconcile_later(client: &Grpc, id: &str) -> ReconcileAnswer {
     let operation_id = id.to_owned();
     tokio::spawn(async move {
         client
-            .reconcile(pb::ReconcileRequest { operation_id })
+            .reconcile(pb::ReconcileRequest {
+                operation_id,
+                ..Default::default()
+            })
             .await
             .map(|r| r.into_inner())
     })

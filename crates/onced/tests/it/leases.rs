@@ -145,6 +145,7 @@ async fn superseded_attempt_confirming_while_a_later_attempt_runs_is_held_for_an
     let refused = client
         .reconcile(pb::ReconcileRequest {
             operation_id: "lease-3".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -322,6 +322,7 @@ async fn reconcile_rpc_looks_up_now(store: Engine) {
     let answer = grpc
         .reconcile(pb::ReconcileRequest {
             operation_id: operation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -337,6 +338,7 @@ async fn reconcile_rpc_looks_up_now(store: Engine) {
     let again = grpc
         .reconcile(pb::ReconcileRequest {
             operation_id: operation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -349,6 +351,7 @@ async fn reconcile_rpc_looks_up_now(store: Engine) {
     let refused = grpc
         .reconcile(pb::ReconcileRequest {
             operation_id: "no-provider".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -902,9 +905,12 @@ async fn a_lookup_finding_another_object_of_a_confirmed_operation_records_double
         let mut grpc = grpc.clone();
         let operation_id = operation_id.clone();
         async move {
-            grpc.reconcile(pb::ReconcileRequest { operation_id })
-                .await
-                .map(tonic::Response::into_inner)
+            grpc.reconcile(pb::ReconcileRequest {
+                operation_id,
+                ..Default::default()
+            })
+            .await
+            .map(tonic::Response::into_inner)
         }
     });
     let lookups = || async {

@@ -611,6 +611,7 @@ async fn an_operator_reconcile_is_one_trace_down_to_the_provider_lookup(store: E
     let caller = uuid::Uuid::new_v4().as_bytes()[..8].to_vec();
     let mut request = tonic::Request::new(pb::ReconcileRequest {
         operation_id: "traced".into(),
+        ..Default::default()
     });
     request.metadata_mut().insert(
         "traceparent",

@@ -1,0 +1,145 @@
+//! Acting on many UNKNOWN operations at once, as on-call tools do after a provider outage:
+//! select them by a filter and look at the list first (a dry run), then reconcile each, or
+//! resolve each with one reason. Every resolution is bound to the attempt its operation had
+//! when it was listed, so one that moved since is refused, alone, and nothing is applied to it.
+
+use std::time::Duration;
+
+use futures::{Stream, StreamExt as _};
+use once_core::State;
+
+use crate::client::LedgerClient;
+use crate::error::ClientError;
+use crate::operator::{ListFilter, Reconciled, Resolution, Truth};
+use crate::view::OperationView;
+
+/// The most operations one bulk action takes: a filter that selects more is narrowed first.
+pub const BULK_LIMIT: usize = 1000;
+
+/// How many operations a bulk action works on at once.
+const IN_PARALLEL: usize = 4;
+
+/// One operation as it was selected: what a bulk action on it is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub operation_id: String,
+    /// The fencing token and number of its latest attempt when it was listed.
+    pub fencing_token: u64,
+    pub attempt: u32,
+}
+
+impl From<&OperationView> for Target {
+    fn from(op: &OperationView) -> Self {
+        Target {
+            operation_id: op.operation_id.clone(),
+            fencing_token: op.fencing_token,
+            attempt: op.attempt,
+        }
+    }
+}
+
+/// The UNKNOWN operations a filter selects, oldest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    pub operations: Vec<OperationView>,
+    /// More than [`BULK_LIMIT`] matched: the selection holds the oldest.
+    pub more: bool,
+}
+
+/// What became of one operation of a bulk action.
+#[derive(Debug)]
+pub enum Done<T> {
+    /// The ledger did it: a reconcile's verdict, or a resolution's state.
+    Applied(T),
+    /// The ledger refused it (it moved since it was listed, or it has no reconciler):
+    /// nothing was applied to it.
+    Refused(ClientError),
+    /// No answer came, or another failure: it may need doing again.
+    Failed(ClientError),
+}
+
+impl<T> From<Result<T, ClientError>> for Done<T> {
+    fn from(result: Result<T, ClientError>) -> Self {
+        match result {
+            Ok(done) => Done::Applied(done),
+            Err(error @ (ClientError::Refused { .. } | ClientError::NotFound)) => {
+                Done::Refused(error)
+            }
+            Err(error) => Done::Failed(error),
+        }
+    }
+}
+
+impl LedgerClient {
+    /// The UNKNOWN operations `filter` selects (whatever states it names), oldest first, at
+    /// most [`BULK_LIMIT`]: the list a bulk action shows before it acts (its dry run).
+    pub async fn select_unknown(&self, filter: &ListFilter) -> Result<Selection, ClientError> {
+        let filter = ListFilter {
+            states: vec![State::Unknown],
+            ..filter.clone()
+        };
+        let mut operations = Vec::new();
+        let mut page = None;
+        loop {
+            let wanted = BULK_LIMIT + 1 - operations.len();
+            let size = u32::try_from(wanted.min(1000)).unwrap_or(1000);
+            let got = self.list_page(&filter, size, page.as_deref()).await?;
+            operations.extend(got.operations);
+            page = got.next;
+            if page.is_none() || operations.len() > BULK_LIMIT {
+                break;
+            }
+        }
+        let more = operations.len() > BULK_LIMIT;
+        operations.truncate(BULK_LIMIT);
+        Ok(Selection { operations, more })
+    }
+
+    /// Looks each target up with its reconciler now, as `operator` asked, and applies the
+    /// verdict, a few at a time; yields each outcome as it comes, in the targets' order. `wait`
+    /// bounds each lookup.
+    pub fn reconcile_each<'a>(
+        &'a self,
+        targets: Vec<Target>,
+        operator: &'a str,
+        wait: Duration,
+    ) -> impl Stream<Item = (Target, Done<Reconciled>)> + Send + 'a {
+        futures::stream::iter(targets)
+            .map(move |target| async move {
+                let done = self
+                    .reconcile(&target.operation_id, operator, wait)
+                    .await
+                    .into();
+                (target, done)
+            })
+            .buffered(IN_PARALLEL)
+    }
+
+    /// Resolves each target ABSENT with one reason, each bound to the attempt it was listed
+    /// with, under a resolution id of its own (yielded with it, to retry one whose answer was
+    /// lost); yields each outcome as it comes, in the targets' order.
+    pub fn resolve_each_absent(
+        &self,
+        targets: Vec<Target>,
+        reason: String,
+        operator: String,
+    ) -> impl Stream<Item = (Target, String, Done<State>)> + Send + '_ {
+        futures::stream::iter(targets)
+            .map(move |target| {
+                let resolution = Resolution {
+                    operation_id: target.operation_id.clone(),
+                    truth: Truth::Absent,
+                    reason: reason.clone(),
+                    operator: operator.clone(),
+                    resolution_id: uuid::Uuid::new_v4().to_string(),
+                    fencing_token: target.fencing_token,
+                    attempt: Some(target.attempt),
+                };
+                async move {
+                    let done = self.resolve(&resolution).await.into();
+                    (target, resolution.resolution_id, done)
+                }
+            })
+            .buffered(IN_PARALLEL)
+    }
+}
