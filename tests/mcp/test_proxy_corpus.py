@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -242,6 +243,11 @@ def test_the_corpus_over_http(tmp_path, corpus_ledger, upstream):
     stack.spawn_logged([*command(upstream), "--http", str(upstream_port)], tmp_path / "upstream.log", env=env)
     stack.spawn_logged([sys.executable, str(RECORDER), "http", str(received), str(recorder_port),
                         f"http://127.0.0.1:{upstream_port}/mcp"], tmp_path / "recorder.log", env=env)
+    # Both listen before the proxy asks for a port of its own: otherwise it may be given one of
+    # theirs, which the test chose but they had not bound yet.
+    for name, taken in (("the upstream", upstream_port), ("the recorder", recorder_port)):
+        wait_for(name, lambda taken=taken: socket.create_connection(("127.0.0.1", taken), timeout=1).close() or True,
+                 limit=60)
     log = tmp_path / "once-proxy.log"
     stack.spawn_logged([str(BIN / "once-proxy"), "--policy", str(policy),
                         "--ledger", f"http://127.0.0.1:{stack.ledger_port}", "--listen", "127.0.0.1:0",
