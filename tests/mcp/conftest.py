@@ -190,7 +190,8 @@ class Stack:
             args += ["--config", str(config)]
         elif self.config is not None:
             config = self.tmp / "onced.toml"
-            config.write_text(self.config)
+            # The provider's address is known once it serves: `{provider_url}` stands for it.
+            config.write_text(self.config.replace("{provider_url}", self.provider_url))
             args += ["--config", str(config)]
         if self.console:
             args += ["--console-listen", f"127.0.0.1:{self.console_port}", "--credential-ttl", "1s"]

@@ -400,3 +400,84 @@ async def test_tenants_origins_hosts_and_revoked_keys_are_kept_out(console_stack
 
     WebDriverWait(browser, WAIT, poll_frequency=0.25).until(signed_out)
     shot(browser, "sign-in", backend)
+
+
+# The stripe reconciler, whose workers wait an hour: only the console looks anything up. What it
+# finds settles at once; a miss is proof of nothing for an hour, so it leaves the operation UNKNOWN.
+BULK_CONFIG = (
+    '[reconciliation]\ninterval = "1h"\n\n'
+    '[[reconciler]]\nname = "stripe"\nkind = "stripe"\n'
+    'endpoint = "{provider_url}"\nsettle_time = "1h"\ntenants = ["acme"]\n'
+)
+
+
+def outcomes(driver) -> dict[str, str]:
+    """Each operation of a bulk action's outcome table, and its state after."""
+    return driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('tr[data-outcome]')]"
+        ".map(row => [row.dataset.operation, row.dataset.state]));"
+    )
+
+
+async def test_an_operator_acts_on_a_filter_after_its_dry_run(tmp_path, backend, browser):
+    stack = make_stack(tmp_path, backend, "none", reconcile=False, tenants=("acme",), console=True,
+                       config=BULK_CONFIG)
+    try:
+        stack.acme_mcp = stack.start_tenant_refund_http("acme")
+        key = new_key(stack, "acme", "acme-oncall", "operator,reader")
+        # One refund the provider made (its answer lost), one it never stored.
+        paid = await make_unknown(stack, "order_bulk_paid")
+        unpaid = await make_unknown(stack, "order_bulk_unpaid", fault="fail_before_commit")
+        moved = await make_unknown(stack, "order_bulk_moved", fault="fail_before_commit")
+        sign_in(browser, stack, key)
+
+        # The queue's filter, then its dry run: the list, and nothing done.
+        browser.get(base(stack) + "/queue?provider=stripe")
+        WebDriverWait(browser, WAIT).until(lambda d: queue_ids(d) == {paid, unpaid, moved})
+        browser.find_element(By.LINK_TEXT, "Act on these…").click()
+        WebDriverWait(browser, WAIT).until(lambda d: "dry run" in d.page_source)
+        main = browser.find_element(By.TAG_NAME, "main").text
+        assert "3 UNKNOWN operations selected" in main and "provider stripe" in main, main
+        assert queue_ids(browser) == {paid, unpaid, moved}
+        shot(browser, "bulk-dry-run", backend)
+        for order in ("order_bulk_paid", "order_bulk_unpaid", "order_bulk_moved"):
+            assert (await refund_state(stack, order))["state"] == "UNKNOWN"
+
+        # Reconcile them all: each outcome appears as it is done, then the tally.
+        browser.find_element(By.CSS_SELECTOR, "form.bulk-reconcile button").click()
+        WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.ID, "bulk-finished"))
+        main = browser.find_element(By.TAG_NAME, "main").text
+        assert outcomes(browser) == {paid: "CONFIRMED", unpaid: "UNKNOWN", moved: "UNKNOWN"}, main
+        assert "Finished: 3 done, 0 refused" in browser.find_element(By.ID, "bulk-finished").text
+        shot(browser, "bulk-reconciled", backend)
+        assert (await refund_state(stack, "order_bulk_paid"))["state"] == "CONFIRMED"
+
+        # What the provider could not tell, resolved ABSENT with one reason, after a review.
+        browser.get(base(stack) + "/bulk?provider=stripe")
+        WebDriverWait(browser, WAIT).until(lambda d: "2 UNKNOWN operations selected" in d.page_source)
+        browser.find_element(By.ID, "bulk-reason").send_keys("fakepay holds no refund for these orders")
+        browser.find_element(By.CSS_SELECTOR, "form.bulk-resolve button").click()
+        WebDriverWait(browser, WAIT).until(lambda d: "Resolve 2 operations ABSENT?" in d.page_source)
+        shot(browser, "bulk-resolve-confirm", backend)
+        # Meanwhile a lead settles one of them: the page's resolution of it must not apply.
+        oncectl(stack, key, "resolve", moved, "--absent", "--reason", "settled by the lead",
+                "--operator", "lead", "--yes")
+        browser.find_element(By.XPATH, "//button[text()='Resolve 2 ABSENT']").click()
+        WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.ID, "bulk-finished"))
+        main = browser.find_element(By.TAG_NAME, "main").text
+        assert outcomes(browser) == {unpaid: "ABSENT", moved: "—"}, main
+        assert "Finished: 1 done, 1 refused" in main, main
+        assert (await refund_state(stack, "order_bulk_unpaid"))["state"] == "ABSENT"
+        lead = json.loads(oncectl(stack, key, "show", moved, "--json"))["events"][-1]
+        assert (lead["actor"], lead["reason"]) == ("operator:lead@acme-oncall", "settled by the lead"), lead
+
+        # Both actions are on the record with the operator and the key.
+        shown = json.loads(oncectl(stack, key, "show", paid, "--json"))
+        reconciled = [e for e in shown["events"] if e["kind"] == "RECONCILED"]
+        assert reconciled and reconciled[-1]["details"]["asked_by"] == "operator:acme-oncall", shown
+        shown = json.loads(oncectl(stack, key, "show", unpaid, "--json"))
+        resolved = shown["events"][-1]
+        assert resolved["actor"] == "operator:acme-oncall", resolved
+        assert resolved["reason"] == "fakepay holds no refund for these orders", resolved
+    finally:
+        stack.close()

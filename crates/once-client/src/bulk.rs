@@ -51,10 +51,10 @@ pub struct Selection {
 pub enum Done<T> {
     /// The ledger did it: a reconcile's verdict, or a resolution's state.
     Applied(T),
-    /// The ledger refused it (it moved since it was listed, or it has no reconciler):
-    /// nothing was applied to it.
+    /// The ledger refused it (it moved since it was listed, it has no reconciler, the key may
+    /// not): nothing was applied to it.
     Refused(ClientError),
-    /// No answer came, or another failure: it may need doing again.
+    /// No ledger answered: it may or may not have been applied, and may be done again.
     Failed(ClientError),
 }
 
@@ -62,10 +62,8 @@ impl<T> From<Result<T, ClientError>> for Done<T> {
     fn from(result: Result<T, ClientError>) -> Self {
         match result {
             Ok(done) => Done::Applied(done),
-            Err(error @ (ClientError::Refused { .. } | ClientError::NotFound)) => {
-                Done::Refused(error)
-            }
-            Err(error) => Done::Failed(error),
+            Err(error @ ClientError::Unreachable(_)) => Done::Failed(error),
+            Err(error) => Done::Refused(error),
         }
     }
 }
@@ -97,14 +95,15 @@ impl LedgerClient {
 
     /// Looks each target up with its reconciler now, as `operator` asked, and applies the
     /// verdict, a few at a time; yields each outcome as it comes, in the targets' order. `wait`
-    /// bounds each lookup.
+    /// bounds each lookup. A target is started only once the stream yields it: one that ends
+    /// early (a shutdown) leaves the rest untouched, and what started is seen through.
     pub fn reconcile_each<'a>(
         &'a self,
-        targets: Vec<Target>,
+        targets: impl Stream<Item = Target> + Send + 'a,
         operator: &'a str,
         wait: Duration,
     ) -> impl Stream<Item = (Target, Done<Reconciled>)> + Send + 'a {
-        futures::stream::iter(targets)
+        targets
             .map(move |target| async move {
                 let done = self
                     .reconcile(&target.operation_id, operator, wait)
@@ -118,13 +117,13 @@ impl LedgerClient {
     /// Resolves each target ABSENT with one reason, each bound to the attempt it was listed
     /// with, under a resolution id of its own (yielded with it, to retry one whose answer was
     /// lost); yields each outcome as it comes, in the targets' order.
-    pub fn resolve_each_absent(
-        &self,
-        targets: Vec<Target>,
+    pub fn resolve_each_absent<'a>(
+        &'a self,
+        targets: impl Stream<Item = Target> + Send + 'a,
         reason: String,
         operator: String,
-    ) -> impl Stream<Item = (Target, String, Done<State>)> + Send + '_ {
-        futures::stream::iter(targets)
+    ) -> impl Stream<Item = (Target, String, Done<State>)> + Send + 'a {
+        targets
             .map(move |target| {
                 let resolution = Resolution {
                     operation_id: target.operation_id.clone(),

@@ -21,6 +21,8 @@
 mod page;
 mod session;
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -35,8 +37,8 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use futures::{Stream, StreamExt as _};
 use once_client::{
-    ClientConfig, ClientError, LedgerClient, ListFilter, OperationView, Resolution,
-    State as OpState, Truth, WatchRequest, Watched,
+    ClientConfig, ClientError, Done, LedgerClient, ListFilter, OperationView, Resolution,
+    Selection, State as OpState, Target, Truth, WatchRequest, Watched,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -158,6 +160,9 @@ impl Console {
             .route("/operation", get(operation))
             .route("/operation/reconcile", post(reconcile))
             .route("/operation/resolve", post(resolve))
+            .route("/bulk", get(bulk))
+            .route("/bulk/reconcile", post(bulk_reconcile))
+            .route("/bulk/resolve", post(bulk_resolve))
             .route("/assets/console.css", get(css))
             .route("/assets/console.js", get(js))
             .layer(middleware::from_fn_with_state(self.clone(), edge))
@@ -542,11 +547,9 @@ async fn sign_out(
     Refusal::SignIn("/queue".into()).answer(&console)
 }
 
-/// The UNKNOWN operations the filter selects, oldest first, and whether there are more.
-async fn unknowns(
-    client: &LedgerClient,
-    filter: &QueueFilter,
-) -> Result<(Vec<OperationView>, bool), ClientError> {
+/// The listing of UNKNOWN operations the queue's filter asks for (its text search is the
+/// console's own, applied to what the listing holds).
+fn list_filter(filter: &QueueFilter) -> Result<ListFilter, ClientError> {
     let older_than = match filter.older_than.trim() {
         "" => None,
         text => Some(humantime::parse_duration(text).map_err(|_| {
@@ -555,13 +558,22 @@ async fn unknowns(
             ))
         })?),
     };
-    let list = ListFilter {
+    Ok(ListFilter {
         states: vec![OpState::Unknown],
         tool: Some(filter.tool.trim().to_owned()).filter(|t| !t.is_empty()),
         provider: Some(filter.provider.trim().to_owned()).filter(|p| !p.is_empty()),
         older_than,
-    };
-    let page = client.list_page(&list, QUEUE_ROWS, None).await?;
+    })
+}
+
+/// The UNKNOWN operations the filter selects, oldest first, and whether there are more.
+async fn unknowns(
+    client: &LedgerClient,
+    filter: &QueueFilter,
+) -> Result<(Vec<OperationView>, bool), ClientError> {
+    let page = client
+        .list_page(&list_filter(filter)?, QUEUE_ROWS, None)
+        .await?;
     let rows = page
         .operations
         .into_iter()
@@ -585,7 +597,8 @@ async fn queue(
     match live(&headers) {
         true => Html(page::queue_rows(&rows, now)).into_response(),
         false => {
-            let body = page::queue(&filter, &rows, more, now);
+            let operates = console.viewer(&who, true).operates();
+            let body = page::queue(&filter, &rows, more, operates, now);
             console.page(StatusCode::OK, "UNKNOWN queue", &who, true, &body)
         }
     }
@@ -891,6 +904,277 @@ fn moved(op: &OperationView) -> String {
         op.state.as_str(),
         op.attempt
     )
+}
+
+/// The UNKNOWN operations a bulk action takes: what the queue's filter selects, at most
+/// [`once_client::BULK_LIMIT`].
+async fn selected(client: &LedgerClient, filter: &QueueFilter) -> Result<Selection, ClientError> {
+    let mut selection = client.select_unknown(&list_filter(filter)?).await?;
+    selection.operations.retain(|op| filter.matches(op));
+    Ok(selection)
+}
+
+/// What the queue's filter selects, before anything is done to it: a dry run, and for an
+/// operator the bulk actions.
+async fn bulk(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(filter): Query<QueueFilter>,
+) -> Response {
+    let who = console.who(&headers);
+    let Selection { operations, more } = match selected(&who.client, &filter).await {
+        Ok(selection) => selection,
+        Err(error) => return console.failed(&who, &error, "/queue"),
+    };
+    let viewer = console.viewer(&who, true);
+    let body = page::bulk(&filter, &operations, more, &viewer, SystemTime::now());
+    console.page(StatusCode::OK, "Bulk action", &who, true, &body)
+}
+
+/// A bulk action's form: its CSRF token, the operations it takes, each as `t<i>` =
+/// `TOKEN ATTEMPT ID` (the attempt it is bound to), and a resolution's reason and confirmation.
+#[derive(Debug)]
+struct BulkForm {
+    csrf: String,
+    targets: Vec<Target>,
+    reason: String,
+    confirmed: bool,
+}
+
+impl BulkForm {
+    /// The form as sent, or what is wrong with it.
+    fn read(mut fields: HashMap<String, String>) -> Result<Self, &'static str> {
+        let mut numbered: Vec<(usize, Target)> = Vec::new();
+        for (name, value) in &fields {
+            let Some(i) = name.strip_prefix('t').and_then(|i| i.parse::<usize>().ok()) else {
+                continue;
+            };
+            let mut parts = value.splitn(3, ' ');
+            let target = (|| {
+                Some(Target {
+                    fencing_token: parts.next()?.parse().ok()?,
+                    attempt: parts.next()?.parse().ok()?,
+                    operation_id: parts.next().filter(|id| !id.is_empty())?.to_owned(),
+                })
+            })()
+            .ok_or("An operation of the form cannot be read.")?;
+            numbered.push((i, target));
+        }
+        if numbered.is_empty() {
+            return Err("The form names no operation.");
+        }
+        if numbered.len() > once_client::BULK_LIMIT {
+            return Err("The form names more operations than one bulk action takes.");
+        }
+        numbered.sort_by_key(|(i, _)| *i);
+        let mut take = |name: &str| fields.remove(name).unwrap_or_default();
+        Ok(BulkForm {
+            csrf: take("csrf"),
+            reason: take("reason").trim().to_owned(),
+            confirmed: take("confirmed") == "yes",
+            targets: numbered.into_iter().map(|(_, t)| t).collect(),
+        })
+    }
+}
+
+/// Reconciles each operation of the form, and shows each outcome as it comes.
+async fn bulk_reconcile(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(fields): Form<HashMap<String, String>>,
+) -> Response {
+    let form = BulkForm::read(fields);
+    let csrf = form.as_ref().map_or("", |f| f.csrf.as_str());
+    let who = match console.acting(&headers, csrf, "/queue") {
+        Ok(who) => who,
+        Err(refusal) => return refusal.answer(&console),
+    };
+    let form = match form {
+        Ok(form) => form,
+        Err(problem) => return console.bulk_refused(&who, problem),
+    };
+    if !console.viewer(&who, true).operates() {
+        return console.not_an_operator(&who);
+    }
+    let client = who.client.clone();
+    let operator = who.operator();
+    let doing = page::bulk_started("Reconciling", form.targets.len());
+    console.streamed(&who, "Reconciling", doing, move |rows| async move {
+        let total = form.targets.len();
+        let targets = rows.until_stopped(form.targets);
+        let each = client.reconcile_each(targets, &operator, RECONCILE_WAIT);
+        rows.send_all(
+            total,
+            each.map(|(target, done)| {
+                Outcome::of(target, done, |r| {
+                    (r.state, format!("{}: {}", r.reconciler, r.detail))
+                })
+            }),
+        )
+        .await
+    })
+}
+
+/// Asks first (what will happen, to which operations, bound to which attempts), then resolves
+/// each operation of the form ABSENT with one reason, and shows each outcome as it comes.
+async fn bulk_resolve(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(fields): Form<HashMap<String, String>>,
+) -> Response {
+    let form = BulkForm::read(fields);
+    let csrf = form.as_ref().map_or("", |f| f.csrf.as_str());
+    let who = match console.acting(&headers, csrf, "/queue") {
+        Ok(who) => who,
+        Err(refusal) => return refusal.answer(&console),
+    };
+    let form = match form {
+        Ok(form) => form,
+        Err(problem) => return console.bulk_refused(&who, problem),
+    };
+    if !console.viewer(&who, true).operates() {
+        return console.not_an_operator(&who);
+    }
+    if form.reason.is_empty() {
+        return console.bulk_refused(
+            &who,
+            "A reason is required: it is recorded with each resolution.",
+        );
+    }
+    if !form.confirmed {
+        let viewer = console.viewer(&who, true);
+        let body = page::confirm_bulk_resolve(&form.targets, &form.reason, &viewer);
+        return console.page(StatusCode::OK, "Resolve?", &who, true, &body);
+    }
+    let client = who.client.clone();
+    let operator = who.operator();
+    let doing = page::bulk_started("Resolving ABSENT", form.targets.len());
+    console.streamed(&who, "Resolving", doing, move |rows| async move {
+        let total = form.targets.len();
+        let targets = rows.until_stopped(form.targets);
+        let each = client.resolve_each_absent(targets, form.reason, operator);
+        rows.send_all(
+            total,
+            each.map(|(target, _, done)| {
+                Outcome::of(target, done, |state| (Some(state), String::new()))
+            }),
+        )
+        .await
+    })
+}
+
+/// One operation's outcome in a bulk action.
+struct Outcome {
+    target: Target,
+    /// `done`, `refused` or `failed`.
+    kind: &'static str,
+    state: Option<OpState>,
+    detail: String,
+}
+
+impl Outcome {
+    fn of<T>(
+        target: Target,
+        done: Done<T>,
+        applied: impl FnOnce(T) -> (Option<OpState>, String),
+    ) -> Self {
+        let (kind, (state, detail)) = match done {
+            Done::Applied(done) => ("done", applied(done)),
+            Done::Refused(error) => ("refused", (None, error.to_string())),
+            Done::Failed(error) => ("failed", (None, error.to_string())),
+        };
+        Outcome {
+            target,
+            kind,
+            state,
+            detail,
+        }
+    }
+}
+
+/// Where a bulk action sends its outcomes, rendered, as they come.
+struct Rows {
+    sender: tokio::sync::mpsc::Sender<String>,
+    stop: CancellationToken,
+}
+
+impl Rows {
+    /// The targets, of which none is started once the console is shutting down.
+    fn until_stopped(&self, targets: Vec<Target>) -> impl Stream<Item = Target> + Send + 'static {
+        futures::stream::iter(targets).take_until(self.stop.clone().cancelled_owned())
+    }
+
+    /// Sends each outcome as a row (every operation started is seen through), and the tally at
+    /// the end. A reader that went away stops nothing.
+    async fn send_all(self, total: usize, outcomes: impl Stream<Item = Outcome>) {
+        let (mut done, mut refused, mut failed) = (0, 0, 0);
+        let mut outcomes = std::pin::pin!(outcomes);
+        while let Some(outcome) = outcomes.next().await {
+            match outcome.kind {
+                "done" => done += 1,
+                "refused" => refused += 1,
+                _ => failed += 1,
+            }
+            let row = page::bulk_row(
+                &outcome.target,
+                outcome.kind,
+                outcome.state,
+                &outcome.detail,
+            );
+            let _ = self.sender.send(row).await;
+        }
+        let stopped = done + refused + failed < total;
+        let finished = page::bulk_finished(done, refused, failed, stopped);
+        let _ = self.sender.send(finished).await;
+    }
+}
+
+impl Console {
+    /// A page whose body comes as `work` sends it: `head` at once, then each row as it is done.
+    /// The work runs to its end even if the browser leaves.
+    fn streamed<F, Fut>(&self, who: &Who, title: &str, head: String, work: F) -> Response
+    where
+        F: FnOnce(Rows) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let page = page::layout(title, &self.viewer(who, true), page::STREAMED);
+        let (top, bottom) = page
+            .split_once(page::STREAMED)
+            .map(|(top, bottom)| (top.to_owned() + &head, bottom.to_owned()))
+            .expect("the layout holds its body once");
+        let (sender, receiver) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(work(Rows {
+            sender,
+            stop: self.inner.stop.clone(),
+        }));
+        let rows = futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|row| (row, receiver))
+        });
+        let body = futures::stream::once(async { top })
+            .chain(rows)
+            .chain(futures::stream::once(async { bottom }))
+            .map(Ok::<_, std::convert::Infallible>);
+        (
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            axum::body::Body::from_stream(body),
+        )
+            .into_response()
+    }
+
+    /// A bulk action asked for by a key that cannot settle anything: nothing is tried.
+    fn not_an_operator(&self, who: &Who) -> Response {
+        let body = page::message(
+            "Not allowed",
+            "Your key cannot reconcile or resolve operations: sign in with a key that has the operator role.",
+            "/queue",
+        );
+        self.page(StatusCode::FORBIDDEN, "Not allowed", who, true, &body)
+    }
+
+    fn bulk_refused(&self, who: &Who, problem: &str) -> Response {
+        let body = page::message("Refused", problem, "/queue");
+        self.page(StatusCode::BAD_REQUEST, "Refused", who, false, &body)
+    }
 }
 
 impl Console {

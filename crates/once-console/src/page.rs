@@ -166,6 +166,27 @@ impl QueueFilter {
         )
     }
 
+    /// The filter in words: what a bulk action takes.
+    pub(crate) fn described(&self) -> String {
+        let mut parts = Vec::new();
+        for (what, value) in [
+            ("tool", &self.tool),
+            ("provider", &self.provider),
+            ("older than", &self.older_than),
+        ] {
+            if !value.trim().is_empty() {
+                parts.push(format!("{what} {}", value.trim()));
+            }
+        }
+        if !self.q.trim().is_empty() {
+            parts.push(format!("matching “{}”", self.q.trim()));
+        }
+        match parts.is_empty() {
+            true => "Every UNKNOWN operation".to_owned(),
+            false => format!("UNKNOWN operations of {}", parts.join(", ")),
+        }
+    }
+
     /// Whether `op` matches the text search.
     pub(crate) fn matches(&self, op: &OperationView) -> bool {
         let q = self.q.trim();
@@ -182,6 +203,7 @@ pub(crate) fn queue(
     filter: &QueueFilter,
     rows: &[OperationView],
     more: bool,
+    operates: bool,
     now: SystemTime,
 ) -> String {
     let input = |name: &str, label: &str, value: &str, hint: &str| {
@@ -195,6 +217,13 @@ pub(crate) fn queue(
     } else {
         ""
     };
+    let bulk = match operates {
+        true => format!(
+            r#"<p class="bulk"><a href="/bulk?{query}">Act on these…</a> Reconcile or resolve every operation this filter selects, after a look at the list.</p>"#,
+            query = esc(&filter.query())
+        ),
+        false => String::new(),
+    };
     format!(
         r#"<h1>UNKNOWN operations</h1>
 <p class="lede">The effect of each may or may not have happened. A reconciler settles what its provider can tell; the rest wait for a person. Oldest first.</p>
@@ -205,7 +234,8 @@ pub(crate) fn queue(
 <section aria-live="polite" data-live="/queue/live?{query}" data-rows="/queue?{query}">
 {table}
 </section>
-{more}"#,
+{more}
+{bulk}"#,
         tool = input("tool", "Tool", &filter.tool, "issue_refund"),
         provider = input("provider", "Provider", &filter.provider, "stripe"),
         older = input("older_than", "Older than", &filter.older_than, "1h"),
@@ -678,6 +708,180 @@ pub(crate) fn message(heading: &str, text: &str, back: &str) -> String {
         esc(heading),
         esc(text),
         esc(back)
+    )
+}
+
+/// Where a streamed page's body goes in its layout.
+pub(crate) const STREAMED: &str = "\u{0}streamed\u{0}";
+
+/// What a filter selects, before anything is done to it (a dry run), and for an operator what
+/// can be done to all of it: reconcile each, or resolve each ABSENT with one reason, each bound
+/// to the attempt shown here.
+pub(crate) fn bulk(
+    filter: &QueueFilter,
+    rows: &[OperationView],
+    more: bool,
+    viewer: &Viewer<'_>,
+    now: SystemTime,
+) -> String {
+    let count = rows.len();
+    let mut out = format!(
+        r#"<h1>{count} UNKNOWN operation{s} selected</h1>
+<p class="lede">{what}. This is a dry run: nothing has been done to them.</p>
+"#,
+        s = if count == 1 { "" } else { "s" },
+        what = esc(&filter.described()),
+    );
+    if count == 0 {
+        out.push_str(r#"<p><a href="/queue">Back to the queue</a></p>"#);
+        return out;
+    }
+    let _ = write!(
+        out,
+        r#"<table class="queue"><thead><tr><th scope="col">Age</th><th scope="col">Operation</th><th scope="col">Attempt</th><th scope="col">Tool</th><th scope="col">Provider</th><th scope="col">Why</th></tr></thead><tbody>"#
+    );
+    for op in rows {
+        let _ = write!(
+            out,
+            r#"<tr data-operation="{id}"><td>{age}</td><td><a href="/operation?id={link}">{id}</a></td><td>{attempt}</td><td>{tool}</td><td>{provider}</td><td>{reason}</td></tr>"#,
+            id = esc(&op.operation_id),
+            link = url(&op.operation_id),
+            age = age(op.created_at, now),
+            attempt = op.attempt,
+            tool = esc(&op.tool),
+            provider = esc(op.provider.as_deref().unwrap_or("—")),
+            reason = esc(op.reason.as_deref().unwrap_or("")),
+        );
+    }
+    out.push_str("</tbody></table>");
+    if more {
+        let _ = write!(
+            out,
+            r#"<p class="hint">More than {count} match: only the oldest are shown, and nothing can be done to them all at once. Narrow the filter.</p>"#
+        );
+        return out;
+    }
+    if !viewer.operates() {
+        return out;
+    }
+    let bound = bound_targets(rows);
+    let _ = write!(
+        out,
+        r#"<section class="acts" aria-labelledby="bulk-reconcile-title">
+<h2 id="bulk-reconcile-title">Reconcile them</h2>
+<p>Each is looked up with its reconciler now. What the provider proves is applied; a miss leaves it UNKNOWN.</p>
+<form method="post" action="/bulk/reconcile" class="bulk-reconcile">{csrf}{bound}<button type="submit">Reconcile these {count}</button></form>
+</section>
+<section class="acts" aria-labelledby="bulk-resolve-title">
+<h2 id="bulk-resolve-title">Resolve them ABSENT</h2>
+<p>For effects that certainly did not happen: the next call of each executes it. Each resolution is bound to the attempt shown above; one that moved since is refused and left as it is.</p>
+<form method="post" action="/bulk/resolve" class="bulk-resolve">{csrf}{bound}
+<label for="bulk-reason">Reason (recorded with your name, on each)</label>
+<input id="bulk-reason" name="reason" required>
+<button type="submit">Review…</button>
+</form>
+</section>"#,
+        csrf = viewer.hidden_csrf(),
+    );
+    out
+}
+
+/// Each operation as a hidden field, with the attempt it is bound to.
+fn bound_targets(rows: &[OperationView]) -> String {
+    let mut out = String::new();
+    for (i, op) in rows.iter().enumerate() {
+        let _ = write!(
+            out,
+            r#"<input type="hidden" name="t{i}" value="{token} {attempt} {id}">"#,
+            token = op.fencing_token,
+            attempt = op.attempt,
+            id = esc(&op.operation_id),
+        );
+    }
+    out
+}
+
+/// What resolving the targets ABSENT will do, asked before it is done.
+pub(crate) fn confirm_bulk_resolve(
+    targets: &[once_client::Target],
+    reason: &str,
+    viewer: &Viewer<'_>,
+) -> String {
+    let count = targets.len();
+    let mut list = String::new();
+    let mut bound = String::new();
+    for (i, t) in targets.iter().enumerate() {
+        let _ = write!(
+            list,
+            "<li><code>{id}</code> at attempt {attempt}</li>",
+            id = esc(&t.operation_id),
+            attempt = t.attempt
+        );
+        let _ = write!(
+            bound,
+            r#"<input type="hidden" name="t{i}" value="{token} {attempt} {id}">"#,
+            token = t.fencing_token,
+            attempt = t.attempt,
+            id = esc(&t.operation_id),
+        );
+    }
+    format!(
+        r#"<h1>Resolve {count} operation{s} ABSENT?</h1>
+<p>ABSENT: the ledger will record, for each, that the effect did not happen, and the next call of each will execute it. Each is bound to the attempt listed: one that moved since is refused, and nothing is applied to it.</p>
+<dl class="facts"><dt>Reason</dt><dd>{reason_text}</dd></dl>
+<ul class="targets">{list}</ul>
+<form method="post" action="/bulk/resolve">{csrf}{bound}
+<input type="hidden" name="confirmed" value="yes">
+<input type="hidden" name="reason" value="{reason_text}">
+<button type="submit">Resolve {count} ABSENT</button>
+<a href="/queue">Cancel</a>
+</form>"#,
+        s = if count == 1 { "" } else { "s" },
+        reason_text = esc(reason),
+        csrf = viewer.hidden_csrf(),
+    )
+}
+
+/// The top of a bulk action's outcome table, sent before the first operation is done.
+pub(crate) fn bulk_started(doing: &str, count: usize) -> String {
+    format!(
+        r#"<h1>{doing} {count} operation{s}</h1>
+<p class="lede">Each row appears as its operation is done.</p>
+<table class="queue outcomes"><thead><tr><th scope="col">Operation</th><th scope="col">Attempt</th><th scope="col">Outcome</th><th scope="col">State</th><th scope="col">Detail</th></tr></thead><tbody>
+"#,
+        s = if count == 1 { "" } else { "s" },
+    )
+}
+
+/// One operation's outcome.
+pub(crate) fn bulk_row(
+    target: &once_client::Target,
+    outcome: &str,
+    state: Option<once_client::State>,
+    detail: &str,
+) -> String {
+    format!(
+        r#"<tr data-operation="{id}" data-outcome="{outcome}" data-state="{state}"><td><a href="/operation?id={link}">{id}</a></td><td>{attempt}</td><td>{outcome}</td><td>{state}</td><td>{detail}</td></tr>
+"#,
+        id = esc(&target.operation_id),
+        link = url(&target.operation_id),
+        attempt = target.attempt,
+        state = state.map_or("—", |s| s.as_str()),
+        detail = esc(detail),
+    )
+}
+
+/// The end of a bulk action's outcome table: how many of each outcome.
+pub(crate) fn bulk_finished(done: usize, refused: usize, failed: usize, stopped: bool) -> String {
+    let stopped = match stopped {
+        true => " The console is shutting down: the operations without a row were not started, and are as they were.",
+        false => "",
+    };
+    format!(
+        r#"</tbody></table>
+<p id="bulk-finished" role="status" data-done="{done}" data-refused="{refused}" data-failed="{failed}">Finished: {done} done, {refused} refused (nothing was applied to them; each row says why), {failed} without an answer (each may be done again).{stopped}</p>
+<p><a href="/queue">Back to the queue</a></p>
+"#
     )
 }
 

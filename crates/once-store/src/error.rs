@@ -42,7 +42,9 @@ impl StoreError {
     }
 
     /// Whether a connection the pool handed out had been closed by the server or the network: it
-    /// ended the session (SQLSTATE 57P01/57P02, class 08) or the socket met its end. The call
+    /// ended the session (an administrator, a crash, its idle-session timeout: SQLSTATE 57P01,
+    /// 57P02, 57P05; the connection failed or is gone: 08000, 08003, 08006, 08007) or the socket
+    /// met its end. Not a connection refused as it was opened. The call
     /// failed before anything on it could commit, or its COMMIT's answer was lost, and either
     /// way it is safe to make again as it was; on a new connection it may well succeed.
     pub fn is_lost_connection(&self) -> bool {
@@ -54,9 +56,12 @@ impl StoreError {
                     | std::io::ErrorKind::ConnectionAborted
                     | std::io::ErrorKind::BrokenPipe
             ),
-            StoreError::Unavailable(sqlx::Error::Database(db)) => db
-                .code()
-                .is_some_and(|code| matches!(&*code, "57P01" | "57P02") || code.starts_with("08")),
+            StoreError::Unavailable(sqlx::Error::Database(db)) => db.code().is_some_and(|code| {
+                matches!(
+                    &*code,
+                    "57P01" | "57P02" | "57P05" | "08000" | "08003" | "08006" | "08007"
+                )
+            }),
             _ => false,
         }
     }

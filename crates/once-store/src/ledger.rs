@@ -226,7 +226,8 @@ impl<B: Backend> Ledger<B> {
     /// connections that died idle, and a call should not fail for having drawn one. Every call
     /// made again this way is one the caller may make again as it was sent (the same attempt id,
     /// fencing token or resolution id get the first answer); the second run has every connection
-    /// that was idle through the loss checked before use.
+    /// that was idle through the loss checked before use. The workers' writes (a verdict, a
+    /// lease's end) are not made again here: their next round does, from what is stored.
     async fn on_a_live_connection<'a, T, F>(
         &'a self,
         call: impl Fn() -> F + 'a,
@@ -408,16 +409,12 @@ impl<B: Backend> Ledger<B> {
         id: &OperationId,
         cmd: HeartbeatCommand,
     ) -> Result<Millis, StoreError> {
-        self.locked(
-            "heartbeat",
-            tenant,
-            id,
-            move |op, now| match machine::heartbeat(op, &cmd, now) {
-                Ok((deadline, plan)) => (Ok(deadline), plan),
-                Err(rejection) => (Err(rejection.into()), Plan::default()),
-            },
-        )
-        .await
+        let decide = move |op: &Operation, now| match machine::heartbeat(op, &cmd, now) {
+            Ok((deadline, plan)) => (Ok(deadline), plan),
+            Err(rejection) => (Err(rejection.into()), Plan::default()),
+        };
+        self.on_a_live_connection(|| self.locked("heartbeat", tenant, id, decide.clone()))
+            .await
     }
 
     /// Applies an operator's resolution of an UNKNOWN operation. A retry with the same
@@ -490,25 +487,20 @@ impl<B: Backend> Ledger<B> {
         operation: &'static str,
         tenant: &str,
         id: &OperationId,
-        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan)
-            + Clone
-            + Send
-            + 'static,
+        decide: impl FnOnce(&Operation, Millis) -> (Result<T, StoreError>, Plan) + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.on_a_live_connection(|| {
-            let backend = self.backend.clone();
-            let (tenant, id, decide) = (tenant.to_owned(), id.clone(), decide.clone());
-            self.write(move |tx| {
-                Box::pin(async move {
-                    let key = (tenant.as_str(), &id);
-                    let (current, now) = backend.lock(tx, key.0, key.1).await?;
-                    let Some(op) = current else {
-                        return Err(StoreError::NotFound);
-                    };
-                    let (answer, plan) = decide(&op, now);
-                    let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
-                    Ok((answer, wrote))
-                })
+        let backend = self.backend.clone();
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.write(move |tx| {
+            Box::pin(async move {
+                let key = (tenant.as_str(), &id);
+                let (current, now) = backend.lock(tx, key.0, key.1).await?;
+                let Some(op) = current else {
+                    return Err(StoreError::NotFound);
+                };
+                let (answer, plan) = decide(&op, now);
+                let wrote = apply(&backend, tx, key, Some(op), plan, now).await?;
+                Ok((answer, wrote))
             })
         })
         .instrument(self.span(operation))
@@ -531,10 +523,13 @@ impl<B: Backend> Ledger<B> {
         tenant: &str,
         id: &OperationId,
     ) -> Result<(Operation, Vec<Attempt>, Vec<Event>), StoreError> {
-        let (op, _) = self.backend.read(tenant, id).await?;
-        let op = op.ok_or(StoreError::NotFound)?;
-        let (attempts, events) = self.backend.history(tenant, id, op.life).await?;
-        Ok((op, attempts, events))
+        self.on_a_live_connection(|| async {
+            let (op, _) = self.backend.read(tenant, id).await?;
+            let op = op.ok_or(StoreError::NotFound)?;
+            let (attempts, events) = self.backend.history(tenant, id, op.life).await?;
+            Ok((op, attempts, events))
+        })
+        .await
     }
 
     /// One page of the operations of `scope` and, when there may be more, where the next page
@@ -546,7 +541,9 @@ impl<B: Backend> Ledger<B> {
     ) -> Result<(Vec<Listed>, Option<PageEnd>), StoreError> {
         let mut probe = query.clone();
         probe.page_size = query.page_size.saturating_add(1);
-        let mut operations = self.backend.list(scope, &probe).await?;
+        let mut operations = self
+            .on_a_live_connection(|| self.backend.list(scope, &probe))
+            .await?;
         let next = if operations.len() > query.page_size as usize {
             operations.truncate(query.page_size as usize);
             operations.last().map(|listed| {

@@ -151,7 +151,7 @@ pub async fn run(
     if dry_run || count == 0 {
         if out.json {
             let listed: Vec<_> = operations.iter().map(json::operation).collect();
-            out.json(&json!({ "filter": filter.given, "operations": listed, "more": more, "dry_run": true }));
+            out.json(&json!({ "filter": filter.given, "operations": listed, "more": more, "dry_run": dry_run }));
         } else if count == 0 {
             out.print(&format!("No UNKNOWN operation matches {}.\n", filter.given));
         } else {
@@ -193,10 +193,10 @@ pub async fn run(
     match (failed, refused) {
         (0, 0) => Ok(()),
         (0, refused) => Err(Failure::Refused(format!(
-            "{refused} of {count} were refused (they moved since they were listed); nothing was applied to them"
+            "{refused} of {count} were refused, and nothing was applied to them: the table says why"
         ))),
-        (failed, _) => Err(Failure::Error(anyhow::anyhow!(
-            "{failed} of {count} got no answer; run the command again for what is still UNKNOWN"
+        (failed, refused) => Err(Failure::Error(anyhow::anyhow!(
+            "{failed} of {count} got no answer ({refused} refused): run the command again for what is still UNKNOWN"
         ))),
     }
 }
@@ -217,7 +217,11 @@ async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Vec
     };
     match action {
         Action::Reconcile { operator, wait } => {
-            let mut each = std::pin::pin!(ledger.reconcile_each(targets, &operator, wait));
+            let mut each = std::pin::pin!(ledger.reconcile_each(
+                futures::stream::iter(targets),
+                &operator,
+                wait
+            ));
             while let Some((target, done)) = each.next().await {
                 progress(Row::new(target, done, |r| {
                     (r.state, format!("{}: {}", r.reconciler, r.detail))
@@ -225,7 +229,11 @@ async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Vec
             }
         }
         Action::Absent { reason, operator } => {
-            let mut each = std::pin::pin!(ledger.resolve_each_absent(targets, reason, operator));
+            let mut each = std::pin::pin!(ledger.resolve_each_absent(
+                futures::stream::iter(targets),
+                reason,
+                operator
+            ));
             while let Some((target, resolution_id, done)) = each.next().await {
                 let mut row = Row::new(target, done, |state| (Some(state), String::new()));
                 row.resolution_id = Some(resolution_id);

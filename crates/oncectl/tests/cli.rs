@@ -506,12 +506,13 @@ fn outcomes(found: &Value) -> Vec<(String, String, String)> {
 async fn a_filter_is_listed_first_then_reconciled_and_resolved_one_by_one(store: Engine) {
     let db = TestDb::new(store).await;
     let provider = serve(fakepay::router(fakepay::Provider::default())).await;
-    // The workers wait an hour: only oncectl looks anything up.
+    // The workers wait an hour: only oncectl looks anything up. A miss proves nothing for an
+    // hour: it leaves the operation UNKNOWN.
     let config = config_file(
         &db,
         format!(
             "[reconciliation]\ninterval = \"1h\"\n\n[[reconciler]]\nname = \"stripe\"\n\
-             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"0s\"\ntimeout = \"2s\"\n"
+             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"1h\"\ntimeout = \"2s\"\n"
         ),
     );
     let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
