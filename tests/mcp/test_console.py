@@ -452,6 +452,15 @@ async def test_an_operator_acts_on_a_filter_after_its_dry_run(tmp_path, backend,
         shot(browser, "bulk-reconciled", backend)
         assert (await refund_state(stack, "order_bulk_paid"))["state"] == "CONFIRMED"
 
+        # The reconciler's health, on the overview: three lookups, one settled, two that found
+        # nothing yet.
+        browser.get(base(stack) + "/overview?window=1h")
+        # Read in one step: the live page may swap its figures in between two reads.
+        row = WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(
+            "const row = document.querySelector('tr[data-reconciler=stripe]'); return row && row.innerText;"))
+        assert row.split()[:5] == ["stripe", "3", "1", "2", "0"], row
+        shot(browser, "overview-reconcilers", backend)
+
         # What the provider could not tell, resolved ABSENT with one reason, after a review.
         browser.get(base(stack) + "/bulk?provider=stripe")
         WebDriverWait(browser, WAIT).until(lambda d: "2 UNKNOWN operations selected" in d.page_source)

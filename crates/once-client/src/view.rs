@@ -169,4 +169,28 @@ pub struct StatsView {
     pub resolved: Vec<(String, AgesView)>,
     /// Anomalies and escalations recorded in the window, by kind.
     pub events: Vec<(String, u64)>,
+    /// Each reconciler's lookups in the window, by name.
+    pub reconcilers: Vec<ReconcilerView>,
+}
+
+/// One reconciler's lookups over the window: its health.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcilerView {
+    pub reconciler: String,
+    /// Lookups that settled their operation.
+    pub settled: u64,
+    /// Lookups that found nothing that proves absence yet.
+    pub missed: u64,
+    /// Lookups that could not tell (the provider failed, timed out, or was unreadable).
+    pub failed: u64,
+    /// From claim to verdict: the mean and the longest, when lookups said.
+    pub mean: Option<Duration>,
+    pub max: Option<Duration>,
+}
+
+impl ReconcilerView {
+    /// Every lookup counted.
+    pub fn lookups(&self) -> u64 {
+        self.settled + self.missed + self.failed
+    }
 }

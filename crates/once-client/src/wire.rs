@@ -19,8 +19,8 @@ use crate::error::ClientError;
 use crate::operator::{ListFilter, Page, Reconciled, Resolution, Truth, WatchRequest, Watched};
 use crate::spec::OperationSpec;
 use crate::view::{
-    AgesView, AttemptView, CallView, EventView, ForensicsView, KeyInfo, OperationView, ServerInfo,
-    StatsView, WatchedEvent,
+    AgesView, AttemptView, CallView, EventView, ForensicsView, KeyInfo, OperationView,
+    ReconcilerView, ServerInfo, StatsView, WatchedEvent,
 };
 
 fn duration(d: Duration) -> prost_types::Duration {
@@ -123,6 +123,18 @@ pub(crate) fn stats(found: pb::GetStatsResponse) -> StatsView {
             .events
             .into_iter()
             .map(|e| (e.kind, e.count))
+            .collect(),
+        reconcilers: found
+            .reconcilers
+            .into_iter()
+            .map(|r| ReconcilerView {
+                reconciler: r.reconciler,
+                settled: r.settled,
+                missed: r.missed,
+                failed: r.failed,
+                mean: r.mean_latency.map(std_duration),
+                max: r.max_latency.map(std_duration),
+            })
             .collect(),
     }
 }

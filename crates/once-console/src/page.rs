@@ -621,6 +621,30 @@ pub(crate) fn overview_body(
         }
         out.push_str("</tbody></table>");
     }
+    let _ = write!(out, r#"<h2>Reconcilers, last {}</h2>"#, esc(window));
+    if stats.reconcilers.is_empty() {
+        out.push_str(r#"<p class="hint">No lookups in this window.</p>"#);
+    } else {
+        out.push_str(r#"<table class="reconcilers"><thead><tr><th scope="col">Reconciler</th><th scope="col">Lookups</th><th scope="col">Settled</th><th scope="col">Found nothing yet</th><th scope="col">Could not tell</th><th scope="col">Mean</th><th scope="col">Longest</th></tr></thead><tbody>"#);
+        for r in &stats.reconcilers {
+            let took = |d: Option<Duration>| d.map_or_else(|| "—".to_owned(), duration);
+            let failed = match r.failed {
+                0 => "0".to_owned(),
+                n => format!(r#"<strong class="warn">{n}</strong>"#),
+            };
+            let _ = write!(
+                out,
+                r#"<tr data-reconciler="{name}"><td>{name}</td><td>{lookups}</td><td>{settled}</td><td>{missed}</td><td>{failed}</td><td>{mean}</td><td>{max}</td></tr>"#,
+                name = esc(&r.reconciler),
+                lookups = r.lookups(),
+                settled = r.settled,
+                missed = r.missed,
+                mean = took(r.mean),
+                max = took(r.max),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
     let _ = write!(
         out,
         r#"<h2>Anomalies and escalations, last {}</h2>"#,

@@ -330,8 +330,9 @@ fn judge<'v>(
     }
 }
 
-/// Applies a verdict from a lookup of `op` claimed as `lookup`; the events the reconciler
-/// records name the operator who asked for the lookup, if one did.
+/// Applies a verdict from a lookup of `op` claimed as `lookup`. The events the reconciler
+/// records say what it found (`found`: CONFIRMED, ABSENT or UNKNOWN, which the figures of its
+/// lookups count) and the operator who asked for the lookup, if one did (`asked_by`).
 pub fn apply_verdict(
     op: &Operation,
     lookup: &Lookup,
@@ -341,18 +342,24 @@ pub fn apply_verdict(
     now: Millis,
 ) -> (Applied, Plan) {
     let (applied, mut plan) = verdict_applied(op, lookup, verdict, policy, jitter, now);
-    if let Some(asked_by) = &lookup.asked_by {
-        let reconciler = Actor::Reconciler(policy.name.clone());
-        for event in plan.events.iter_mut().filter(|e| e.actor == reconciler) {
-            let mut details = event
-                .details
-                .as_deref()
-                .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-                .filter(serde_json::Value::is_object)
-                .unwrap_or_else(|| json!({}));
+    let found = match verdict {
+        Verdict::Confirmed { .. } => State::Confirmed,
+        Verdict::Absent { .. } => State::Absent,
+        Verdict::Unknown { .. } => State::Unknown,
+    };
+    let reconciler = Actor::Reconciler(policy.name.clone());
+    for event in plan.events.iter_mut().filter(|e| e.actor == reconciler) {
+        let mut details = event
+            .details
+            .as_deref()
+            .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .filter(serde_json::Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        details["found"] = found.as_str().into();
+        if let Some(asked_by) = &lookup.asked_by {
             details["asked_by"] = asked_by.to_string().into();
-            event.details = Some(details.to_string());
         }
+        event.details = Some(details.to_string());
     }
     (applied, plan)
 }

@@ -80,6 +80,81 @@ pub struct Stats {
     pub resolved: Vec<(Door, Ages)>,
     /// How many anomalies and escalations were recorded in the window, by kind.
     pub events: Vec<(EventKind, i64)>,
+    /// Each reconciler's lookups in the window, by name.
+    pub lookups: Vec<Lookups>,
+}
+
+/// One reconciler's lookups over a window: what they found, and how long they took.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lookups {
+    pub reconciler: String,
+    /// Lookups that settled their operation, CONFIRMED or ABSENT.
+    pub settled: i64,
+    /// Lookups that found nothing that proves absence yet: the operation stayed UNKNOWN.
+    pub missed: i64,
+    /// Lookups that could not tell: the provider failed, did not answer in time, or answered
+    /// something the reconciler could not read.
+    pub failed: i64,
+    /// From a lookup's claim to its verdict's commit: the mean and the longest, in
+    /// milliseconds (`None` when no lookup says).
+    pub mean_ms: Option<Millis>,
+    pub max_ms: Option<Millis>,
+}
+
+/// What the store reads of lookups: for one reconciler actor (`reconciler:NAME`), event kind
+/// and finding, how many, and the mean and longest time from claim to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupRow {
+    pub actor: String,
+    pub kind: EventKind,
+    pub found: Option<String>,
+    pub count: i64,
+    pub mean_ms: Option<Millis>,
+    pub max_ms: Option<Millis>,
+}
+
+impl Lookups {
+    /// Each reconciler's figures from the rows the store read, by name.
+    pub fn of(rows: Vec<LookupRow>) -> Vec<Lookups> {
+        let mut by_name: std::collections::BTreeMap<String, (Lookups, i128, i64)> =
+            std::collections::BTreeMap::new();
+        for row in rows {
+            let Some(name) = row.actor.strip_prefix("reconciler:") else {
+                continue;
+            };
+            let (figures, total_ms, timed) = by_name.entry(name.to_owned()).or_insert_with(|| {
+                let figures = Lookups {
+                    reconciler: name.to_owned(),
+                    ..Lookups::default()
+                };
+                (figures, 0, 0)
+            });
+            match (row.kind, row.found.as_deref()) {
+                (EventKind::Reconciled, _) => figures.settled += row.count,
+                (EventKind::LookupInconclusive, Some("ABSENT")) => figures.missed += row.count,
+                (EventKind::LookupInconclusive, _) => figures.failed += row.count,
+                _ => continue,
+            }
+            if let Some(mean) = row.mean_ms {
+                *total_ms += i128::from(mean) * i128::from(row.count);
+                *timed += row.count;
+            }
+            figures.max_ms = figures.max_ms.max(row.max_ms);
+        }
+        by_name
+            .into_values()
+            .map(|(mut figures, total_ms, timed)| {
+                figures.mean_ms = (timed > 0)
+                    .then(|| Millis::try_from(total_ms / i128::from(timed)).unwrap_or(Millis::MAX));
+                figures
+            })
+            .collect()
+    }
+
+    /// Every lookup counted.
+    pub fn total(&self) -> i64 {
+        self.settled + self.missed + self.failed
+    }
 }
 
 /// The kinds [`Stats::events`] counts.
@@ -97,6 +172,7 @@ impl Stats {
         unknown_ages: Vec<Millis>,
         resolutions: Vec<(EventKind, Millis)>,
         events: Vec<(EventKind, i64)>,
+        lookups: Vec<LookupRow>,
     ) -> Self {
         let resolved = Door::ALL
             .into_iter()
@@ -125,6 +201,7 @@ impl Stats {
             unknown: Ages::of(unknown_ages),
             resolved,
             events,
+            lookups: Lookups::of(lookups),
         }
     }
 }
@@ -172,6 +249,75 @@ mod tests {
     }
 
     #[test]
+    fn lookups_are_counted_by_reconciler_and_finding_and_timed_by_their_mean() {
+        let row = |actor: &str, kind, found: Option<&str>, count, mean, max| LookupRow {
+            actor: actor.into(),
+            kind,
+            found: found.map(Into::into),
+            count,
+            mean_ms: mean,
+            max_ms: max,
+        };
+        let figures = Lookups::of(vec![
+            row(
+                "reconciler:stripe",
+                EventKind::Reconciled,
+                Some("CONFIRMED"),
+                3,
+                Some(100),
+                Some(300),
+            ),
+            row(
+                "reconciler:stripe",
+                EventKind::LookupInconclusive,
+                Some("ABSENT"),
+                1,
+                Some(500),
+                Some(500),
+            ),
+            row(
+                "reconciler:stripe",
+                EventKind::LookupInconclusive,
+                Some("UNKNOWN"),
+                2,
+                None,
+                None,
+            ),
+            // Before lookups said what they found: one that could not tell.
+            row(
+                "reconciler:adyen",
+                EventKind::LookupInconclusive,
+                None,
+                1,
+                Some(40),
+                Some(40),
+            ),
+            row("operator:alice", EventKind::Reconciled, None, 7, None, None),
+        ]);
+        assert_eq!(
+            figures,
+            [
+                Lookups {
+                    reconciler: "adyen".into(),
+                    failed: 1,
+                    mean_ms: Some(40),
+                    max_ms: Some(40),
+                    ..Lookups::default()
+                },
+                Lookups {
+                    reconciler: "stripe".into(),
+                    settled: 3,
+                    missed: 1,
+                    failed: 2,
+                    mean_ms: Some(200),
+                    max_ms: Some(500),
+                },
+            ]
+        );
+        assert_eq!(figures[1].total(), 6);
+    }
+
+    #[test]
     fn resolutions_are_counted_by_their_door() {
         let stats = Stats::of(
             vec![(State::Unknown, "refund".into(), 2)],
@@ -183,6 +329,7 @@ mod tests {
                 (EventKind::Resolved, 600_000),
             ],
             vec![(EventKind::Escalated, 3)],
+            Vec::new(),
         );
         assert_eq!(stats.unknown.max, 60_000);
         let counts: Vec<(Door, usize, Millis)> = stats

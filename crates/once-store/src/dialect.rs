@@ -54,6 +54,12 @@ pub trait Dialect: Database {
     /// ([`crate::writer`]).
     const GROUP_COMMIT: bool;
 
+    /// The text of `field` of the JSON object in the text column `column` (NULL when absent).
+    fn json_text(column: &str, field: &str) -> String;
+
+    /// The integer `field` of the JSON object in the text column `column` (NULL when absent).
+    fn json_integer(column: &str, field: &str) -> String;
+
     /// The statements built from the constants above, once.
     fn statements() -> &'static crate::store::Statements;
 

@@ -84,6 +84,14 @@ impl Dialect for Sqlite {
         "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events"
     }
 
+    fn json_text(column: &str, field: &str) -> String {
+        format!("json_extract({column}, '$.{field}')")
+    }
+
+    fn json_integer(column: &str, field: &str) -> String {
+        format!("CAST(json_extract({column}, '$.{field}') AS INTEGER)")
+    }
+
     fn statements() -> &'static Statements {
         static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| {
             Statements::new(

@@ -127,12 +127,29 @@ pub fn stats(s: &StatsView, window: &str) -> Value {
         .iter()
         .map(|(kind, n)| (kind.clone(), Value::from(*n)))
         .collect();
+    let millis = |d: Option<std::time::Duration>| d.map(|d| d.as_millis() as u64);
+    let reconcilers: Vec<Value> = s
+        .reconcilers
+        .iter()
+        .map(|r| {
+            json!({
+                "reconciler": r.reconciler,
+                "lookups": r.lookups(),
+                "settled": r.settled,
+                "missed": r.missed,
+                "failed": r.failed,
+                "mean_ms": millis(r.mean),
+                "max_ms": millis(r.max),
+            })
+        })
+        .collect();
     json!({
         "window": window,
         "operations": operations,
         "unknown": ages(&s.unknown),
         "resolved": resolved,
         "events": events,
+        "reconcilers": reconcilers,
     })
 }
 

@@ -107,6 +107,16 @@ pub fn age(d: Duration) -> String {
     }
 }
 
+/// How long a call took: milliseconds under a second, then seconds to a tenth, then as
+/// [`age`].
+pub fn latency(d: Duration) -> String {
+    match d.as_millis() {
+        ms if ms < 1_000 => format!("{ms}ms"),
+        ms if ms < 60_000 => format!("{:.1}s", d.as_secs_f64()),
+        _ => age(d),
+    }
+}
+
 /// A moment in UTC, to the second (or the millisecond, for a timeline).
 pub fn when(at: Option<SystemTime>, millis: bool) -> String {
     let Some(at) = at else {
@@ -403,6 +413,44 @@ pub fn stats(look: &Look, s: &StatsView, window: &str, tenants: bool) -> String 
         .iter()
         .map(|(kind, n)| format!("{n} {kind}"))
         .collect();
+    out += &format!(
+        "\n{}\n",
+        look.bold(&format!("Reconciler lookups over the last {window}"))
+    );
+    if s.reconcilers.is_empty() {
+        out += "  none\n";
+    } else {
+        let mut table = look.table();
+        look.header(
+            &mut table,
+            &[
+                "RECONCILER",
+                "LOOKUPS",
+                "SETTLED",
+                "MISSED",
+                "FAILED",
+                "MEAN",
+                "LONGEST",
+            ],
+        );
+        for r in &s.reconcilers {
+            let took = |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), latency);
+            let failed = match r.failed {
+                0 => Cell::new(0),
+                n => Cell::new(n).fg(Color::Red),
+            };
+            table.add_row(vec![
+                Cell::new(&r.reconciler),
+                Cell::new(r.lookups()),
+                Cell::new(r.settled),
+                Cell::new(r.missed),
+                failed,
+                Cell::new(took(r.mean)),
+                Cell::new(took(r.max)),
+            ]);
+        }
+        out += &trimmed(&mut table);
+    }
     out += &format!(
         "\n{}\n",
         look.bold(&format!("Anomalies and escalations over the last {window}"))

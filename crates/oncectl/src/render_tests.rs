@@ -292,6 +292,14 @@ fn stats_fit_80_columns() {
             ("RESOLUTION_CONTRADICTED".into(), 0),
             ("ESCALATED".into(), 1),
         ],
+        reconcilers: vec![once_client::ReconcilerView {
+            reconciler: "stripe".into(),
+            settled: 41,
+            missed: 3,
+            failed: 2,
+            mean: Some(Duration::from_millis(180)),
+            max: Some(Duration::from_secs(5)),
+        }],
     };
     let text = stats(&plain(), &figures, "1h", false);
     assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");

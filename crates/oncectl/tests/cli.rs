@@ -512,7 +512,9 @@ async fn a_filter_is_listed_first_then_reconciled_and_resolved_one_by_one(store:
         &db,
         format!(
             "[reconciliation]\ninterval = \"1h\"\n\n[[reconciler]]\nname = \"stripe\"\n\
-             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"1h\"\ntimeout = \"2s\"\n"
+             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"1h\"\ntimeout = \"2s\"\n\n\
+             [[reconciler]]\nname = \"down\"\nkind = \"stripe\"\nendpoint = \"http://127.0.0.1:9\"\n\
+             settle_time = \"1h\"\ntimeout = \"2s\"\n"
         ),
     );
     let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
@@ -647,6 +649,46 @@ async fn a_filter_is_listed_first_then_reconciled_and_resolved_one_by_one(store:
     says(&none, 0, &[]);
     assert!(String::from_utf8_lossy(&none.stdout)
         .contains("No UNKNOWN operation matches tool=issue_refund."));
+
+    // Each reconciler's lookups, in the figures: one whose provider cannot be reached fails.
+    let mut down = begin("refund:b-4", ARGS);
+    down.provider = "down".into();
+    let grant = claim(&mut client, down).await;
+    report_unknown(&mut client, "refund:b-4", grant.fencing_token)
+        .await
+        .unwrap();
+    let failed = json(&oncectl(ledger.addr, &["reconcile", "refund:b-4", "--json"]).await);
+    assert_eq!(failed["verdict"], "UNKNOWN", "{failed}");
+    let stats = json(&oncectl(ledger.addr, &["stats", "--json"]).await);
+    let figures: Vec<_> = stats["reconcilers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no reconcilers: {stats}"))
+        .iter()
+        .map(|r| {
+            let n = |key: &str| r[key].as_u64().unwrap();
+            (
+                r["reconciler"].as_str().unwrap().to_owned(),
+                n("settled"),
+                n("missed"),
+                n("failed"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        figures,
+        [("down".to_owned(), 0, 0, 1), ("stripe".to_owned(), 1, 1, 0)],
+        "{stats}"
+    );
+    assert!(
+        stats["reconcilers"][1]["max_ms"].as_u64().is_some(),
+        "{stats}"
+    );
+    let human = oncectl(ledger.addr, &["stats"]).await;
+    assert!(
+        String::from_utf8_lossy(&human.stdout).contains("Reconciler lookups over the last 1h"),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
 
     // A filter that cannot be read, a CONFIRMED by filter, and one operation with a filter are
     // usage mistakes.

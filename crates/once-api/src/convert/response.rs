@@ -73,6 +73,18 @@ pub fn stats_response(stats: once_core::stats::Stats) -> pb::GetStatsResponse {
                 count: count(n),
             })
             .collect(),
+        reconcilers: stats
+            .lookups
+            .into_iter()
+            .map(|l| pb::ReconcilerLookups {
+                reconciler: l.reconciler,
+                settled: count(l.settled),
+                missed: count(l.missed),
+                failed: count(l.failed),
+                mean_latency: l.mean_ms.map(|ms| duration(ms.max(0))),
+                max_latency: l.max_ms.map(|ms| duration(ms.max(0))),
+            })
+            .collect(),
     }
 }
 

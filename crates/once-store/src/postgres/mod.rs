@@ -128,6 +128,14 @@ impl Dialect for Postgres {
         &FRONTIER
     }
 
+    fn json_text(column: &str, field: &str) -> String {
+        format!("({column}::json ->> '{field}')")
+    }
+
+    fn json_integer(column: &str, field: &str) -> String {
+        format!("({column}::json ->> '{field}')::bigint")
+    }
+
     fn statements() -> &'static Statements {
         static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| {
             Statements::new(

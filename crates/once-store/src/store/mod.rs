@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use once_core::stats::{Gauges, Stats, UNKNOWN_AGE_THRESHOLDS};
+use once_core::stats::{Gauges, LookupRow, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
     Attempt, Event, EventKind, FencingToken, ListQuery, Listed, Millis, OperationId, Scope,
 };
@@ -122,6 +122,14 @@ where
     for<'r> (String, String, i64): FromRow<'r, D::Row>,
     for<'r> (String, Option<i64>): FromRow<'r, D::Row>,
     for<'r> (String, i64): FromRow<'r, D::Row>,
+    for<'r> (
+        String,
+        String,
+        Option<String>,
+        i64,
+        Option<i64>,
+        Option<i64>,
+    ): FromRow<'r, D::Row>,
 {
     fn kind(&self) -> &'static str {
         D::KIND
@@ -281,11 +289,50 @@ where
             .into_iter()
             .filter_map(|(kind, n)| Some((EventKind::parse(&kind)?, n)))
             .collect();
+        // Each reconciler's lookups in the window, by what they found, timed from the claim
+        // (`issued_at`) to the verdict's commit.
+        let (found, issued) = (
+            D::json_text("e.details", "found"),
+            D::json_integer("e.details", "issued_at"),
+        );
+        let (mut sql, mut binds) = (String::new(), Binds::<D>::default());
+        sql += &format!(
+            "SELECT e.actor, e.kind, {found}, COUNT(*), CAST(AVG(e.at - {issued}) AS BIGINT), \
+             MAX(e.at - {issued}) FROM events e WHERE {} \
+             AND e.kind IN ('RECONCILED', 'LOOKUP_INCONCLUSIVE') AND e.actor LIKE 'reconciler:%' \
+             GROUP BY e.actor, e.kind, {found}",
+            binds.in_window(scope, window_ms)?
+        );
+        type Looked = (
+            String,
+            String,
+            Option<String>,
+            i64,
+            Option<i64>,
+            Option<i64>,
+        );
+        let looked: Vec<Looked> = sqlx::query_as_with(&sql, binds.arguments)
+            .fetch_all(&self.pool)
+            .await?;
+        let lookups = looked
+            .into_iter()
+            .filter_map(|(actor, kind, found, count, mean_ms, max_ms)| {
+                Some(LookupRow {
+                    actor,
+                    kind: EventKind::parse(&kind)?,
+                    found,
+                    count,
+                    mean_ms,
+                    max_ms,
+                })
+            })
+            .collect();
         Ok(Stats::of(
             counts,
             ages.into_iter().map(|(age,)| age).collect(),
             resolved,
             events,
+            lookups,
         ))
     }
 
