@@ -408,6 +408,7 @@ BULK_CONFIG = (
     '[reconciliation]\ninterval = "1h"\n\n'
     '[[reconciler]]\nname = "stripe"\nkind = "stripe"\n'
     'endpoint = "{provider_url}"\nsettle_time = "1h"\ntenants = ["acme"]\n'
+    'dashboard = "https://dashboard.fakepay.test/search?q={provider_key}"\n'
 )
 
 
@@ -451,6 +452,13 @@ async def test_an_operator_acts_on_a_filter_after_its_dry_run(tmp_path, backend,
         assert "Finished: 3 done, 0 refused" in browser.find_element(By.ID, "bulk-finished").text
         shot(browser, "bulk-reconciled", backend)
         assert (await refund_state(stack, "order_bulk_paid"))["state"] == "CONFIRMED"
+
+        # Each operation's page links to it in the provider's dashboard.
+        browser.get(operation_url(stack, unpaid))
+        link = browser.find_element(By.CSS_SELECTOR, "a.dashboard")
+        assert link.get_attribute("href").startswith("https://dashboard.fakepay.test/search?q=once_"), \
+            link.get_attribute("href")
+        assert link.get_attribute("rel") == "noopener noreferrer"
 
         # The reconciler's health, on the overview: three lookups, one settled, two that found
         # nothing yet.

@@ -69,6 +69,8 @@ pub struct OperationView {
     pub calls: Vec<CallView>,
     /// The calls in a sentence ("1 execution, 2 duplicates prevented: 2 harness retries").
     pub forensics: Option<String>,
+    /// A link to it in its provider's dashboard, when its reconciler has one; not in a listing.
+    pub provider_dashboard: Option<String>,
 }
 
 /// One call of an operation: a granted attempt, or a Begin answered without a new execution

@@ -71,6 +71,7 @@ pub(crate) fn operation(found: pb::GetOperationResponse) -> OperationView {
     view.events = found.events.into_iter().map(event).collect();
     view.calls = found.calls.into_iter().map(call).collect();
     view.forensics = present(found.forensics);
+    view.provider_dashboard = present(found.provider_dashboard);
     view
 }
 
@@ -180,6 +181,7 @@ fn summary(op: pb::Operation) -> OperationView {
         events: Vec::new(),
         calls: Vec::new(),
         forensics: None,
+        provider_dashboard: None,
     }
 }
 

@@ -323,7 +323,7 @@ pub(crate) fn operation(op: &OperationView, viewer: &Viewer<'_>, notice: Option<
 <dt>Tenant</dt><dd>{tenant}</dd>
 <dt>Provider</dt><dd>{provider}</dd>
 <dt>Provider reference</dt><dd>{provider_ref}</dd>
-<dt>Provider key</dt><dd><code>{provider_key}</code></dd>
+<dt>Provider key</dt><dd><code>{provider_key}</code>{dashboard}</dd>
 <dt>Latest attempt</dt><dd>{attempt} (fencing token {token})</dd>
 <dt>Why</dt><dd>{reason}</dd>
 <dt>Created</dt><dd>{created}</dd>
@@ -341,6 +341,15 @@ pub(crate) fn operation(op: &OperationView, viewer: &Viewer<'_>, notice: Option<
         provider = esc(op.provider.as_deref().unwrap_or("—")),
         provider_ref = esc(op.provider_ref.as_deref().unwrap_or("—")),
         provider_key = esc(&op.provider_key),
+        dashboard = op
+            .provider_dashboard
+            .as_deref()
+            .map(|link| format!(
+                r#" <a class="dashboard" href="{}" rel="noopener noreferrer" target="_blank">Open in {}'s dashboard</a>"#,
+                esc(link),
+                esc(op.provider.as_deref().unwrap_or("the provider"))
+            ))
+            .unwrap_or_default(),
         attempt = op.attempt,
         token = op.fencing_token,
         reason = esc(op.reason.as_deref().unwrap_or("—")),

@@ -17,6 +17,7 @@
 //! api_key_env = "STRIPE_API_KEY"     # the credential comes from the environment, never the file
 //! timeout = "5s"
 //! settle_time = "2s"
+//! dashboard = "https://dashboard.stripe.com/search?query={provider_key}"   # a link (optional)
 //! ```
 //!
 //! A reconciler serves the tenants it is configured for (`default` unless it says), each with
@@ -89,6 +90,9 @@ struct ReconcilerFile {
     tenants: Option<Vec<String>>,
     timeout: Option<String>,
     settle_time: Option<String>,
+    /// A link to an operation in the provider's dashboard: an https:// URL template with
+    /// {provider_key} and {provider_ref}.
+    dashboard: Option<String>,
     // The `http` kind's settings.
     url: Option<String>,
     found_status: Option<Vec<u16>>,
@@ -278,6 +282,12 @@ pub fn parse(
                 ),
             ));
         }
+        let dashboard = r
+            .dashboard
+            .as_deref()
+            .map(crate::dashboard::Dashboard::parse)
+            .transpose()
+            .map_err(|m| invalid(field("dashboard"), m))?;
         for (tenant, variable) in served(r, &field)? {
             let api_key = match &variable {
                 None => None,
@@ -297,6 +307,7 @@ pub fn parse(
                     backoff: settings.backoff,
                     escalation: settings.escalation,
                     timeout,
+                    dashboard: dashboard.clone(),
                 },
             );
         }
@@ -394,6 +405,34 @@ mod tests {
             shown.contains("<redacted>") && !shown.contains("sk_test_secret"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn a_dashboard_link_is_an_https_template_or_onced_does_not_start() {
+        let with = |dashboard: &str| {
+            parse(
+                &format!("{CONFIG}\n        dashboard = \"{dashboard}\"\n"),
+                |_| Some("k".to_owned()),
+            )
+        };
+        let parsed = with("https://dash.example/search?q={provider_key}").unwrap();
+        let payments = parsed.registry.get("default", "payments").unwrap();
+        let link = payments.dashboard.as_ref().unwrap().link(None, "once_1");
+        assert_eq!(
+            link.as_deref(),
+            Some("https://dash.example/search?q=once_1")
+        );
+        let refused = with("javascript:alert({provider_key})")
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("reconciler[0].dashboard"), "{refused}");
+        assert!(parse(CONFIG, |_| Some("k".to_owned()))
+            .unwrap()
+            .registry
+            .get("default", "payments")
+            .unwrap()
+            .dashboard
+            .is_none());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! in the TOML file given to `onced --config` ([`config`]).
 
 pub mod config;
+pub mod dashboard;
 pub mod grpc;
 pub mod http;
 pub mod stripe;
@@ -63,6 +64,8 @@ pub struct Registered {
     pub backoff: Backoff,
     pub escalation: Escalation,
     pub timeout: Duration,
+    /// The link template to an operation in the provider's dashboard, if configured.
+    pub dashboard: Option<dashboard::Dashboard>,
 }
 
 impl Registered {

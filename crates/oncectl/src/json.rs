@@ -66,6 +66,7 @@ pub fn operation(op: &OperationView) -> Value {
         "events": op.events.iter().map(event).collect::<Vec<_>>(),
         "calls": op.calls.iter().map(call).collect::<Vec<_>>(),
         "forensics": op.forensics,
+        "provider_dashboard": op.provider_dashboard,
     })
 }
 

@@ -248,6 +248,9 @@ pub fn operation(look: &Look, op: &OperationView) -> String {
     if let Some(reference) = &op.provider_ref {
         field(&mut out, "Provider ref", reference.clone());
     }
+    if let Some(link) = &op.provider_dashboard {
+        field(&mut out, "Dashboard", link.clone());
+    }
     if let Some(result) = &op.result {
         field(&mut out, "Result", excerpt(result, 120));
     }

@@ -99,6 +99,7 @@ fn unknown_refund() -> OperationView {
             call(80, None, "UNKNOWN", "2", Some("reconnect")),
         ],
         forensics: Some("1 execution, 2 duplicates prevented: 1 harness retry, 1 reconnect".into()),
+        provider_dashboard: None,
     }
 }
 

@@ -512,7 +512,8 @@ async fn a_filter_is_listed_first_then_reconciled_and_resolved_one_by_one(store:
         &db,
         format!(
             "[reconciliation]\ninterval = \"1h\"\n\n[[reconciler]]\nname = \"stripe\"\n\
-             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"1h\"\ntimeout = \"2s\"\n\n\
+             kind = \"stripe\"\nendpoint = \"{provider}\"\nsettle_time = \"1h\"\ntimeout = \"2s\"\n\
+             dashboard = \"https://dash.example/refunds/{{provider_ref}}\"\n\n\
              [[reconciler]]\nname = \"down\"\nkind = \"stripe\"\nendpoint = \"http://127.0.0.1:9\"\n\
              settle_time = \"1h\"\ntimeout = \"2s\"\n"
         ),
@@ -588,6 +589,17 @@ async fn a_filter_is_listed_first_then_reconciled_and_resolved_one_by_one(store:
         ],
         "{done}"
     );
+
+    // What a reconciler found links to the provider's dashboard; what it did not has no link.
+    let found = json(&oncectl(ledger.addr, &["show", "refund:b-1", "--json"]).await);
+    let reference = found["provider_ref"].as_str().unwrap().to_owned();
+    assert_eq!(
+        found["provider_dashboard"],
+        format!("https://dash.example/refunds/{reference}"),
+        "{found}"
+    );
+    let missed = json(&oncectl(ledger.addr, &["show", "refund:b-2", "--json"]).await);
+    assert!(missed["provider_dashboard"].is_null(), "{missed}");
 
     // Each lookup's event names who asked for it.
     let shown = json(&oncectl(ledger.addr, &["show", "refund:b-2", "--json"]).await);

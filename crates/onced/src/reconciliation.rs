@@ -109,6 +109,15 @@ impl<B: Backend> Reconciliation<B> {
             .and_then(|p| self.reconcilers.get(&op.tenant, p))
     }
 
+    /// The link to `op` in its provider's dashboard, when its reconciler has a template and
+    /// the operation what the template needs.
+    pub fn dashboard(&self, op: &Operation) -> Option<String> {
+        self.reconciler_of(op)?
+            .dashboard
+            .as_ref()?
+            .link(op.provider_ref.as_deref(), &op.provider_key)
+    }
+
     /// Looks `op` up under the claim `lookup` and applies the verdict. The one path every
     /// lookup takes. Returns the verdict, and what applying it did and whether it escalated.
     async fn look_up(

@@ -216,9 +216,10 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .explain(&tenant, &id)
             .await
             .map_err(status::store)?;
-        Ok(Response::new(convert::explained(
-            op, attempts, events, calls,
-        )))
+        let dashboard = self.reconciliation.dashboard(&op);
+        let mut explained = convert::explained(op, attempts, events, calls);
+        explained.provider_dashboard = dashboard.unwrap_or_default();
+        Ok(Response::new(explained))
     }
 
     async fn get_stats(

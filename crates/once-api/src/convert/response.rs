@@ -33,6 +33,7 @@ pub fn explained(
         events: events.into_iter().map(event).collect(),
         forensics: forensics::Summary::of(&calls).to_string(),
         calls: calls.into_iter().map(call).collect(),
+        provider_dashboard: String::new(),
     }
 }
 
