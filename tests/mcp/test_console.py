@@ -17,7 +17,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from conftest import BIN, PATIENCE, ROOT, make_stack, wait_for
 
@@ -435,10 +435,17 @@ async def test_an_operator_acts_on_a_filter_after_its_dry_run(tmp_path, backend,
         # The queue's filter, then its dry run: the list, and nothing done.
         browser.get(base(stack) + "/queue?provider=stripe")
         WebDriverWait(browser, WAIT).until(lambda d: queue_ids(d) == {paid, unpaid, moved})
+        # By how they came to be UNKNOWN: each attempt said it could not tell; no lease ran out.
+        browser.get(base(stack) + "/queue?provider=stripe&source=lease")
+        WebDriverWait(browser, WAIT).until(lambda d: "No UNKNOWN operation matches" in d.page_source)
+        Select(browser.find_element(By.NAME, "source")).select_by_value("attempt")
+        browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
+        WebDriverWait(browser, WAIT).until(lambda d: queue_ids(d) == {paid, unpaid, moved})
         browser.find_element(By.LINK_TEXT, "Act on these…").click()
         WebDriverWait(browser, WAIT).until(lambda d: "dry run" in d.page_source)
         main = browser.find_element(By.TAG_NAME, "main").text
         assert "3 UNKNOWN operations selected" in main and "provider stripe" in main, main
+        assert "where its attempt could not tell" in main, main
         assert queue_ids(browser) == {paid, unpaid, moved}
         shot(browser, "bulk-dry-run", backend)
         for order in ("order_bulk_paid", "order_bulk_unpaid", "order_bulk_moved"):

@@ -71,6 +71,9 @@ pub struct OperationView {
     pub forensics: Option<String>,
     /// A link to it in its provider's dashboard, when its reconciler has one; not in a listing.
     pub provider_dashboard: Option<String>,
+    /// The events of its earlier lives (before, its id was settled, deleted by retention and
+    /// begun again), oldest first (the latest 200); empty in a listing.
+    pub earlier_events: Vec<EventView>,
 }
 
 /// One call of an operation: a granted attempt, or a Begin answered without a new execution

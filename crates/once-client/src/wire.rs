@@ -72,6 +72,7 @@ pub(crate) fn operation(found: pb::GetOperationResponse) -> OperationView {
     view.calls = found.calls.into_iter().map(call).collect();
     view.forensics = present(found.forensics);
     view.provider_dashboard = present(found.provider_dashboard);
+    view.earlier_events = found.earlier_events.into_iter().map(event).collect();
     view
 }
 
@@ -182,6 +183,7 @@ fn summary(op: pb::Operation) -> OperationView {
         calls: Vec::new(),
         forensics: None,
         provider_dashboard: None,
+        earlier_events: Vec::new(),
     }
 }
 

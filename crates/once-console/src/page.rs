@@ -153,16 +153,28 @@ pub(crate) struct QueueFilter {
     /// Part of an operation id, a provider reference or a reason.
     #[serde(default)]
     pub(crate) q: String,
+    /// Only operations put in UNKNOWN this way: `attempt` (its attempt said it could not
+    /// tell), `lease` (its lease ran out) or `anomaly` (held for an operator).
+    #[serde(default)]
+    pub(crate) source: String,
 }
+
+/// The ways into UNKNOWN the queue filters by, as the page names them.
+const SOURCES: [(&str, &str); 3] = [
+    ("attempt", "its attempt could not tell"),
+    ("lease", "its lease ran out"),
+    ("anomaly", "held for an operator"),
+];
 
 impl QueueFilter {
     fn query(&self) -> String {
         format!(
-            "tool={}&provider={}&older_than={}&q={}",
+            "tool={}&provider={}&older_than={}&q={}&source={}",
             url(&self.tool),
             url(&self.provider),
             url(&self.older_than),
-            url(&self.q)
+            url(&self.q),
+            url(&self.source)
         )
     }
 
@@ -181,14 +193,21 @@ impl QueueFilter {
         if !self.q.trim().is_empty() {
             parts.push(format!("matching “{}”", self.q.trim()));
         }
+        if let Some((_, said)) = SOURCES.iter().find(|(s, _)| *s == self.source) {
+            parts.push(format!("where {said}"));
+        }
         match parts.is_empty() {
             true => "Every UNKNOWN operation".to_owned(),
             false => format!("UNKNOWN operations of {}", parts.join(", ")),
         }
     }
 
-    /// Whether `op` matches the text search.
+    /// Whether `op` matches the text search and the source.
     pub(crate) fn matches(&self, op: &OperationView) -> bool {
+        let source = self.source.trim();
+        if !source.is_empty() && op.source != source {
+            return false;
+        }
         let q = self.q.trim();
         q.is_empty()
             || op.operation_id.contains(q)
@@ -228,7 +247,7 @@ pub(crate) fn queue(
         r#"<h1>UNKNOWN operations</h1>
 <p class="lede">The effect of each may or may not have happened. A reconciler settles what its provider can tell; the rest wait for a person. Oldest first.</p>
 <form method="get" action="/queue" class="filters" role="search">
-{tool}{provider}{older}{q}
+{tool}{provider}{older}{source}{q}
 <button type="submit">Filter</button>
 </form>
 <section aria-live="polite" data-live="/queue/live?{query}" data-rows="/queue?{query}">
@@ -236,6 +255,7 @@ pub(crate) fn queue(
 </section>
 {more}
 {bulk}"#,
+        source = source_choice(&filter.source),
         tool = input("tool", "Tool", &filter.tool, "issue_refund"),
         provider = input("provider", "Provider", &filter.provider, "stripe"),
         older = input("older_than", "Older than", &filter.older_than, "1h"),
@@ -248,6 +268,19 @@ pub(crate) fn queue(
         query = esc(&filter.query()),
         table = queue_rows(rows, now),
     )
+}
+
+/// The queue's choice of how operations came to be UNKNOWN.
+fn source_choice(chosen: &str) -> String {
+    let mut options = String::from(r#"<option value="">any way</option>"#);
+    for (value, said) in SOURCES {
+        let selected = if value == chosen { " selected" } else { "" };
+        let _ = write!(
+            options,
+            r#"<option value="{value}"{selected}>{said}</option>"#
+        );
+    }
+    format!(r#"<label>Why UNKNOWN<select name="source">{options}</select></label>"#)
 }
 
 /// The queue's table alone: what the live page swaps in when an operation enters or leaves.
@@ -368,6 +401,7 @@ pub(crate) fn operation(op: &OperationView, viewer: &Viewer<'_>, notice: Option<
         );
     }
     body.push_str(&timeline(&op.events));
+    body.push_str(&earlier_lives(&op.earlier_events));
     body.push_str(&attempts(&op.attempts));
     if !op.calls.is_empty() {
         body.push_str(r#"<h2>Calls</h2><table><thead><tr><th scope="col">When</th><th scope="col">Decision</th><th scope="col">Attempt</th><th scope="col">Client</th><th scope="col">Session</th><th scope="col">Request</th><th scope="col">Origin</th></tr></thead><tbody>"#);
@@ -397,7 +431,26 @@ pub(crate) fn operation(op: &OperationView, viewer: &Viewer<'_>, notice: Option<
 }
 
 fn timeline(events: &[EventView]) -> String {
-    let mut out = String::from(r#"<h2>Timeline</h2><ol class="timeline">"#);
+    let mut out = String::from(r#"<h2>Timeline</h2>"#);
+    out.push_str(&timeline_items(events));
+    out
+}
+
+/// The events of the operation's earlier lives, folded away under one line.
+fn earlier_lives(events: &[EventView]) -> String {
+    if events.is_empty() {
+        return String::new();
+    }
+    format!(
+        r#"<details class="earlier"><summary>Earlier lives: {n} event{s} (before, this id was settled, deleted by retention and begun again)</summary>{items}</details>"#,
+        n = events.len(),
+        s = if events.len() == 1 { "" } else { "s" },
+        items = timeline_items(events),
+    )
+}
+
+fn timeline_items(events: &[EventView]) -> String {
+    let mut out = String::from(r#"<ol class="timeline">"#);
     for event in events {
         let change = match (event.from, event.to) {
             (Some(from), Some(to)) => format!("{} → {}", from.as_str(), to.as_str()),
@@ -929,6 +982,25 @@ mod tests {
         assert!(!escaped.contains('<') && !escaped.contains('"') && !escaped.contains('\''));
         assert_eq!(esc("a & b"), "a &amp; b");
         assert_eq!(url("refund:a/b?c=d&e"), "refund%3Aa%2Fb%3Fc%3Dd%26e");
+    }
+
+    #[test]
+    fn earlier_lives_are_folded_away_and_shown_only_when_there_are_some() {
+        assert_eq!(earlier_lives(&[]), "");
+        let event = EventView {
+            sequence: 7,
+            at: None,
+            kind: "CONFIRMED".into(),
+            from: None,
+            to: None,
+            attempt: 1,
+            actor: "executor:<b>mcp</b>".into(),
+            reason: None,
+            details: None,
+        };
+        let folded = earlier_lives(&[event]);
+        assert!(folded.starts_with(r#"<details class="earlier"><summary>Earlier lives: 1 event "#));
+        assert!(folded.contains("CONFIRMED") && folded.contains("&lt;b&gt;mcp"));
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct CredentialChanges {
     pub through: i64,
 }
 
+/// The most events of earlier lives [`Backend::earlier_lives`] gives.
+pub const EARLIER_EVENTS: i64 = 200;
+
 /// A database that can hold the ledger: the API's reads here, the rest by concern in its
 /// supertraits ([`Credentials`], [`Events`], [`Forensics`], [`Sweeps`]). Only the
 /// [`crate::Ledger`] writes an operation, through the transaction primitives of its sealed
@@ -82,6 +85,16 @@ pub trait Backend:
         id: &OperationId,
         life: FencingToken,
     ) -> impl Future<Output = Result<(Vec<Attempt>, Vec<Event>), StoreError>> + Send;
+
+    /// The events of an operation's lives before `life` (each was settled, deleted by
+    /// retention, and its id begun again), oldest first, at most [`EARLIER_EVENTS`] of the latest; those
+    /// [`Backend::history`] gives with `life` are not among them.
+    fn earlier_lives(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        life: FencingToken,
+    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
 
     /// One page of the operations of `scope`, oldest first, without their results, each with
     /// the latest event of its current life.

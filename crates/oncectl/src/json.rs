@@ -67,6 +67,7 @@ pub fn operation(op: &OperationView) -> Value {
         "calls": op.calls.iter().map(call).collect::<Vec<_>>(),
         "forensics": op.forensics,
         "provider_dashboard": op.provider_dashboard,
+        "earlier_events": op.earlier_events.iter().map(event).collect::<Vec<_>>(),
     })
 }
 

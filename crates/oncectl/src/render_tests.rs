@@ -100,6 +100,7 @@ fn unknown_refund() -> OperationView {
         ],
         forensics: Some("1 execution, 2 duplicates prevented: 1 harness retry, 1 reconnect".into()),
         provider_dashboard: None,
+        earlier_events: Vec::new(),
     }
 }
 

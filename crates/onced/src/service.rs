@@ -217,8 +217,15 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .await
             .map_err(status::store)?;
         let dashboard = self.reconciliation.dashboard(&op);
+        let earlier = self
+            .ledger
+            .backend()
+            .earlier_lives(&tenant, &id, op.life)
+            .await
+            .map_err(status::store)?;
         let mut explained = convert::explained(op, attempts, events, calls);
         explained.provider_dashboard = dashboard.unwrap_or_default();
+        explained.earlier_events = earlier.into_iter().map(convert::event).collect();
         Ok(Response::new(explained))
     }
 

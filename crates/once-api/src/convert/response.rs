@@ -34,6 +34,7 @@ pub fn explained(
         forensics: forensics::Summary::of(&calls).to_string(),
         calls: calls.into_iter().map(call).collect(),
         provider_dashboard: String::new(),
+        earlier_events: Vec::new(),
     }
 }
 

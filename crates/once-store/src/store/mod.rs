@@ -172,6 +172,30 @@ where
         Ok((rows::convert(attempts)?, rows::convert(events)?))
     }
 
+    async fn earlier_lives(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        life: FencingToken,
+    ) -> Result<Vec<Event>, StoreError> {
+        // Before the first event of `life`: what `history` gives of earlier lives comes after.
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM events \
+             WHERE tenant = $1 AND operation_id = $2 AND life < $3 AND sequence < COALESCE(\
+             (SELECT min(sequence) FROM events WHERE tenant = $1 AND operation_id = $2 \
+             AND life = $3), sequence + 1) ORDER BY sequence DESC LIMIT $4"
+        );
+        let mut events: Vec<EventRow> = sqlx::query_as(&sql)
+            .bind(tenant)
+            .bind(id.as_str())
+            .bind(rows::token_column(life))
+            .bind(crate::backend::EARLIER_EVENTS)
+            .fetch_all(&self.pool)
+            .await?;
+        events.reverse();
+        rows::convert(events)
+    }
+
     async fn list(&self, scope: &Scope, query: &ListQuery) -> Result<Vec<Listed>, StoreError> {
         // Declared before the arguments, which borrow it as long as they live.
         let mut sql = String::new();

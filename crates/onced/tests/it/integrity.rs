@@ -13,6 +13,7 @@ use crate::support::*;
 
 on_both_backends!(
     a_fencing_token_is_never_issued_twice_across_lives,
+    earlier_lives_are_told_apart_from_the_current_one,
     anomalies_of_a_new_life_are_recorded_again,
     the_fresh_id_guard_stops_a_new_id_while_the_same_intent_runs,
     the_fresh_id_guard_sees_an_expired_lease_before_the_sweeper_does,
@@ -41,6 +42,35 @@ async fn delete_as_retention_does(db: &TestDb, id: &str) {
 
 fn count(history: &pb::GetOperationResponse, kind: &str) -> usize {
     history.events.iter().filter(|e| e.kind == kind).count()
+}
+
+/// GetOperation tells an operation's current life from the earlier ones of its id (settled,
+/// deleted by retention, begun again): the history is this life's, the earlier events beside it.
+async fn earlier_lives_are_told_apart_from_the_current_one(store: Engine) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn_with_short_retention(&db, "50ms").await;
+    let mut client = ledger.client().await;
+    let first = claim(&mut client, begin("lives-2", ARGS)).await;
+    let kinds = |events: &[pb::Event]| events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>();
+    assert!(get(&mut client, "lives-2").await.earlier_events.is_empty());
+    confirm(&mut client, "lives-2", first.fencing_token, b"life one")
+        .await
+        .unwrap();
+    wait_deleted(&db, "lives-2").await;
+
+    let second = claim(&mut client, begin("lives-2", ARGS)).await;
+    let found = get(&mut client, "lives-2").await;
+    assert_eq!(kinds(&found.events), ["CLAIMED"]);
+    assert_eq!(kinds(&found.earlier_events), ["CLAIMED", "CONFIRMED"]);
+    assert!(found.earlier_events[0].sequence < found.earlier_events[1].sequence);
+    assert!(found.earlier_events[1].sequence < found.events[0].sequence);
+    report_absent(&mut client, "lives-2", second.fencing_token)
+        .await
+        .unwrap();
+    let found = get(&mut client, "lives-2").await;
+    assert_eq!(kinds(&found.events), ["CLAIMED", "REPORTED_ABSENT"]);
+    assert_eq!(found.earlier_events.len(), 2);
+    ledger.stop().await;
 }
 
 async fn a_fencing_token_is_never_issued_twice_across_lives(store: Engine) {
