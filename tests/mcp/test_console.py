@@ -163,6 +163,14 @@ async def test_a_reader_sees_the_queue_live_and_cannot_act(console_stack, browse
     assert first in queue_ids(browser)
     assert "acme-reader" in browser.find_element(By.CSS_SELECTOR, ".session").text
     shot(browser, "queue", backend)
+    # On a phone: nothing but a wide table scrolls sideways, and the page still passes.
+    browser.set_window_size(390, 844)
+    WebDriverWait(browser, WAIT).until(lambda d: d.execute_script("return window.innerWidth") <= 400)
+    assert browser.execute_script(
+        "return document.documentElement.scrollWidth <= window.innerWidth;"
+    ), browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth];")
+    shot(browser, "queue-phone", backend)
+    browser.set_window_size(1280, 900)
 
     # A new UNKNOWN appears without a reload (the marker set on this page survives), carried
     # by the one event stream the page opened.

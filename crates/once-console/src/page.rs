@@ -150,7 +150,8 @@ pub(crate) struct QueueFilter {
     /// Only operations older than this (`90s`, `15m`, `2h`, `1d`).
     #[serde(default)]
     pub(crate) older_than: String,
-    /// Part of an operation id, a provider reference or a reason.
+    /// Part of an operation id, a provider reference, a reason or a tool, or the start of the
+    /// fingerprint of its arguments (its intent).
     #[serde(default)]
     pub(crate) q: String,
     /// Only operations put in UNKNOWN this way: `attempt` (its attempt said it could not
@@ -214,6 +215,7 @@ impl QueueFilter {
             || op.provider_ref.as_deref().is_some_and(|r| r.contains(q))
             || op.reason.as_deref().is_some_and(|r| r.contains(q))
             || op.tool.contains(q)
+            || op.fingerprint.starts_with(q)
     }
 }
 
