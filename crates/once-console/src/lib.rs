@@ -54,6 +54,8 @@ const SECURE_COOKIE: &str = "__Host-once_console";
 const LIVE: &str = "x-console-live";
 /// The most operations the queue shows at once.
 const QUEUE_ROWS: u32 = 500;
+/// The most UNKNOWN operations a text or source search looks through, oldest first.
+const SEARCHED: usize = 20_000;
 /// How long a Reconcile pressed in the console may take.
 const RECONCILE_WAIT: Duration = Duration::from_secs(30);
 
@@ -566,20 +568,43 @@ fn list_filter(filter: &QueueFilter) -> Result<ListFilter, ClientError> {
     })
 }
 
-/// The UNKNOWN operations the filter selects, oldest first, and whether there are more.
+/// The UNKNOWN operations the filter selects, oldest first (at most `limit`), and whether
+/// there are more. What the console matches itself (text, source) is looked for through every
+/// page of the listing, up to [`SEARCHED`] operations, not only the first.
+async fn matching(
+    client: &LedgerClient,
+    filter: &QueueFilter,
+    limit: usize,
+) -> Result<(Vec<OperationView>, bool), ClientError> {
+    let list = list_filter(filter)?;
+    let searching = !filter.q.trim().is_empty() || !filter.source.trim().is_empty();
+    let (mut found, mut page, mut scanned) = (Vec::new(), None, 0);
+    loop {
+        let wanted = if searching {
+            1000
+        } else {
+            limit + 1 - found.len()
+        };
+        let size = u32::try_from(wanted.min(1000)).unwrap_or(1000);
+        let got = client.list_page(&list, size, page.as_deref()).await?;
+        scanned += got.operations.len();
+        found.extend(got.operations.into_iter().filter(|op| filter.matches(op)));
+        page = got.next;
+        if page.is_none() || found.len() > limit || scanned >= SEARCHED {
+            break;
+        }
+    }
+    let more = page.is_some() || found.len() > limit;
+    found.truncate(limit);
+    Ok((found, more))
+}
+
+/// The queue's rows: the oldest UNKNOWN operations the filter selects.
 async fn unknowns(
     client: &LedgerClient,
     filter: &QueueFilter,
 ) -> Result<(Vec<OperationView>, bool), ClientError> {
-    let page = client
-        .list_page(&list_filter(filter)?, QUEUE_ROWS, None)
-        .await?;
-    let rows = page
-        .operations
-        .into_iter()
-        .filter(|op| filter.matches(op))
-        .collect();
-    Ok((rows, page.next.is_some()))
+    matching(client, filter, QUEUE_ROWS as usize).await
 }
 
 /// The queue; to the live page's own requests (`X-Console-Live`), its table alone.
@@ -909,9 +934,8 @@ fn moved(op: &OperationView) -> String {
 /// The UNKNOWN operations a bulk action takes: what the queue's filter selects, at most
 /// [`once_client::BULK_LIMIT`].
 async fn selected(client: &LedgerClient, filter: &QueueFilter) -> Result<Selection, ClientError> {
-    let mut selection = client.select_unknown(&list_filter(filter)?).await?;
-    selection.operations.retain(|op| filter.matches(op));
-    Ok(selection)
+    let (operations, more) = matching(client, filter, once_client::BULK_LIMIT).await?;
+    Ok(Selection { operations, more })
 }
 
 /// What the queue's filter selects, before anything is done to it: a dry run, and for an

@@ -22,6 +22,7 @@ mod support;
 
 mod access;
 mod concurrency;
+mod console;
 mod decisions;
 mod durability;
 mod fakepay;

@@ -1,0 +1,46 @@
+//! The web console as an HTTP client meets it, where the browser suite (`tests/mcp`) cannot
+//! reach: a queue longer than one page.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+on_both_backends!(a_text_search_finds_an_operation_beyond_the_oldest_page);
+
+/// The queue lists the oldest 500 UNKNOWN operations; a text search looks through all of them
+/// (up to its bound), so the youngest of 520 is found by its id.
+async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) {
+    let db = TestDb::new(store).await;
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let ledger = TestLedger::spawn_with(&db, &["--console-listen", listen.as_str()]).await;
+    let mut client = ledger.client().await;
+    for i in 0..520 {
+        let id = format!("search-{i:03}");
+        let grant = claim(&mut client, begin(&id, ARGS)).await;
+        report_unknown(&mut client, &id, grant.fencing_token)
+            .await
+            .unwrap();
+    }
+    let http = reqwest::Client::new();
+    let queue = |query: &str| {
+        let (http, url) = (http.clone(), format!("http://{listen}/queue?{query}"));
+        async move {
+            let answer = http.get(url).send().await.ok()?;
+            (answer.status() == 200).then_some(())?;
+            answer.text().await.ok()
+        }
+    };
+    let everything = eventually(patient(Duration::from_secs(10)), "the console", || {
+        queue("")
+    })
+    .await;
+    assert!(everything.contains("search-000") && !everything.contains("search-519"));
+    let found = queue("q=search-519").await.unwrap();
+    assert!(found.contains(r#"data-operation="search-519""#), "{found}");
+    assert!(found.contains(r#"data-count="1""#), "{found}");
+    ledger.stop().await;
+}
