@@ -1007,19 +1007,10 @@ async fn bulk_reconcile(
     headers: HeaderMap,
     Form(fields): Form<HashMap<String, String>>,
 ) -> Response {
-    let form = BulkForm::read(fields);
-    let csrf = form.as_ref().map_or("", |f| f.csrf.as_str());
-    let who = match console.acting(&headers, csrf, "/queue") {
-        Ok(who) => who,
-        Err(refusal) => return refusal.answer(&console),
+    let (who, form) = match console.bulk_acting(&headers, fields) {
+        Ok(acting) => acting,
+        Err(refused) => return *refused,
     };
-    let form = match form {
-        Ok(form) => form,
-        Err(problem) => return console.bulk_refused(&who, problem),
-    };
-    if !console.viewer(&who, true).operates() {
-        return console.not_an_operator(&who);
-    }
     let client = who.client.clone();
     let operator = who.operator();
     let doing = page::bulk_started("Reconciling", form.targets.len());
@@ -1046,19 +1037,10 @@ async fn bulk_resolve(
     headers: HeaderMap,
     Form(fields): Form<HashMap<String, String>>,
 ) -> Response {
-    let form = BulkForm::read(fields);
-    let csrf = form.as_ref().map_or("", |f| f.csrf.as_str());
-    let who = match console.acting(&headers, csrf, "/queue") {
-        Ok(who) => who,
-        Err(refusal) => return refusal.answer(&console),
+    let (who, form) = match console.bulk_acting(&headers, fields) {
+        Ok(acting) => acting,
+        Err(refused) => return *refused,
     };
-    let form = match form {
-        Ok(form) => form,
-        Err(problem) => return console.bulk_refused(&who, problem),
-    };
-    if !console.viewer(&who, true).operates() {
-        return console.not_an_operator(&who);
-    }
     if form.reason.is_empty() {
         return console.bulk_refused(
             &who,
@@ -1193,6 +1175,25 @@ impl Console {
             "/queue",
         );
         self.page(StatusCode::FORBIDDEN, "Not allowed", who, true, &body)
+    }
+
+    /// Who asks for a bulk action and what the form names, once the request came from this
+    /// console with its CSRF token, the form can be read, and the key may settle operations.
+    fn bulk_acting(
+        &self,
+        headers: &HeaderMap,
+        fields: HashMap<String, String>,
+    ) -> Result<(Who, BulkForm), Box<Response>> {
+        let form = BulkForm::read(fields);
+        let csrf = form.as_ref().map_or("", |f| f.csrf.as_str());
+        let who = self
+            .acting(headers, csrf, "/queue")
+            .map_err(|refusal| Box::new(refusal.answer(self)))?;
+        let form = form.map_err(|problem| Box::new(self.bulk_refused(&who, problem)))?;
+        if !self.viewer(&who, true).operates() {
+            return Err(Box::new(self.not_an_operator(&who)));
+        }
+        Ok((who, form))
     }
 
     fn bulk_refused(&self, who: &Who, problem: &str) -> Response {

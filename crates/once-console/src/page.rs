@@ -852,7 +852,8 @@ pub(crate) fn bulk(
     if !viewer.operates() {
         return out;
     }
-    let bound = bound_targets(rows);
+    let targets: Vec<once_client::Target> = rows.iter().map(Into::into).collect();
+    let bound = bound_targets(&targets);
     let _ = write!(
         out,
         r#"<section class="acts" aria-labelledby="bulk-reconcile-title">
@@ -875,15 +876,15 @@ pub(crate) fn bulk(
 }
 
 /// Each operation as a hidden field, with the attempt it is bound to.
-fn bound_targets(rows: &[OperationView]) -> String {
+fn bound_targets(targets: &[once_client::Target]) -> String {
     let mut out = String::new();
-    for (i, op) in rows.iter().enumerate() {
+    for (i, t) in targets.iter().enumerate() {
         let _ = write!(
             out,
             r#"<input type="hidden" name="t{i}" value="{token} {attempt} {id}">"#,
-            token = op.fencing_token,
-            attempt = op.attempt,
-            id = esc(&op.operation_id),
+            token = t.fencing_token,
+            attempt = t.attempt,
+            id = esc(&t.operation_id),
         );
     }
     out
@@ -897,22 +898,15 @@ pub(crate) fn confirm_bulk_resolve(
 ) -> String {
     let count = targets.len();
     let mut list = String::new();
-    let mut bound = String::new();
-    for (i, t) in targets.iter().enumerate() {
+    for t in targets {
         let _ = write!(
             list,
             "<li><code>{id}</code> at attempt {attempt}</li>",
             id = esc(&t.operation_id),
             attempt = t.attempt
         );
-        let _ = write!(
-            bound,
-            r#"<input type="hidden" name="t{i}" value="{token} {attempt} {id}">"#,
-            token = t.fencing_token,
-            attempt = t.attempt,
-            id = esc(&t.operation_id),
-        );
     }
+    let bound = bound_targets(targets);
     format!(
         r#"<h1>Resolve {count} operation{s} ABSENT?</h1>
 <p>ABSENT: the ledger will record, for each, that the effect did not happen, and the next call of each will execute it. Each is bound to the attempt listed: one that moved since is refused, and nothing is applied to it.</p>

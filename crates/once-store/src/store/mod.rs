@@ -122,14 +122,7 @@ where
     for<'r> (String, String, i64): FromRow<'r, D::Row>,
     for<'r> (String, Option<i64>): FromRow<'r, D::Row>,
     for<'r> (String, i64): FromRow<'r, D::Row>,
-    for<'r> (
-        String,
-        String,
-        Option<String>,
-        i64,
-        Option<i64>,
-        Option<i64>,
-    ): FromRow<'r, D::Row>,
+    for<'r> LookedUp: FromRow<'r, D::Row>,
 {
     fn kind(&self) -> &'static str {
         D::KIND
@@ -327,15 +320,7 @@ where
              GROUP BY e.actor, e.kind, {found}",
             binds.in_window(scope, window_ms)?
         );
-        type Looked = (
-            String,
-            String,
-            Option<String>,
-            i64,
-            Option<i64>,
-            Option<i64>,
-        );
-        let looked: Vec<Looked> = sqlx::query_as_with(&sql, binds.arguments)
+        let looked: Vec<LookedUp> = sqlx::query_as_with(&sql, binds.arguments)
             .fetch_all(&self.pool)
             .await?;
         let lookups = looked
@@ -438,6 +423,17 @@ where
         self.pool.close().await;
     }
 }
+
+/// One row of a window's lookups: reconciler actor, event kind, what it found, how many, and
+/// the mean and longest time from claim to commit.
+type LookedUp = (
+    String,
+    String,
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<i64>,
+);
 
 /// The store's clock read once for the whole statement. A condition on an indexed column
 /// against it is an index range; against the clock itself (volatile in PostgreSQL) it is read
