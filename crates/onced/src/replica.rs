@@ -213,7 +213,7 @@ impl<B: Backend> Replica<B> {
             .layer(RpcLayer {
                 metrics: self.metrics.clone(),
             })
-            .layer(status::TooLargeLayer)
+            .layer(status::too_large_layer())
             .add_routes(routes);
         let stop_watchers = self.stop_watchers;
         // The console calls this router in process, and stops as shutdown begins.

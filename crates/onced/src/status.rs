@@ -3,7 +3,7 @@
 //! Every status carries a `google.rpc.ErrorInfo` with a stable reason code clients branch on.
 //! Database text never leaves the process: it is logged here, where the error is handled.
 //!
-//! It includes tonic's own refusal of an oversized request ([`TooLargeLayer`]:
+//! It includes tonic's own refusal of an oversized request ([`too_large_layer`]:
 //! RESOURCE_EXHAUSTED) and the refusals of access: UNAUTHENTICATED, PERMISSION_DENIED, and
 //! RESOURCE_EXHAUSTED with a `RetryInfo`, `retry_after_ms` and a `retry-after` header.
 
@@ -252,55 +252,22 @@ fn rejected(rejection: Rejection) -> Status {
 
 /// Rewrites tonic's refusal of a request over the size limit — `OUT_OF_RANGE`, sent before any
 /// handler runs — into `RESOURCE_EXHAUSTED` with an `ErrorInfo`, like every other refusal.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TooLargeLayer;
-
-impl<S> tower_layer::Layer<S> for TooLargeLayer {
-    type Service = TooLarge<S>;
-
-    fn layer(&self, inner: S) -> TooLarge<S> {
-        TooLarge { inner }
-    }
+pub fn too_large_layer<B>(
+) -> tower::util::MapResponseLayer<fn(http::Response<B>) -> http::Response<B>> {
+    tower::util::MapResponseLayer::new(too_large_rewritten::<B>)
 }
 
-/// See [`TooLargeLayer`].
-#[derive(Debug, Clone)]
-pub struct TooLarge<S> {
-    inner: S,
-}
-
-impl<S, ReqBody, ResBody> tower_service::Service<http::Request<ReqBody>> for TooLarge<S>
-where
-    S: tower_service::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+fn too_large_rewritten<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let refused = Status::from_header_map(response.headers()).filter(|s| {
+        s.code() == Code::OutOfRange && s.message().contains("message length too large")
+    });
+    if let Some(refused) = refused {
+        let (parts, _) = too_large(refused.message()).into_http::<()>().into_parts();
+        for (name, value) in &parts.headers {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
     }
-
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let answered = self.inner.call(request);
-        Box::pin(async move {
-            let mut response = answered.await?;
-            let refused = Status::from_header_map(response.headers()).filter(|s| {
-                s.code() == Code::OutOfRange && s.message().contains("message length too large")
-            });
-            if let Some(refused) = refused {
-                let (parts, _) = too_large(refused.message()).into_http::<()>().into_parts();
-                for (name, value) in &parts.headers {
-                    response.headers_mut().insert(name.clone(), value.clone());
-                }
-            }
-            Ok(response)
-        })
-    }
+    response
 }
 
 /// The call carries no credential, or one the ledger does not accept.
