@@ -38,92 +38,51 @@ struct Args {
     #[command(subcommand)]
     lint: Option<Lint>,
     /// The policy: which tools are guarded and how their calls are named (TOML).
-    #[arg(
-        long,
-        env = "ONCE_PROXY_POLICY",
-        hide_env_values = true,
-        required = true
-    )]
+    #[arg(long, env = "ONCE_PROXY_POLICY", required = true)]
     policy: Option<PathBuf>,
     /// The once-ledger endpoint.
-    #[arg(
-        long,
-        env = "ONCE_LEDGER",
-        hide_env_values = true,
-        default_value = "http://127.0.0.1:50051"
-    )]
+    #[arg(long, env = "ONCE_LEDGER", default_value = "http://127.0.0.1:50051")]
     ledger: String,
     /// The API key the proxy presents to the ledger; it names the tenant.
-    #[arg(long, env = "ONCE_LEDGER_KEY", hide_env_values = true)]
+    #[arg(long, env = "ONCE_LEDGER_KEY")]
     ledger_key: Option<String>,
     /// A PEM file of certificate authorities to trust for an `https://` ledger.
-    #[arg(long, env = "ONCE_LEDGER_CA", hide_env_values = true)]
+    #[arg(long, env = "ONCE_LEDGER_CA")]
     ledger_ca: Option<PathBuf>,
     /// For a ledger that verifies client certificates (mTLS): the proxy's PEM certificate
     /// (with --ledger-cert-key).
-    #[arg(
-        long,
-        env = "ONCE_LEDGER_CERT",
-        hide_env_values = true,
-        requires = "ledger_cert_key"
-    )]
+    #[arg(long, env = "ONCE_LEDGER_CERT", requires = "ledger_cert_key")]
     ledger_cert: Option<PathBuf>,
     /// The PEM private key of --ledger-cert.
-    #[arg(
-        long,
-        env = "ONCE_LEDGER_CERT_KEY",
-        hide_env_values = true,
-        requires = "ledger_cert"
-    )]
+    #[arg(long, env = "ONCE_LEDGER_CERT_KEY", requires = "ledger_cert")]
     ledger_cert_key: Option<PathBuf>,
     /// How log lines are written: text for people, or json (one object a line).
-    #[arg(
-        long,
-        env = "ONCE_LOG_FORMAT",
-        hide_env_values = true,
-        default_value = "text"
-    )]
+    #[arg(long, env = "ONCE_LOG_FORMAT", default_value = "text")]
     log_format: once_telemetry::LogFormat,
     /// Serve Prometheus metrics at http://ADDR/metrics: guarded calls by tool and how each
     /// ended (once_proxy_guarded_calls_total). Beyond loopback only with --metrics-token-file
     /// (or --insecure).
-    #[arg(long, env = "ONCE_PROXY_METRICS_LISTEN", hide_env_values = true)]
+    #[arg(long, env = "ONCE_PROXY_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// A file holding the bearer token every scrape must send (as strong as an API key).
     #[arg(
         long,
         env = "ONCE_PROXY_METRICS_TOKEN_FILE",
-        hide_env_values = true,
         requires = "metrics_listen"
     )]
     metrics_token_file: Option<PathBuf>,
     /// The client name recorded in the ledger's attempt log.
-    #[arg(
-        long,
-        env = "ONCE_PROXY_NAME",
-        hide_env_values = true,
-        default_value = "once-proxy"
-    )]
+    #[arg(long, env = "ONCE_PROXY_NAME", default_value = "once-proxy")]
     name: String,
     /// Deadline of one ledger RPC.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     ledger_timeout: Duration,
     /// Serve MCP over Streamable HTTP at `/mcp` on this address (with --upstream) instead of
     /// relaying stdio to a command. Beyond loopback it needs TLS and a client credential.
-    #[arg(
-        long,
-        env = "ONCE_PROXY_LISTEN",
-        hide_env_values = true,
-        requires = "upstream"
-    )]
+    #[arg(long, env = "ONCE_PROXY_LISTEN", requires = "upstream")]
     listen: Option<std::net::SocketAddr>,
     /// The upstream's Streamable HTTP MCP endpoint (with --listen).
-    #[arg(
-        long,
-        env = "ONCE_PROXY_UPSTREAM",
-        hide_env_values = true,
-        requires = "listen"
-    )]
+    #[arg(long, env = "ONCE_PROXY_UPSTREAM", requires = "listen")]
     upstream: Option<reqwest::Url>,
     /// A header sent with every upstream request, `Name: value` (the upstream's credentials);
     /// the client's own headers pass through, its authorization too unless the proxy asks for
@@ -132,46 +91,25 @@ struct Args {
     upstream_headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
     /// A file of such headers, one `Name: value` a line: credentials kept off the command
     /// line, which other users of the machine can read.
-    #[arg(
-        long,
-        env = "ONCE_PROXY_UPSTREAM_HEADERS_FILE",
-        hide_env_values = true,
-        requires = "listen"
-    )]
+    #[arg(long, env = "ONCE_PROXY_UPSTREAM_HEADERS_FILE", requires = "listen")]
     upstream_headers_file: Option<PathBuf>,
     /// A file holding the token HTTP clients must present (`Authorization: Bearer …`).
-    #[arg(
-        long,
-        env = "ONCE_PROXY_CLIENT_TOKEN_FILE",
-        hide_env_values = true,
-        requires = "listen"
-    )]
+    #[arg(long, env = "ONCE_PROXY_CLIENT_TOKEN_FILE", requires = "listen")]
     client_token_file: Option<PathBuf>,
     /// The listener's TLS certificate chain (PEM), with --tls-key.
-    #[arg(long, env = "ONCE_PROXY_TLS_CERT", hide_env_values = true, requires_all = ["listen", "tls_key"])]
+    #[arg(long, env = "ONCE_PROXY_TLS_CERT", requires_all = ["listen", "tls_key"])]
     tls_cert: Option<PathBuf>,
     /// The listener's TLS private key (PEM).
-    #[arg(
-        long,
-        env = "ONCE_PROXY_TLS_KEY",
-        hide_env_values = true,
-        requires = "tls_cert"
-    )]
+    #[arg(long, env = "ONCE_PROXY_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// Certificate authorities of client certificates (PEM): every client must present one.
-    #[arg(
-        long,
-        env = "ONCE_PROXY_TLS_CLIENT_CA",
-        hide_env_values = true,
-        requires = "tls_cert"
-    )]
+    #[arg(long, env = "ONCE_PROXY_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
     /// A `Host` the listener answers to besides its loopback names, as clients send it
     /// (`name` or `name:port`); repeatable.
     #[arg(
         long = "allowed-host",
         env = "ONCE_PROXY_ALLOWED_HOSTS",
-        hide_env_values = true,
         value_delimiter = ','
     )]
     allowed_hosts: Vec<String>,
@@ -180,16 +118,15 @@ struct Args {
     #[arg(
         long = "allowed-origin",
         env = "ONCE_PROXY_ALLOWED_ORIGINS",
-        hide_env_values = true,
         value_delimiter = ','
     )]
     allowed_origins: Vec<String>,
     /// The largest request body read (bytes; K, M suffixes for KiB and MiB).
-    #[arg(long, env = "ONCE_PROXY_MAX_BODY", hide_env_values = true, default_value = "4M", value_parser = bytes)]
+    #[arg(long, env = "ONCE_PROXY_MAX_BODY", default_value = "4M", value_parser = bytes)]
     max_body: usize,
     /// Serve beyond loopback without TLS or a client credential, and metrics without a token.
     /// Never in production.
-    #[arg(long, env = "ONCE_PROXY_INSECURE", hide_env_values = true)]
+    #[arg(long, env = "ONCE_PROXY_INSECURE")]
     insecure: bool,
     /// An environment variable the upstream command does not inherit (the ledger key never
     /// is); repeatable.
@@ -287,7 +224,7 @@ impl std::fmt::Debug for Args {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+    let args: Args = once_telemetry::parse_args();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -70,6 +70,26 @@ pub fn revision() -> &'static str {
     env!("ONCE_GIT_COMMIT")
 }
 
+/// The command line `T` declares, with one rule every binary keeps: help never shows the value
+/// of an environment variable an argument reads, as keys, tokens and URLs with credentials may
+/// be among them.
+pub fn command<T: clap::CommandFactory>() -> clap::Command {
+    fn values_hidden(command: clap::Command) -> clap::Command {
+        command
+            .mut_args(|arg| arg.hide_env_values(true))
+            .mut_subcommands(values_hidden)
+    }
+    values_hidden(T::command())
+}
+
+/// Parses the process's arguments as [`command`] declares them; on a usage error, or for
+/// `--help` and `--version`, prints and exits as clap does.
+pub fn parse_args<T: clap::Parser>() -> T {
+    let mut command = command::<T>();
+    let mut matches = command.get_matches_mut();
+    T::from_arg_matches_mut(&mut matches).unwrap_or_else(|error| error.format(&mut command).exit())
+}
+
 /// An error and its causes on one line, each cause left out when the words before it say it
 /// already.
 pub fn sentence(error: &anyhow::Error) -> String {
@@ -496,6 +516,38 @@ impl CappedLabel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[arg(long, env = "ONCE_TEST_KEY", global = true)]
+        key: Option<String>,
+        #[command(subcommand)]
+        inner: Option<Inner>,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Inner {
+        Deeper {
+            #[arg(long, env = "ONCE_TEST_TOKEN")]
+            token: Option<String>,
+        },
+    }
+
+    #[test]
+    fn help_never_shows_an_environment_variables_value() {
+        fn every_arg(command: &clap::Command, seen: &mut Vec<(String, bool)>) {
+            for arg in command.get_arguments() {
+                seen.push((arg.get_id().to_string(), arg.is_hide_env_values_set()));
+            }
+            for sub in command.get_subcommands() {
+                every_arg(sub, seen);
+            }
+        }
+        let mut seen = Vec::new();
+        every_arg(&command::<Cli>(), &mut seen);
+        assert!(seen.iter().any(|(id, _)| id == "token"), "{seen:?}");
+        assert!(seen.iter().all(|(_, hidden)| *hidden), "{seen:?}");
+    }
 
     fn signals(vars: &[(&str, &str)]) -> Signals {
         Signals::from_env(|name| {

@@ -27,48 +27,36 @@ pub struct Cli {
 #[command(next_help_heading = "Global options")]
 pub struct Global {
     /// The ledger: http://HOST:PORT, or https:// for one serving TLS.
-    #[arg(long, env = "ONCE_ADDR", hide_env_values = true, global = true)]
+    #[arg(long, env = "ONCE_ADDR", global = true)]
     pub addr: Option<String>,
 
     /// The API key, sent as a bearer token (it names the tenant).
-    #[arg(long, env = "ONCE_KEY", hide_env_values = true, global = true)]
+    #[arg(long, env = "ONCE_KEY", global = true)]
     pub key: Option<String>,
 
     /// A PEM file of the certificate authority that signed the ledger's TLS certificate.
-    #[arg(long, env = "ONCE_CA", hide_env_values = true, global = true)]
+    #[arg(long, env = "ONCE_CA", global = true)]
     pub ca: Option<PathBuf>,
 
     /// A PEM client certificate to present, for a ledger that asks for one (mTLS).
-    #[arg(
-        long,
-        env = "ONCE_CERT",
-        hide_env_values = true,
-        global = true,
-        requires = "cert_key"
-    )]
+    #[arg(long, env = "ONCE_CERT", global = true, requires = "cert_key")]
     pub cert: Option<PathBuf>,
 
     /// The PEM private key of --cert.
-    #[arg(
-        long,
-        env = "ONCE_CERT_KEY",
-        hide_env_values = true,
-        global = true,
-        requires = "cert"
-    )]
+    #[arg(long, env = "ONCE_CERT_KEY", global = true, requires = "cert")]
     pub cert_key: Option<PathBuf>,
 
     /// Who you are, recorded with every resolution as operator:<name>.
-    #[arg(long, env = "ONCE_OPERATOR", hide_env_values = true, global = true)]
+    #[arg(long, env = "ONCE_OPERATOR", global = true)]
     pub operator: Option<String>,
 
     /// A profile of the profile file to take settings from (its `default` otherwise).
-    #[arg(long, env = "ONCE_PROFILE", hide_env_values = true, global = true)]
+    #[arg(long, env = "ONCE_PROFILE", global = true)]
     pub profile: Option<String>,
 
     /// The profile file [default: $XDG_CONFIG_HOME/once/oncectl.toml or
     /// ~/.config/once/oncectl.toml].
-    #[arg(long, env = "ONCECTL_CONFIG", hide_env_values = true, global = true)]
+    #[arg(long, env = "ONCECTL_CONFIG", global = true)]
     pub profiles: Option<PathBuf>,
 
     /// How to print: a table for people, or JSON for programs.

@@ -15,7 +15,6 @@ use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use clap::{CommandFactory, Parser};
 use once_client::{
     ClientError, LedgerClient, ListFilter, OperationView, Resolution, Truth, WatchRequest, Watched,
     WatchedEvent,
@@ -76,7 +75,7 @@ impl From<anyhow::Error> for Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = once_telemetry::parse_args();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -130,7 +129,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(
             shell,
-            &mut Cli::command(),
+            &mut once_telemetry::command::<Cli>(),
             "oncectl",
             &mut std::io::stdout(),
         );

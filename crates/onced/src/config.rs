@@ -27,7 +27,6 @@ pub struct Config {
     #[arg(
         long,
         env = "ONCE_DATABASE_URL",
-        hide_env_values = true,
         default_value = "sqlite://once.db",
         global = true
     )]
@@ -35,175 +34,135 @@ pub struct Config {
 
     /// A TOML file configuring reconcilers (see the plugin guide). Without one, UNKNOWN
     /// operations wait for a late report or an operator.
-    #[arg(long, env = "ONCE_CONFIG", hide_env_values = true)]
+    #[arg(long, env = "ONCE_CONFIG")]
     pub config: Option<std::path::PathBuf>,
 
     /// Address the gRPC API listens on.
-    #[arg(
-        long,
-        env = "ONCE_LISTEN",
-        hide_env_values = true,
-        default_value = "127.0.0.1:50051"
-    )]
+    #[arg(long, env = "ONCE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
     /// A PEM certificate chain to serve TLS with (with --tls-key). Re-read on SIGHUP and
     /// when the file changes; connections already open keep theirs.
-    #[arg(
-        long,
-        env = "ONCE_TLS_CERT",
-        hide_env_values = true,
-        requires = "tls_key"
-    )]
+    #[arg(long, env = "ONCE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
     /// The PEM private key of --tls-cert.
-    #[arg(
-        long,
-        env = "ONCE_TLS_KEY",
-        hide_env_values = true,
-        requires = "tls_cert"
-    )]
+    #[arg(long, env = "ONCE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
     /// PEM certificate authorities whose client certificates are accepted: every connection
     /// must then present one (mTLS). A client certificate registered with
     /// `onced keys create --certificate` stands in for an API key.
-    #[arg(
-        long,
-        env = "ONCE_TLS_CLIENT_CA",
-        hide_env_values = true,
-        requires = "tls_cert"
-    )]
+    #[arg(long, env = "ONCE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
     /// How often the TLS files are checked for changes.
-    #[arg(long, env = "ONCE_TLS_RELOAD_INTERVAL", hide_env_values = true, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_TLS_RELOAD_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
 
     /// A file holding the admin API key to store at start (also ONCE_ADMIN_KEY, the key
     /// itself). Stored once, as a hash, for tenant `default`; 32 random bytes' worth, e.g.
     /// `openssl rand -hex 32`.
-    #[arg(long, env = "ONCE_ADMIN_KEY_FILE", hide_env_values = true)]
+    #[arg(long, env = "ONCE_ADMIN_KEY_FILE")]
     pub admin_key_file: Option<PathBuf>,
 
     /// How long a credential lookup is cached: a key created or revoked on any replica takes
     /// effect on every replica within this.
-    #[arg(long, env = "ONCE_CREDENTIAL_TTL", hide_env_values = true, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_CREDENTIAL_TTL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub credential_ttl: Duration,
 
     /// Serve beyond loopback without TLS, or without credentials. Never in production.
-    #[arg(long, env = "ONCE_INSECURE", hide_env_values = true)]
+    #[arg(long, env = "ONCE_INSECURE")]
     pub insecure: bool,
 
     /// Lease granted when a Begin names none.
-    #[arg(long, env = "ONCE_DEFAULT_LEASE", hide_env_values = true, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_DEFAULT_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub default_lease: Duration,
 
     /// Longest lease a Begin may ask for; longer effects send heartbeats.
-    #[arg(long, env = "ONCE_MAX_LEASE", hide_env_values = true, default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_MAX_LEASE", default_value = "1h", value_parser = humantime::parse_duration)]
     pub max_lease: Duration,
 
     /// How long settled operations with derived (`tool:h:…`) ids are kept.
-    #[arg(long, env = "ONCE_RETENTION_DERIVED", hide_env_values = true, default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_RETENTION_DERIVED", default_value = "10m", value_parser = humantime::parse_duration)]
     pub retention_derived: Duration,
 
     /// How long settled operations with explicit or intent ids are kept.
-    #[arg(long, env = "ONCE_RETENTION_EXPLICIT", hide_env_values = true, default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_RETENTION_EXPLICIT", default_value = "24h", value_parser = humantime::parse_duration)]
     pub retention_explicit: Duration,
 
     /// The most retention a Begin may ask for.
-    #[arg(long, env = "ONCE_MAX_RETENTION", hide_env_values = true, default_value = "30days", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_MAX_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
     pub max_retention: Duration,
 
     /// How long an operation that ended ABSENT is kept at least, past its own retention, as
     /// the tombstone that hands its provider key to the next life: as long as providers
     /// remember an idempotency key (Stripe: 24 hours).
-    #[arg(long, env = "ONCE_PROVIDER_KEY_WINDOW", hide_env_values = true, default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_PROVIDER_KEY_WINDOW", default_value = "24h", value_parser = humantime::parse_duration)]
     pub provider_key_window: Duration,
 
     /// How long events are kept.
-    #[arg(long, env = "ONCE_EVENT_RETENTION", hide_env_values = true, default_value = "30days", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_EVENT_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
     pub event_retention: Duration,
 
     /// Largest result a Confirm may store, in bytes.
-    #[arg(long, env = "ONCE_MAX_RESULT_BYTES", hide_env_values = true, default_value_t = 64 * 1024)]
+    #[arg(long, env = "ONCE_MAX_RESULT_BYTES", default_value_t = 64 * 1024)]
     pub max_result_bytes: usize,
 
     /// Longest a Begin may wait for an IN_PROGRESS operation to settle.
-    #[arg(long, env = "ONCE_MAX_WAIT", hide_env_values = true, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub max_wait: Duration,
 
     /// How often IN_FLIGHT operations past their lease are turned UNKNOWN.
-    #[arg(long, env = "ONCE_LEASE_SWEEP_INTERVAL", hide_env_values = true, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_LEASE_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub lease_sweep_interval: Duration,
 
     /// How often settled operations past retention, and old events, are deleted.
-    #[arg(long, env = "ONCE_RETENTION_SWEEP_INTERVAL", hide_env_values = true, default_value = "1m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_RETENTION_SWEEP_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
     pub retention_sweep_interval: Duration,
 
     /// How often the database is pinged for the gRPC health service.
-    #[arg(long, env = "ONCE_HEALTH_CHECK_INTERVAL", hide_env_values = true, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_HEALTH_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub health_check_interval: Duration,
 
     /// The most WatchOperations streams this replica serves at once.
-    #[arg(
-        long,
-        env = "ONCE_MAX_WATCHERS",
-        hide_env_values = true,
-        default_value_t = 256
-    )]
+    #[arg(long, env = "ONCE_MAX_WATCHERS", default_value_t = 256)]
     pub max_watchers: usize,
 
     /// The most WatchOperations streams this replica serves at once to one tenant's callers.
-    #[arg(
-        long,
-        env = "ONCE_MAX_WATCHERS_PER_TENANT",
-        hide_env_values = true,
-        default_value_t = 64
-    )]
+    #[arg(long, env = "ONCE_MAX_WATCHERS_PER_TENANT", default_value_t = 64)]
     pub max_watchers_per_tenant: usize,
 
     /// The most WatchOperations streams this replica serves at once to one credential.
-    #[arg(
-        long,
-        env = "ONCE_MAX_WATCHERS_PER_KEY",
-        hide_env_values = true,
-        default_value_t = 16
-    )]
+    #[arg(long, env = "ONCE_MAX_WATCHERS_PER_KEY", default_value_t = 16)]
     pub max_watchers_per_key: usize,
 
     /// How log lines are written: text for people, or json (one object a line) for log
     /// pipelines.
-    #[arg(
-        long,
-        env = "ONCE_LOG_FORMAT",
-        hide_env_values = true,
-        default_value = "text"
-    )]
+    #[arg(long, env = "ONCE_LOG_FORMAT", default_value = "text")]
     pub log_format: once_telemetry::LogFormat,
 
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless given). Metrics are also
     /// pushed over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    #[arg(long, env = "ONCE_METRICS_LISTEN", hide_env_values = true)]
+    #[arg(long, env = "ONCE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
     /// A file holding the bearer token every scrape must send (`Authorization: Bearer
     /// <token>`; Prometheus: `authorization: { credentials_file: … }`). Needed to serve metrics
     /// beyond loopback, unless --insecure.
-    #[arg(long, env = "ONCE_METRICS_TOKEN_FILE", hide_env_values = true)]
+    #[arg(long, env = "ONCE_METRICS_TOKEN_FILE")]
     pub metrics_token_file: Option<PathBuf>,
 
     /// How often the gauges read from the database (open operations, UNKNOWN ages) are
     /// refreshed, while metrics are on.
-    #[arg(long, env = "ONCE_METRICS_INTERVAL", hide_env_values = true, default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_METRICS_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
 
     /// Serve the on-call web console at http://ADDR/ (off unless given): the UNKNOWN queue,
     /// each operation's story, and reconcile and resolve for operators, signed in with an API
     /// key. It is served without TLS, so beyond loopback only with --insecure (behind a
     /// TLS-terminating proxy that keeps the `Host`).
-    #[arg(long, env = "ONCE_CONSOLE_LISTEN", hide_env_values = true)]
+    #[arg(long, env = "ONCE_CONSOLE_LISTEN")]
     pub console_listen: Option<SocketAddr>,
 
     /// A `Host` the console answers to besides its loopback names, as browsers send it
@@ -211,7 +170,6 @@ pub struct Config {
     #[arg(
         long = "console-allowed-host",
         env = "ONCE_CONSOLE_ALLOWED_HOSTS",
-        hide_env_values = true,
         value_delimiter = ','
     )]
     pub console_allowed_hosts: Vec<String>,
@@ -219,34 +177,29 @@ pub struct Config {
     /// The origin browsers reach the console at when it is not the listener itself: behind a
     /// TLS-terminating proxy, `https://console.example.com`. Forms must come from it, its host
     /// is answered to, and under https the session cookie is `Secure`.
-    #[arg(long, env = "ONCE_CONSOLE_PUBLIC_ORIGIN", hide_env_values = true)]
+    #[arg(long, env = "ONCE_CONSOLE_PUBLIC_ORIGIN")]
     pub console_public_origin: Option<String>,
 
     /// A console session ends after this long without a request.
-    #[arg(long, env = "ONCE_CONSOLE_SESSION_IDLE", hide_env_values = true, default_value = "30m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_CONSOLE_SESSION_IDLE", default_value = "30m", value_parser = humantime::parse_duration)]
     pub console_session_idle: Duration,
 
     /// A console session ends this long after sign-in, used or not.
-    #[arg(long, env = "ONCE_CONSOLE_SESSION_LIFETIME", hide_env_values = true, default_value = "12h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_CONSOLE_SESSION_LIFETIME", default_value = "12h", value_parser = humantime::parse_duration)]
     pub console_session_lifetime: Duration,
 
     /// PostgreSQL connections per replica.
-    #[arg(
-        long,
-        env = "ONCE_DB_MAX_CONNECTIONS",
-        hide_env_values = true,
-        default_value_t = 16
-    )]
+    #[arg(long, env = "ONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
 
     /// How long a request waits for a database connection before answering UNAVAILABLE.
-    #[arg(long, env = "ONCE_DB_ACQUIRE_TIMEOUT", hide_env_values = true, default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_DB_ACQUIRE_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
     pub db_acquire_timeout: Duration,
 
     /// At start, how long to keep trying a PostgreSQL that cannot be reached (not started yet,
     /// restarting) before giving up; 0 gives up at once. Each try that fails is a WARN line
     /// naming the server and the cause.
-    #[arg(long, env = "ONCE_WAIT_FOR_DATABASE", hide_env_values = true, default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ONCE_WAIT_FOR_DATABASE", default_value = "0s", value_parser = humantime::parse_duration)]
     pub wait_for_database: Duration,
 }
 

@@ -3,13 +3,12 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::Parser;
 use once_telemetry::{Process, Telemetry};
 use onced::Config;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let mut config = Config::parse();
+    let mut config: Config = once_telemetry::parse_args();
     let prometheus = config.command.is_none() && config.metrics_listen.is_some();
     let telemetry = match Telemetry::init(Process {
         name: "onced",

@@ -21,23 +21,21 @@ pub struct Args {
     #[arg(
         long,
         env = "REFUND_MCP_LEDGER",
-        hide_env_values = true,
         default_value = "http://127.0.0.1:50051"
     )]
     ledger: String,
     /// The API key this server presents to the ledger; it names the tenant whose operations
     /// the server sees. Needed when the ledger requires credentials.
-    #[arg(long, env = "ONCE_LEDGER_KEY", hide_env_values = true)]
+    #[arg(long, env = "ONCE_LEDGER_KEY")]
     ledger_key: Option<String>,
     /// A PEM file of certificate authorities to trust for an `https://` ledger (a private CA).
-    #[arg(long, env = "REFUND_MCP_LEDGER_CA", hide_env_values = true)]
+    #[arg(long, env = "REFUND_MCP_LEDGER_CA")]
     ledger_ca: Option<std::path::PathBuf>,
     /// For a ledger that verifies client certificates (mTLS): this server's PEM certificate
     /// (with --ledger-client-key).
     #[arg(
         long,
         env = "REFUND_MCP_LEDGER_CLIENT_CERT",
-        hide_env_values = true,
         requires = "ledger_client_key"
     )]
     ledger_client_cert: Option<std::path::PathBuf>,
@@ -45,7 +43,6 @@ pub struct Args {
     #[arg(
         long,
         env = "REFUND_MCP_LEDGER_CLIENT_KEY",
-        hide_env_values = true,
         requires = "ledger_client_cert"
     )]
     ledger_client_key: Option<std::path::PathBuf>,
@@ -53,12 +50,11 @@ pub struct Args {
     #[arg(
         long,
         env = "REFUND_MCP_PROVIDER",
-        hide_env_values = true,
         default_value = "http://127.0.0.1:12111"
     )]
     provider: String,
     /// Serve Streamable HTTP on this address instead of stdio.
-    #[arg(long, env = "REFUND_MCP_HTTP", hide_env_values = true)]
+    #[arg(long, env = "REFUND_MCP_HTTP")]
     http: Option<std::net::SocketAddr>,
     /// The lease each refund attempt holds while it calls the provider.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -68,20 +64,10 @@ pub struct Args {
     provider_timeout: Duration,
     /// This instance's name: the client name in the ledger's attempt log when the MCP client
     /// gives none, and in logs.
-    #[arg(
-        long,
-        env = "REFUND_MCP_INSTANCE",
-        hide_env_values = true,
-        default_value = "refund-mcp"
-    )]
+    #[arg(long, env = "REFUND_MCP_INSTANCE", default_value = "refund-mcp")]
     instance: String,
     /// How log lines are written: text for people, or json (one object a line).
-    #[arg(
-        long,
-        env = "ONCE_LOG_FORMAT",
-        hide_env_values = true,
-        default_value = "text"
-    )]
+    #[arg(long, env = "ONCE_LOG_FORMAT", default_value = "text")]
     log_format: once_telemetry::LogFormat,
     /// How long a refund call waits for the same refund in progress elsewhere.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -106,7 +92,7 @@ impl std::fmt::Debug for Args {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+    let args: Args = once_telemetry::parse_args();
     // stdout carries the MCP protocol in stdio mode: logs go to stderr.
     let telemetry = match once_telemetry::Telemetry::init(once_telemetry::Process {
         name: "refund-mcp",
