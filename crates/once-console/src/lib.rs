@@ -1001,72 +1001,97 @@ impl BulkForm {
     }
 }
 
-/// Reconciles each operation of the form, and shows each outcome as it comes.
-async fn bulk_reconcile(
-    State(console): State<Console>,
-    headers: HeaderMap,
-    Form(fields): Form<HashMap<String, String>>,
-) -> Response {
-    let (who, form) = match console.bulk_acting(&headers, fields) {
-        Ok(acting) => acting,
-        Err(refused) => return *refused,
-    };
-    let client = who.client.clone();
-    let operator = who.operator();
-    let doing = page::bulk_started("Reconciling", form.targets.len());
-    console.streamed(&who, "Reconciling", doing, move |rows| async move {
-        let total = form.targets.len();
-        let targets = rows.until_stopped(form.targets);
-        let each = client.reconcile_each(targets, &operator, RECONCILE_WAIT);
-        rows.send_all(
-            total,
-            each.map(|(target, done)| {
-                Outcome::of(target, done, |r| {
-                    (r.state, format!("{}: {}", r.reconciler, r.detail))
-                })
-            }),
-        )
-        .await
-    })
+/// A bulk action as asked for: who asks and what the form names, once the request came from
+/// this console with its CSRF token, the form can be read, and the key may settle operations.
+struct BulkAction {
+    who: Who,
+    form: BulkForm,
+}
+
+impl axum::extract::FromRequest<Console> for BulkAction {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, console: &Console) -> Result<Self, Response> {
+        let headers = request.headers().clone();
+        let Form(fields) = Form::<HashMap<String, String>>::from_request(request, console)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let form = BulkForm::read(fields);
+        let csrf = form.as_ref().map_or("", |f| f.csrf.as_str());
+        let who = console
+            .acting(&headers, csrf, "/queue")
+            .map_err(|refusal| refusal.answer(console))?;
+        let form = form.map_err(|problem| console.bulk_refused(&who, problem))?;
+        if !console.viewer(&who, true).operates() {
+            return Err(console.not_an_operator(&who));
+        }
+        Ok(BulkAction { who, form })
+    }
+}
+
+/// What a bulk action does to each operation.
+enum Bulk {
+    Reconcile,
+    ResolveAbsent { reason: String },
+}
+
+impl BulkAction {
+    /// Does `bulk` to each operation of the form, four at a time, and shows each outcome as it
+    /// comes.
+    fn run(self, console: &Console, bulk: Bulk) -> Response {
+        let BulkAction { who, form } = self;
+        let client = who.client.clone();
+        let operator = who.operator();
+        let (title, doing) = match bulk {
+            Bulk::Reconcile => ("Reconciling", "Reconciling"),
+            Bulk::ResolveAbsent { .. } => ("Resolving", "Resolving ABSENT"),
+        };
+        let head = page::bulk_started(doing, form.targets.len());
+        console.streamed(&who, title, head, move |rows| async move {
+            let total = form.targets.len();
+            let targets = rows.until_stopped(form.targets);
+            let outcomes = match bulk {
+                Bulk::Reconcile => client
+                    .reconcile_each(targets, &operator, RECONCILE_WAIT)
+                    .map(|(target, done)| {
+                        Outcome::of(target, done, |r| {
+                            (r.state, format!("{}: {}", r.reconciler, r.detail))
+                        })
+                    })
+                    .left_stream(),
+                Bulk::ResolveAbsent { reason } => client
+                    .resolve_each_absent(targets, reason, operator.clone())
+                    .map(|(target, _, done)| {
+                        Outcome::of(target, done, |state| (Some(state), String::new()))
+                    })
+                    .right_stream(),
+            };
+            rows.send_all(total, outcomes).await
+        })
+    }
+}
+
+async fn bulk_reconcile(State(console): State<Console>, action: BulkAction) -> Response {
+    action.run(&console, Bulk::Reconcile)
 }
 
 /// Asks first (what will happen, to which operations, bound to which attempts), then resolves
-/// each operation of the form ABSENT with one reason, and shows each outcome as it comes.
-async fn bulk_resolve(
-    State(console): State<Console>,
-    headers: HeaderMap,
-    Form(fields): Form<HashMap<String, String>>,
-) -> Response {
-    let (who, form) = match console.bulk_acting(&headers, fields) {
-        Ok(acting) => acting,
-        Err(refused) => return *refused,
-    };
+/// each operation of the form ABSENT with one reason.
+async fn bulk_resolve(State(console): State<Console>, action: BulkAction) -> Response {
+    let BulkAction { who, form } = &action;
     if form.reason.is_empty() {
         return console.bulk_refused(
-            &who,
+            who,
             "A reason is required: it is recorded with each resolution.",
         );
     }
     if !form.confirmed {
-        let viewer = console.viewer(&who, true);
+        let viewer = console.viewer(who, true);
         let body = page::confirm_bulk_resolve(&form.targets, &form.reason, &viewer);
-        return console.page(StatusCode::OK, "Resolve?", &who, true, &body);
+        return console.page(StatusCode::OK, "Resolve?", who, true, &body);
     }
-    let client = who.client.clone();
-    let operator = who.operator();
-    let doing = page::bulk_started("Resolving ABSENT", form.targets.len());
-    console.streamed(&who, "Resolving", doing, move |rows| async move {
-        let total = form.targets.len();
-        let targets = rows.until_stopped(form.targets);
-        let each = client.resolve_each_absent(targets, form.reason, operator);
-        rows.send_all(
-            total,
-            each.map(|(target, _, done)| {
-                Outcome::of(target, done, |state| (Some(state), String::new()))
-            }),
-        )
-        .await
-    })
+    let reason = form.reason.clone();
+    action.run(&console, Bulk::ResolveAbsent { reason })
 }
 
 /// One operation's outcome in a bulk action.
@@ -1175,25 +1200,6 @@ impl Console {
             "/queue",
         );
         self.page(StatusCode::FORBIDDEN, "Not allowed", who, true, &body)
-    }
-
-    /// Who asks for a bulk action and what the form names, once the request came from this
-    /// console with its CSRF token, the form can be read, and the key may settle operations.
-    fn bulk_acting(
-        &self,
-        headers: &HeaderMap,
-        fields: HashMap<String, String>,
-    ) -> Result<(Who, BulkForm), Box<Response>> {
-        let form = BulkForm::read(fields);
-        let csrf = form.as_ref().map_or("", |f| f.csrf.as_str());
-        let who = self
-            .acting(headers, csrf, "/queue")
-            .map_err(|refusal| Box::new(refusal.answer(self)))?;
-        let form = form.map_err(|problem| Box::new(self.bulk_refused(&who, problem)))?;
-        if !self.viewer(&who, true).operates() {
-            return Err(Box::new(self.not_an_operator(&who)));
-        }
-        Ok((who, form))
     }
 
     fn bulk_refused(&self, who: &Who, problem: &str) -> Response {

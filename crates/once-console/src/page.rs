@@ -290,18 +290,34 @@ pub(crate) fn queue_rows(rows: &[OperationView], now: SystemTime) -> String {
     if rows.is_empty() {
         return r#"<p class="empty" id="queue-count" data-count="0">No UNKNOWN operation matches.</p>"#.into();
     }
-    let mut table = format!(
+    format!(
         r#"<p id="queue-count" data-count="{n}">{n} UNKNOWN</p>
-<table class="queue">
-<thead><tr><th scope="col">Age</th><th scope="col">Operation</th><th scope="col">Tool</th><th scope="col">Provider</th><th scope="col">Source</th><th scope="col">Why</th></tr></thead>
+{table}"#,
+        n = rows.len(),
+        table = unknown_table(rows, now, false),
+    )
+}
+
+/// UNKNOWN operations, a row each; with the attempt each is bound to when `attempts`.
+fn unknown_table(rows: &[OperationView], now: SystemTime, attempts: bool) -> String {
+    let attempt_head = match attempts {
+        true => r#"<th scope="col">Attempt</th>"#,
+        false => "",
+    };
+    let mut table = format!(
+        r#"<table class="queue">
+<thead><tr><th scope="col">Age</th><th scope="col">Operation</th>{attempt_head}<th scope="col">Tool</th><th scope="col">Provider</th><th scope="col">Source</th><th scope="col">Why</th></tr></thead>
 <tbody>
-"#,
-        n = rows.len()
+"#
     );
     for op in rows {
+        let attempt = match attempts {
+            true => format!("<td>{}</td>", op.attempt),
+            false => String::new(),
+        };
         let _ = writeln!(
             table,
-            r#"<tr data-operation="{id}"><td>{age}</td><td><a href="/operation?id={link}">{id}</a></td><td>{tool}</td><td>{provider}</td><td>{source}</td><td>{reason}</td></tr>"#,
+            r#"<tr data-operation="{id}"><td>{age}</td><td><a href="/operation?id={link}">{id}</a></td>{attempt}<td>{tool}</td><td>{provider}</td><td>{source}</td><td>{reason}</td></tr>"#,
             id = esc(&op.operation_id),
             link = url(&op.operation_id),
             age = age(op.created_at, now),
@@ -824,24 +840,7 @@ pub(crate) fn bulk(
         out.push_str(r#"<p><a href="/queue">Back to the queue</a></p>"#);
         return out;
     }
-    let _ = write!(
-        out,
-        r#"<table class="queue"><thead><tr><th scope="col">Age</th><th scope="col">Operation</th><th scope="col">Attempt</th><th scope="col">Tool</th><th scope="col">Provider</th><th scope="col">Why</th></tr></thead><tbody>"#
-    );
-    for op in rows {
-        let _ = write!(
-            out,
-            r#"<tr data-operation="{id}"><td>{age}</td><td><a href="/operation?id={link}">{id}</a></td><td>{attempt}</td><td>{tool}</td><td>{provider}</td><td>{reason}</td></tr>"#,
-            id = esc(&op.operation_id),
-            link = url(&op.operation_id),
-            age = age(op.created_at, now),
-            attempt = op.attempt,
-            tool = esc(&op.tool),
-            provider = esc(op.provider.as_deref().unwrap_or("—")),
-            reason = esc(op.reason.as_deref().unwrap_or("")),
-        );
-    }
-    out.push_str("</tbody></table>");
+    out.push_str(&unknown_table(rows, now, true));
     if more {
         let _ = write!(
             out,
