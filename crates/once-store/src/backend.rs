@@ -23,6 +23,39 @@ pub struct Written {
     pub events: Vec<bool>,
 }
 
+/// A plan decided from a lock-free read, as [`sealed::Transactions::apply_unlocked`] writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision<'a> {
+    /// The life and version of the operation the read found; `None` when none was stored.
+    pub from: Option<(FencingToken, i64)>,
+    /// For a claim, its Begin: written only if no other operation blocks it (see
+    /// [`sealed::Transactions::guard`]).
+    pub guard: Option<&'a BeginCommand>,
+    pub plan: &'a Plan,
+    /// When it was decided: written only while that is recent.
+    pub now: Millis,
+}
+
+impl<'a> Decision<'a> {
+    /// `plan`, decided at `now` from what the read found: `before`.
+    pub fn new(before: Option<&Operation>, plan: &'a Plan, now: Millis) -> Self {
+        Decision {
+            from: before.map(|op| (op.life, op.version)),
+            guard: None,
+            plan,
+            now,
+        }
+    }
+
+    /// The decision, a claim for `begin`.
+    pub fn guarded(self, begin: &'a BeginCommand) -> Self {
+        Decision {
+            guard: Some(begin),
+            ..self
+        }
+    }
+}
+
 /// What [`sealed::Transactions::apply_unlocked`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unlocked {
@@ -367,20 +400,16 @@ pub(crate) mod sealed {
         /// Whether [`Transactions::apply_unlocked`] can write anything here.
         fn writes_unlocked(&self) -> bool;
 
-        /// Writes `plan`, decided at `now` from the operation a lock-free read found (its life and
-        /// version, `decided_from`; `None` when none was stored), in one statement that commits by
-        /// itself, only if that is still what is stored and `now` is recent; for a claim (`guard`:
-        /// its Begin), only if no other operation blocks it (see [`Transactions::guard`]). It takes
-        /// the write gate as [`Transactions::lock`] does. `None` where the store cannot check a
-        /// decision that way, or the plan is not one it writes so (then the caller decides again in
-        /// a write transaction).
+        /// Writes a decision's plan in one statement that commits by itself, only if what it was
+        /// decided from is still what is stored and it is recent, and for a claim only if no other
+        /// operation blocks it (see [`Decision`]). It takes the write gate as
+        /// [`Transactions::lock`] does. `None` where the store cannot check a decision that way,
+        /// or the plan is not one it writes so (then the caller decides again in a write
+        /// transaction).
         fn apply_unlocked(
             &self,
             conn: &mut Self::Conn,
-            decided_from: Option<(FencingToken, i64)>,
-            guard: Option<&BeginCommand>,
-            plan: &Plan,
-            now: Millis,
+            decision: Decision<'_>,
         ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send;
 
         /// What must be found before a Begin is granted a new execution right: unless it declares a

@@ -9,9 +9,10 @@
 
 use std::future::Future;
 
-use once_core::{BeginCommand, Blocking, FencingToken, Millis, Plan};
+use once_core::{BeginCommand, Blocking};
 use sqlx::{Database, Pool, Transaction};
 
+use crate::Decision;
 use crate::{StoreError, Unlocked};
 
 /// A database the ledger can live in: everything that is not the same SQL on SQLite and
@@ -90,10 +91,7 @@ pub trait Dialect: Database {
     /// check a decision in the statement that writes it.
     fn apply_unlocked(
         _conn: &mut Self::Connection,
-        _decided_from: Option<(FencingToken, i64)>,
-        _guard: Option<&BeginCommand>,
-        _plan: &Plan,
-        _now: Millis,
+        _decision: Decision<'_>,
     ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send {
         async { Ok(None) }
     }

@@ -22,6 +22,7 @@ use tokio::sync::Notify;
 use tracing::Instrument as _;
 
 use crate::writer::{over_tx, TxFuture, Writer};
+use crate::Decision;
 use crate::{Backend, Probe, StoreError, Unlocked, Written};
 
 /// The most duplicates of one operation [`Ledger::explain`] reads: the latest, so an operation
@@ -181,10 +182,15 @@ impl<B: Backend> Ledger<B> {
         plan: Plan,
         now: Millis,
     ) -> Result<bool, StoreError> {
-        let decided_from = before.as_ref().map(|op| (op.life, op.version));
         let unlocked = self
             .backend
-            .apply_unlocked(conn, decided_from, guard, &plan, now)
+            .apply_unlocked(
+                conn,
+                Decision {
+                    guard,
+                    ..Decision::new(before.as_ref(), &plan, now)
+                },
+            )
             .await?;
         match unlocked {
             Some(Unlocked::Applied { written }) => {

@@ -21,7 +21,7 @@ mod unlocked;
 use std::sync::Arc;
 use std::time::Duration;
 
-use once_core::{BeginCommand, Blocking, FencingToken, Millis, Plan};
+use once_core::{BeginCommand, Blocking};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
@@ -29,6 +29,7 @@ use std::sync::LazyLock;
 
 use crate::rows::{self, BlockingRow, BLOCKING_COLUMNS};
 use crate::store::{Losses, Statements};
+use crate::Decision;
 use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
 /// The channel replicas announce committed events on.
@@ -175,12 +176,9 @@ impl Dialect for Postgres {
 
     async fn apply_unlocked(
         conn: &mut PgConnection,
-        decided_from: Option<(FencingToken, i64)>,
-        guard: Option<&BeginCommand>,
-        plan: &Plan,
-        now: Millis,
+        decision: Decision<'_>,
     ) -> Result<Option<Unlocked>, StoreError> {
-        unlocked::apply(conn, decided_from, guard, plan, now).await
+        unlocked::apply(conn, decision).await
     }
 
     async fn announce_events(pool: &Pool<Self>) -> Result<(), StoreError> {

@@ -13,13 +13,14 @@
 use std::sync::LazyLock;
 
 use once_core::machine::Write;
-use once_core::{BeginCommand, Blocking, FencingToken, Millis, NewEvent, Plan};
+use once_core::{Blocking, NewEvent};
 use sqlx::{PgConnection, Row};
 
 use crate::rows::{
     self, BlockingRow, ATTEMPT_COLUMNS, BLOCKING_COLUMNS, OPERATION_ASSIGNMENTS,
     OPERATION_PLACEHOLDERS, WRITTEN_OPERATION_COLUMNS,
 };
+use crate::Decision;
 use crate::{StoreError, Unlocked, Written};
 
 /// How old the clock reading a plan was decided at may be when its statement runs; an older
@@ -172,16 +173,19 @@ fn column<'e, T>(events: &'e [NewEvent], of: impl Fn(&'e NewEvent) -> T) -> Vec<
     events.iter().map(of).collect()
 }
 
-/// Writes `plan` in one statement if it was decided from what is still stored; see
+/// Writes a decision's plan in one statement if it was decided from what is still stored; see
 /// [`crate::Backend::apply_unlocked`]. A plan that writes no operation row, or starts a new
 /// life of one, is not written so: `None`.
 pub(crate) async fn apply(
     conn: &mut PgConnection,
-    decided_from: Option<(FencingToken, i64)>,
-    guard: Option<&BeginCommand>,
-    plan: &Plan,
-    now: Millis,
+    decision: Decision<'_>,
 ) -> Result<Option<Unlocked>, StoreError> {
+    let Decision {
+        from: decided_from,
+        guard,
+        plan,
+        now,
+    } = decision;
     // An update keeps the life it was decided from: a new life of a stored row is claimed
     // under the write lock, where its attempt log is kept or cleared and the fresh-id guard
     // runs.

@@ -19,6 +19,7 @@ use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, OperationRow, INSERT_ATTEMPT,
     INSERT_EVENT, INSERT_OPERATION, UPDATE_OPERATION,
 };
+use crate::Decision;
 use crate::{Dialect, StoreError};
 
 /// The attempt log's record of one attempt, by its token: `$1` tenant, `$2` id, `$3` token.
@@ -153,12 +154,9 @@ where
     async fn apply_unlocked(
         &self,
         conn: &mut Self::Conn,
-        decided_from: Option<(FencingToken, i64)>,
-        guard: Option<&BeginCommand>,
-        plan: &Plan,
-        now: Millis,
+        decision: Decision<'_>,
     ) -> Result<Option<crate::Unlocked>, StoreError> {
-        D::apply_unlocked(&mut **conn, decided_from, guard, plan, now).await
+        D::apply_unlocked(&mut **conn, decision).await
     }
 
     async fn guard(

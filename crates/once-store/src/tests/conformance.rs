@@ -2,6 +2,7 @@
 //! instantiated for SQLite and for PostgreSQL. A backend is done when all of it passes.
 
 use crate::backend::sealed::Transactions as _;
+use crate::Decision;
 use crate::{Backend, Events as _, Probe, StoreError};
 use once_core::machine::{self, FreshIdGuard, Plan, Write};
 use once_core::reconcile::Lookup;
@@ -1118,7 +1119,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         let op = claimed(&backend, "unlocked-0", "refund", 8).await;
         let (_, plan) = machine::report(&op, &confirm_command(&op), None, at);
         let unlocked = backend
-            .apply_unlocked(&mut conn, Some((op.life, op.version)), None, &plan, at)
+            .apply_unlocked(&mut conn, Decision::new(Some(&op), &plan, at))
             .await;
         assert_eq!(unlocked.unwrap(), None);
         assert_eq!(stored(&backend, "unlocked-0").await.state, State::InFlight);
@@ -1134,7 +1135,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     );
     let (_, claim) = machine::claim(None, &cmd, FreshIdGuard::Clear { token }, at);
     match backend
-        .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
+        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&cmd))
         .await
         .unwrap()
     {
@@ -1169,7 +1170,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
 
     // The same claim again meets the row: nothing is written.
     let again = backend
-        .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
+        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&cmd))
         .await
         .unwrap();
     assert_eq!(again, Some(crate::Unlocked::Changed));
@@ -1186,7 +1187,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     moved.reason = Some("moved on".into());
     overwrite(&backend, &moved).await;
     let stale = backend
-        .apply_unlocked(&mut conn, Some((op.life, op.version)), None, &confirm, at)
+        .apply_unlocked(&mut conn, Decision::new(Some(&op), &confirm, at))
         .await
         .unwrap();
     assert_eq!(stale, Some(crate::Unlocked::Changed));
@@ -1225,7 +1226,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         at,
     );
     match backend
-        .apply_unlocked(&mut conn, None, Some(&blocked), &claim, at)
+        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&blocked))
         .await
         .unwrap()
     {
@@ -1243,7 +1244,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .is_none());
     // Without the guard (what a Begin declaring a new intent sends), it is not.
     let unblocked = backend
-        .apply_unlocked(&mut conn, None, None, &claim, at)
+        .apply_unlocked(&mut conn, Decision::new(None, &claim, at))
         .await
         .unwrap();
     assert!(
@@ -1272,13 +1273,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         ..Plan::default()
     };
     match backend
-        .apply_unlocked(
-            &mut conn,
-            Some((confirmed_op.life, confirmed_op.version)),
-            None,
-            &plan,
-            at,
-        )
+        .apply_unlocked(&mut conn, Decision::new(Some(&confirmed_op), &plan, at))
         .await
         .unwrap()
     {
@@ -1302,13 +1297,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     assert_eq!(second_life.version, first_life.version);
     assert_ne!(second_life.life, first_life.life);
     let stale = backend
-        .apply_unlocked(
-            &mut conn,
-            Some((first_life.life, first_life.version)),
-            None,
-            &late,
-            at,
-        )
+        .apply_unlocked(&mut conn, Decision::new(Some(&first_life), &late, at))
         .await
         .unwrap();
     assert_eq!(stale, Some(crate::Unlocked::Changed));
@@ -1323,14 +1312,13 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     // Plans this statement does not write: events alone, and a new life of a stored row.
     let events_alone = events_only(vec![event(op.life, EventKind::DoubleExecution, None)]);
     let current = stored(&backend, "unlocked-1").await;
-    let version = (current.life, current.version);
     let new_life = Plan {
         forgets_attempts: true,
         ..plan.clone()
     };
     for plan in [&events_alone, &new_life] {
         let unlocked = backend
-            .apply_unlocked(&mut conn, Some(version), None, plan, at)
+            .apply_unlocked(&mut conn, Decision::new(Some(&current), plan, at))
             .await;
         assert_eq!(unlocked.unwrap(), None, "{plan:?}");
     }
@@ -1346,13 +1334,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     assert_eq!(reborn.life, token, "a new life that took over the key");
     assert_eq!(reborn.provider_key, ended.provider_key);
     let unlocked = backend
-        .apply_unlocked(
-            &mut conn,
-            Some((ended.life, ended.version)),
-            None,
-            &handed,
-            later,
-        )
+        .apply_unlocked(&mut conn, Decision::new(Some(&ended), &handed, later))
         .await;
     assert_eq!(unlocked.unwrap(), None, "{handed:?}");
     assert_eq!(stored(&backend, "unlocked-handed").await, ended);
@@ -1371,7 +1353,7 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     delete_settled_or_not(&backend, "unlocked-overtaken").await;
     let (_, claim) = machine::claim(None, &cmd, FreshIdGuard::Clear { token: early }, at);
     let overtaken = backend
-        .apply_unlocked(&mut conn, None, Some(&cmd), &claim, at)
+        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&cmd))
         .await
         .unwrap();
     assert_eq!(overtaken, Some(crate::Unlocked::Changed));
@@ -1387,7 +1369,7 @@ async fn confirm_unlocked<B: Backend>(
     let (_, confirm) = machine::report(op, &confirm_command(op), None, at);
     let (mut conn, _) = backend.connection().await.unwrap();
     backend
-        .apply_unlocked(&mut conn, Some((op.life, op.version)), None, &confirm, at)
+        .apply_unlocked(&mut conn, Decision::new(Some(op), &confirm, at))
         .await
         .unwrap()
 }
