@@ -564,6 +564,16 @@ mod tests {
         apply_verdict(op, lookup, verdict, &policy(STRIPE), 0.0, now)
     }
 
+    /// A lookup claimed on `op` as soon as its settle time passed.
+    fn claimed_after_settling(op: &Operation) -> Lookup {
+        claimed(op, EXPIRED + SETTLE)
+    }
+
+    /// Applies `verdict` from `lookup` to `op` as soon as the settle time passed.
+    fn judged(op: &Operation, lookup: &Lookup, verdict: &Verdict) -> (Applied, Plan) {
+        judge(op, lookup, verdict, EXPIRED + SETTLE)
+    }
+
     fn absent() -> Verdict {
         Verdict::Absent {
             evidence: r#"{"pages":1}"#.into(),
@@ -742,10 +752,10 @@ mod tests {
     #[test]
     fn a_verdict_about_an_operation_that_changed_since_its_claim_is_dropped() {
         let op = unknown();
-        let lookup = claimed(&op, EXPIRED + SETTLE);
+        let lookup = claimed_after_settling(&op);
         let mut changed = op.clone();
         changed.version += 1;
-        let (applied, plan) = judge(&changed, &lookup, &absent(), EXPIRED + SETTLE);
+        let (applied, plan) = judged(&changed, &lookup, &absent());
         assert_eq!(applied, Applied::Stale);
         assert!(plan.is_empty());
     }
@@ -753,7 +763,7 @@ mod tests {
     #[test]
     fn a_verdict_about_another_life_or_attempt_is_dropped_even_when_it_found_the_effect() {
         let op = unknown();
-        let lookup = claimed(&op, EXPIRED + SETTLE);
+        let lookup = claimed_after_settling(&op);
         let mut other_life = op.clone();
         other_life.life += 10;
         other_life.fencing_token += 10;
@@ -764,14 +774,7 @@ mod tests {
             (&other_life, absent()),
             (&other_attempt, absent()),
         ] {
-            let (applied, plan) = apply_verdict(
-                changed,
-                &lookup,
-                &verdict,
-                &policy(STRIPE),
-                0.0,
-                EXPIRED + SETTLE,
-            );
+            let (applied, plan) = judged(changed, &lookup, &verdict);
             assert_eq!(applied, Applied::Stale, "{verdict:?}");
             assert!(plan.is_empty());
         }
@@ -780,13 +783,13 @@ mod tests {
     #[test]
     fn this_lifes_effect_found_after_the_operation_moved_on_is_proof() {
         let op = unknown();
-        let lookup = claimed(&op, EXPIRED + SETTLE);
+        let lookup = claimed_after_settling(&op);
         // Meanwhile an operator said ABSENT: the effect found contradicts it.
         let mut absent_now = op.clone();
         absent_now.state = State::Absent;
         absent_now.source = Source::Operator;
         absent_now.version += 1;
-        let (applied, plan) = judge(&absent_now, &lookup, &found("re_1"), EXPIRED + SETTLE);
+        let (applied, plan) = judged(&absent_now, &lookup, &found("re_1"));
         assert_eq!(applied, Applied::Judged(State::Confirmed));
         let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
         assert_eq!(
@@ -797,7 +800,7 @@ mod tests {
         let mut running = absent_now.clone();
         running.state = State::InFlight;
         running.fencing_token += 1;
-        let (applied, plan) = judge(&running, &lookup, &found("re_1"), EXPIRED + SETTLE);
+        let (applied, plan) = judged(&running, &lookup, &found("re_1"));
         assert_eq!(applied, Applied::Judged(State::Unknown));
         let held = plan.operation.unwrap().operation().clone();
         assert!(held.held_for_operator());
@@ -807,16 +810,16 @@ mod tests {
         let mut reported_again = op.clone();
         reported_again.version += 1;
         reported_again.last_report_at = Some(EXPIRED + 10);
-        let (applied, _) = judge(&reported_again, &lookup, &found("re_1"), EXPIRED + SETTLE);
+        let (applied, _) = judged(&reported_again, &lookup, &found("re_1"));
         assert_eq!(applied, Applied::Judged(State::Confirmed));
-        let (applied, _) = judge(&reported_again, &lookup, &absent(), EXPIRED + SETTLE);
+        let (applied, _) = judged(&reported_again, &lookup, &absent());
         assert_eq!(
             applied,
             Applied::Stale,
             "a miss from before the report proves nothing"
         );
         // A miss, though, says nothing about what changed.
-        let (applied, _) = judge(&absent_now, &lookup, &absent(), EXPIRED + SETTLE);
+        let (applied, _) = judged(&absent_now, &lookup, &absent());
         assert_eq!(applied, Applied::Stale);
     }
 
@@ -826,12 +829,12 @@ mod tests {
     #[test]
     fn a_lookup_finding_another_object_for_a_confirmed_operation_records_double_execution() {
         let op = unknown();
-        let lookup = claimed(&op, EXPIRED + SETTLE);
+        let lookup = claimed_after_settling(&op);
         let mut confirmed = op.clone();
         confirmed.state = State::Confirmed;
         confirmed.provider_ref = Some("re_late".into());
         confirmed.version += 1;
-        let (applied, plan) = judge(&confirmed, &lookup, &found("re_1"), EXPIRED + SETTLE);
+        let (applied, plan) = judged(&confirmed, &lookup, &found("re_1"));
         assert_eq!(applied, Applied::Stale);
         assert!(plan.operation.is_none(), "CONFIRMED never changes");
         let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
@@ -839,7 +842,7 @@ mod tests {
         assert!(plan.events[0].reason.as_deref().unwrap().contains("re_1"));
         for same in [Some("re_1"), None] {
             confirmed.provider_ref = same.map(str::to_owned);
-            let (_, plan) = judge(&confirmed, &lookup, &found("re_1"), EXPIRED + SETTLE);
+            let (_, plan) = judged(&confirmed, &lookup, &found("re_1"));
             assert!(plan.is_empty(), "{same:?}");
         }
     }

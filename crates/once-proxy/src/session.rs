@@ -272,12 +272,15 @@ mod tests {
         parse(text.as_bytes()).unwrap()
     }
 
+    /// A ping under `id`, as JSON-RPC writes it (`7`, `"seven"`).
+    fn ping(id: impl std::fmt::Display) -> Json {
+        json(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#))
+    }
+
     #[test]
     fn an_id_in_use_is_refused_for_any_request_until_its_answer() {
         let mut session = Session::default();
-        session
-            .pass(&json(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#))
-            .unwrap();
+        session.pass(&ping(1)).unwrap();
         // 1.0 is 1 to the upstream.
         assert!(session
             .pass(&json(r#"{"jsonrpc":"2.0","id":1.0,"method":"tools/list"}"#))
@@ -294,9 +297,7 @@ mod tests {
             .pass(&json(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#))
             .unwrap();
         session.answered(&IdKey::of(&json("1")).unwrap());
-        session
-            .pass(&json(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#))
-            .unwrap();
+        session.pass(&ping(1)).unwrap();
         // Two requests under one id in one batch.
         assert!(session
             .pass(&json(r#"[{"jsonrpc":"2.0","id":2,"method":"ping"},{"jsonrpc":"2.0","id":"2","method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}]"#))
@@ -307,42 +308,26 @@ mod tests {
     fn a_session_holds_a_bounded_number_of_ids() {
         let mut session = Session::default();
         for n in 0..MAX_IN_FLIGHT {
-            session
-                .pass(&json(&format!(
-                    r#"{{"jsonrpc":"2.0","id":{n},"method":"ping"}}"#
-                )))
-                .unwrap();
+            session.pass(&ping(n)).unwrap();
         }
-        let refused = session
-            .pass(&json(
-                r#"{"jsonrpc":"2.0","id":"one-more","method":"ping"}"#,
-            ))
-            .unwrap_err();
+        let refused = session.pass(&ping(r#""one-more""#)).unwrap_err();
         assert!(refused.contains("wait for an answer"), "{refused}");
         session.answered(&IdKey::of(&json("0")).unwrap());
-        session
-            .pass(&json(
-                r#"{"jsonrpc":"2.0","id":"one-more","method":"ping"}"#,
-            ))
-            .unwrap();
+        session.pass(&ping(r#""one-more""#)).unwrap();
     }
 
     #[test]
     fn a_guarded_calls_id_is_free_once_the_proxy_answered_it() {
         let mut session = Session::default();
         let (key, _) = session.guard(&json("7")).unwrap();
-        assert!(session
-            .pass(&json(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#))
-            .is_err());
+        assert!(session.pass(&ping(7)).is_err());
         assert!(session.guard(&json("7.0")).is_err());
         // An upstream answer under the client's id is not the guarded call's.
         session.answered(&key);
         assert!(session.guard(&json("7")).is_err());
         session.finished(&key);
         assert!(session.is_idle());
-        session
-            .pass(&json(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#))
-            .unwrap();
+        session.pass(&ping(7)).unwrap();
     }
 
     #[test]
@@ -371,25 +356,15 @@ mod tests {
         assert!(token.is_cancelled());
         // A cancellation of anything else passes as it came; the id stays refused among the
         // latest cancelled ones, which are bounded.
-        session
-            .pass(&json(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#))
-            .unwrap();
+        session.pass(&ping(9)).unwrap();
         let other = session.pass(&cancel("9")).unwrap().forwarded.unwrap();
         assert_eq!(other, cancel("9"));
-        assert!(session
-            .pass(&json(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#))
-            .is_err());
+        assert!(session.pass(&ping(9)).is_err());
         for n in 100..100 + MAX_CANCELLED {
-            session
-                .pass(&json(&format!(
-                    r#"{{"jsonrpc":"2.0","id":{n},"method":"ping"}}"#
-                )))
-                .unwrap();
+            session.pass(&ping(n)).unwrap();
             session.pass(&cancel(&n.to_string())).unwrap();
         }
-        session
-            .pass(&json(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#))
-            .unwrap();
+        session.pass(&ping(9)).unwrap();
     }
 
     #[test]

@@ -563,16 +563,24 @@ pub(crate) fn check_result(field: &str, result: &[u8], limits: &Limits) -> Resul
     Ok(())
 }
 
+/// `None` for an empty field (proto3's "not set"), else the value once `check` passed it.
+fn unless_empty(
+    value: String,
+    check: impl FnOnce(&str) -> Result<(), Invalid>,
+) -> Result<Option<String>, Invalid> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    check(&value)?;
+    Ok(Some(value))
+}
+
 pub(crate) fn optional_name(
     field: &str,
     value: String,
     max: usize,
 ) -> Result<Option<String>, Invalid> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    check_name(field, &value, max)?;
-    Ok(Some(value))
+    unless_empty(value, |value| check_name(field, value, max))
 }
 
 pub(crate) fn json_object(
@@ -580,21 +588,20 @@ pub(crate) fn json_object(
     value: String,
     max: usize,
 ) -> Result<Option<String>, Invalid> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    if value.len() > max {
-        return Err(Invalid::new(
-            field,
-            format!("must be at most {max} bytes, got {}", value.len()),
-        ));
-    }
-    let parsed: serde_json::Value = serde_json::from_str(&value)
-        .map_err(|e| Invalid::new(field, format!("invalid JSON: {e}")))?;
-    if !parsed.is_object() {
-        return Err(Invalid::new(field, "must be a JSON object"));
-    }
-    Ok(Some(value))
+    unless_empty(value, |value| {
+        if value.len() > max {
+            return Err(Invalid::new(
+                field,
+                format!("must be at most {max} bytes, got {}", value.len()),
+            ));
+        }
+        let parsed: serde_json::Value = serde_json::from_str(value)
+            .map_err(|e| Invalid::new(field, format!("invalid JSON: {e}")))?;
+        match parsed.is_object() {
+            true => Ok(()),
+            false => Err(Invalid::new(field, "must be a JSON object")),
+        }
+    })
 }
 
 pub(crate) fn lease_ttl(
