@@ -4,6 +4,12 @@
 //! seconds, interleaved; then 1,000 callers for onced's resident set. Prints a table and each
 //! goal's ratio; asserts nothing.
 //!
+//! Beside each phase's rate it prints the CPU time a cycle cost each process, from /proc:
+//! `onced`, the PostgreSQL server (every process of it), and the load (this process's callers,
+//! or pgbench); and, at 16 callers, the rows and the write-ahead log PostgreSQL wrote a cycle
+//! (its records: a row, an index entry or a commit each), from `pg_stat_user_tables` and
+//! `pg_stat_wal`.
+//!
 //! It also prints what this host allows any ledger behind this API: the callers' gRPC calls
 //! with no ledger work behind them (two health checks a cycle), and pgbench writing the rows
 //! cycles leave in onced's tables as perfect group commit would, 64 to a commit
@@ -24,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use sqlx::Connection as _;
+use support::cost::{CpuUsed, Processes, Written};
 use support::{cycles, empty_cycles, health_checks, onced, percentile, replays, rss_kib, Cycles};
 use tonic::transport::Channel;
 
@@ -101,20 +108,48 @@ struct Figures {
     first_p99: Option<Duration>,
     cycle_p99: Option<Duration>,
     failed: u64,
+    /// Cycles done in the phase.
+    done: f64,
+    /// The CPU time the phase took, per process.
+    cpu: CpuUsed,
+    /// What PostgreSQL wrote in the phase, where measured.
+    written: Option<Written>,
 }
 
 impl Figures {
-    /// A rate alone, as pgbench reports it.
-    fn rate(system: System, callers: usize, per_second: f64) -> Self {
+    /// A rate alone, as pgbench reports it: `done` cycles in `length`.
+    fn rate(system: System, callers: usize, done: f64, length: Duration) -> Self {
         Self {
             system,
             callers,
-            per_second,
+            per_second: done / length.as_secs_f64(),
             first_p50: None,
             first_p99: None,
             cycle_p99: None,
             failed: 0,
+            done,
+            cpu: CpuUsed::default(),
+            written: None,
         }
+    }
+
+    /// CPU milliseconds a cycle took of `of`.
+    fn cpu_per_cycle(&self, of: fn(&CpuUsed) -> Duration) -> Option<f64> {
+        (self.done > 0.0).then(|| ms(of(&self.cpu)) / self.done)
+    }
+
+    /// Rows, write-ahead log records, full page images and bytes written a cycle.
+    fn written_per_cycle(&self) -> Option<[f64; 4]> {
+        let written = self.written.filter(|_| self.done > 0.0)?;
+        Some(
+            [
+                written.rows,
+                written.wal_records,
+                written.wal_full_pages,
+                written.wal_bytes,
+            ]
+            .map(|n| n as f64 / self.done),
+        )
     }
 }
 
@@ -188,13 +223,11 @@ impl Ledger {
         seen.begins.sort();
         seen.cycles.sort();
         Ok(Figures {
-            system,
-            callers,
-            per_second: seen.done as f64 / length.as_secs_f64(),
             first_p50: Some(percentile(&seen.begins, 50.0)),
             first_p99: Some(percentile(&seen.begins, 99.0)),
             cycle_p99: Some(percentile(&seen.cycles, 99.0)),
             failed: seen.failed,
+            ..Figures::rate(system, callers, seen.done as f64, length)
         })
     }
 }
@@ -211,7 +244,7 @@ struct Pgbench {
 }
 
 impl Pgbench {
-    /// Runs `script` with `clients` for `seconds`; returns the transactions per second and,
+    /// Runs `script` with `clients` for `seconds`; returns the transactions processed and,
     /// when `logged`, every transaction's latency.
     async fn run(
         &self,
@@ -243,12 +276,12 @@ impl Pgbench {
             "pgbench failed: {stdout}{}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let tps = stdout
+        let processed = stdout
             .lines()
-            .find_map(|line| line.strip_prefix("tps = "))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|tps| tps.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("no tps in pgbench's output: {stdout}"))?;
+            .find_map(|line| line.strip_prefix("number of transactions actually processed: "))
+            .and_then(|rest| rest.split(['/', ' ']).next())
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no transaction count in pgbench's output: {stdout}"))?;
         let mut latencies = Vec::new();
         if logged {
             for entry in std::fs::read_dir(&self.logs)? {
@@ -266,7 +299,7 @@ impl Pgbench {
                 std::fs::remove_file(&path)?;
             }
         }
-        Ok((tps, latencies))
+        Ok((processed, latencies))
     }
 }
 
@@ -351,16 +384,50 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn show(figures: &Figures) {
     let cell = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.3}", ms(d)));
+    let cpu = |of: fn(&CpuUsed) -> Duration| {
+        figures
+            .cpu_per_cycle(of)
+            .map_or("-".to_string(), |ms| format!("{ms:.3}"))
+    };
+    let written = figures
+        .written_per_cycle()
+        .map_or("-".to_string(), |[rows, records, ..]| {
+            format!("{rows:.1}/{records:.1}")
+        });
     println!(
-        "{:>7}  {:<32} {:>10.0} {:>10} {:>10} {:>11} {:>7}",
+        "{:>7}  {:<32} {:>10.0} {:>10} {:>10} {:>11} {:>7} {:>9} {:>9} {:>9} {:>10}",
         figures.callers,
         figures.system.label(),
         figures.per_second,
         cell(figures.first_p50),
         cell(figures.first_p99),
         cell(figures.cycle_p99),
-        figures.failed
+        figures.failed,
+        cpu(|c| c.onced),
+        cpu(|c| c.postgres),
+        cpu(|c| c.load),
+        written,
     );
+}
+
+/// Runs `phase`, and charges it the CPU time each process took meanwhile; with `db`, also what
+/// PostgreSQL wrote.
+async fn costed(
+    processes: &Processes,
+    mut db: Option<&mut sqlx::PgConnection>,
+    phase: impl std::future::Future<Output = anyhow::Result<Figures>>,
+) -> anyhow::Result<Figures> {
+    let written = match db.as_deref_mut() {
+        Some(db) => Some(Written::settled(db).await?),
+        None => None,
+    };
+    let before = processes.read()?;
+    let mut figures = phase.await?;
+    figures.cpu = before.until(&processes.read()?);
+    if let (Some(db), Some(from)) = (db, written) {
+        figures.written = Some(from.until(&Written::settled(db).await?));
+    }
+    Ok(figures)
 }
 
 #[tokio::main]
@@ -451,33 +518,62 @@ async fn run(
         args.seconds, args.rounds
     );
     println!(
-        "{:>7}  {:<32} {:>10} {:>10} {:>10} {:>11} {:>7}",
-        "callers", "system", "cycles/s", "p50 ms", "p99 ms", "cycle p99", "failed"
+        "{:>7}  {:<32} {:>10} {:>10} {:>10} {:>11} {:>7} {:>9} {:>9} {:>9} {:>10}",
+        "callers",
+        "system",
+        "cycles/s",
+        "p50 ms",
+        "p99 ms",
+        "cycle p99",
+        "failed",
+        "onced ms",
+        "PG ms",
+        "load ms",
+        "rows/WAL"
     );
+    let (backend,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut db)
+        .await?;
+    let on_postgres = Processes::new(postgres.pid(), backend.try_into()?)?;
+    let on_sqlite = Processes::new(sqlite.pid(), backend.try_into()?)?;
+    // Where the CPU goals are stated, and what PostgreSQL writes a cycle is counted.
+    let costed_at = if args.callers.contains(&16) {
+        16
+    } else {
+        args.callers.iter().copied().max().unwrap_or(1)
+    };
     let mut all = Vec::new();
     for _ in 0..args.rounds {
         for &callers in &args.callers {
-            let phases = [
-                postgres
-                    .measure(System::OncedPostgres, callers, length)
-                    .await?,
-                {
-                    let (tps, _) = pgbench
-                        .run("claim_confirm.sql", callers, args.seconds, false)
-                        .await?;
-                    let mut figures = Figures::rate(System::Pgbench, callers, tps);
-                    if callers == 1 {
-                        let (_, mut claims) =
-                            pgbench.run("claim.sql", 1, args.seconds, true).await?;
-                        claims.sort();
-                        figures.first_p50 = Some(percentile(&claims, 50.0));
-                        figures.first_p99 = Some(percentile(&claims, 99.0));
-                    }
-                    figures
-                },
-                sqlite.measure(System::OncedSqlite, callers, length).await?,
-            ];
-            for figures in phases {
+            let counted = (callers == costed_at).then_some(&mut db);
+            let onced_postgres = costed(
+                &on_postgres,
+                counted,
+                postgres.measure(System::OncedPostgres, callers, length),
+            )
+            .await?;
+            let counted = (callers == costed_at).then_some(&mut db);
+            let pgbench_cycles = costed(&on_postgres, counted, async {
+                let (done, _) = pgbench
+                    .run("claim_confirm.sql", callers, args.seconds, false)
+                    .await?;
+                Ok(Figures::rate(System::Pgbench, callers, done, length))
+            })
+            .await?;
+            let mut pgbench_cycles = pgbench_cycles;
+            if callers == 1 {
+                let (_, mut claims) = pgbench.run("claim.sql", 1, args.seconds, true).await?;
+                claims.sort();
+                pgbench_cycles.first_p50 = Some(percentile(&claims, 50.0));
+                pgbench_cycles.first_p99 = Some(percentile(&claims, 99.0));
+            }
+            let onced_sqlite = costed(
+                &on_sqlite,
+                None,
+                sqlite.measure(System::OncedSqlite, callers, length),
+            )
+            .await?;
+            for figures in [onced_postgres, pgbench_cycles, onced_sqlite] {
                 show(&figures);
                 all.push(figures);
             }
@@ -485,11 +581,24 @@ async fn run(
         // The bounds: the same callers making the calls' gRPC round trips and nothing else, and
         // the database writing a cycle's rows with nothing else (four batches in flight).
         let most = args.callers.iter().copied().max().unwrap_or(1);
-        let alone = postgres.measure(System::GrpcAlone, most, length).await?;
-        let (batches, _) = pgbench
-            .run("batched_cycles.sql", 4, args.seconds, false)
-            .await?;
-        let rows = Figures::rate(System::BatchedRows, most, batches * BATCHED_CYCLES);
+        let alone = costed(
+            &on_postgres,
+            None,
+            postgres.measure(System::GrpcAlone, most, length),
+        )
+        .await?;
+        let rows = costed(&on_postgres, None, async {
+            let (batches, _) = pgbench
+                .run("batched_cycles.sql", 4, args.seconds, false)
+                .await?;
+            Ok(Figures::rate(
+                System::BatchedRows,
+                most,
+                batches * BATCHED_CYCLES,
+                length,
+            ))
+        })
+        .await?;
         for figures in [alone, rows] {
             show(&figures);
             all.push(figures);
@@ -547,24 +656,88 @@ async fn run(
             measured.unwrap_or_else(|| "-".into())
         );
     };
-    let ratio = pick(System::OncedPostgres, most, &rate)
+    let onced_rate = pick(System::OncedPostgres, most, &rate);
+    let ratio = onced_rate
         .zip(pick(System::Pgbench, most, &rate))
         .map(|(onced, pgbench)| onced / pgbench);
     goal(
         format!("cycles/s at {most} callers, onced on PostgreSQL / pgbench"),
         ratio.map(|r| format!("{r:.2}x")),
-        ">= 2x",
+        ">= 1.0x",
     );
-    for (what, of, target) in [("p50", p50, "<= +0.25"), ("p99", p99, "<= +1.00")] {
-        let excess = pick(System::OncedPostgres, fewest, &of)
-            .zip(pick(System::Pgbench, fewest, &of))
-            .map(|(begin, claim)| begin - claim);
+    // Both bounds are CPU-bound on this host and would share it: a cycle costs at least the CPU
+    // of its gRPC calls plus that of its rows, whatever the ledger does between them.
+    let bound = pick(System::GrpcAlone, most, &rate)
+        .zip(pick(System::BatchedRows, most, &rate))
+        .map(|(alone, rows)| 1.0 / (1.0 / alone + 1.0 / rows));
+    goal(
+        format!("bound: gRPC alone + onced's rows batched, at {most} callers / pgbench"),
+        bound
+            .zip(pick(System::Pgbench, most, &rate))
+            .map(|(bound, pgbench)| format!("{:.2}x", bound / pgbench)),
+        "(host)",
+    );
+    goal(
+        format!("share of the bound onced on PostgreSQL reaches at {most} callers"),
+        onced_rate
+            .zip(bound)
+            .map(|(onced, bound)| format!("{:.0}%", 100.0 * onced / bound)),
+        ">= 60%",
+    );
+    let cpu = |system: System, of: fn(&CpuUsed) -> Duration| {
+        let values: Vec<f64> = all
+            .iter()
+            .filter(|f| f.system == system && f.callers == costed_at)
+            .filter_map(|f| f.cpu_per_cycle(of))
+            .collect();
+        (!values.is_empty()).then(|| format!("{:.3}", median(values)))
+    };
+    goal(
+        format!("PostgreSQL CPU a cycle at {costed_at} callers, onced (ms)"),
+        cpu(System::OncedPostgres, |c| c.postgres),
+        "<= 0.35",
+    );
+    goal(
+        format!("onced CPU a cycle at {costed_at} callers, on PostgreSQL (ms)"),
+        cpu(System::OncedPostgres, |c| c.onced),
+        "<= 0.15",
+    );
+    goal(
+        format!("PostgreSQL CPU a cycle at {costed_at} callers, pgbench (ms)"),
+        cpu(System::Pgbench, |c| c.postgres),
+        "(host)",
+    );
+    for system in [System::OncedPostgres, System::Pgbench] {
+        let written = all
+            .iter()
+            .filter(|f| f.system == system)
+            .find_map(Figures::written_per_cycle);
         goal(
-            format!("Begin {what} at {fewest} caller - pgbench claim {what} (ms)"),
-            excess.map(|e| format!("{e:+.3}")),
-            target,
+            format!(
+                "rows / WAL records / full pages / bytes a cycle, {}",
+                system.label()
+            ),
+            written.map(|[rows, records, pages, bytes]| {
+                format!("{rows:.1} / {records:.1} / {pages:.1} / {bytes:.0}")
+            }),
+            "(info)",
         );
     }
+    let excess = |of: Of| {
+        pick(System::OncedPostgres, fewest, &of)
+            .zip(pick(System::Pgbench, fewest, &of))
+            .map(|(begin, claim)| format!("{:+.3}", begin - claim))
+    };
+    goal(
+        format!("Begin p50 at {fewest} caller - pgbench claim p50 (ms)"),
+        excess(p50),
+        "<= +0.50",
+    );
+    goal(
+        format!("Begin p99 at {fewest} caller - pgbench claim p99 (ms)"),
+        excess(p99),
+        "(info)",
+    );
     // A Begin is at least a gRPC round trip around the claim's statement.
     let floor = replayed.first().map(|(_, _, health)| ms(*health));
     goal(
@@ -572,22 +745,10 @@ async fn run(
         floor.map(|f| format!("{f:+.3}")),
         "(host)",
     );
-    // Both bounds are CPU-bound on this host and would share it: a cycle costs at least the CPU
-    // of its gRPC calls plus that of its rows, whatever the ledger does between them.
-    let ceiling = pick(System::GrpcAlone, most, &rate)
-        .zip(pick(System::BatchedRows, most, &rate))
-        .zip(pick(System::Pgbench, most, &rate))
-        .map(|((alone, rows), pgbench)| 1.0 / (1.0 / alone + 1.0 / rows) / pgbench);
     goal(
-        format!("bound: gRPC alone + onced's rows batched, at {most} callers / pgbench"),
-        ceiling.map(|r| format!("{r:.2}x")),
-        "(host)",
-    );
-    let at_16 = if args.callers.contains(&16) { 16 } else { most };
-    goal(
-        format!("SQLite cycles/s at {at_16} callers"),
-        pick(System::OncedSqlite, at_16, &rate).map(|r| format!("{r:.0}")),
-        ">= 1000",
+        format!("SQLite cycles/s at {costed_at} callers"),
+        pick(System::OncedSqlite, costed_at, &rate).map(|r| format!("{r:.0}")),
+        ">= 1500",
     );
     goal(
         format!("SQLite cycle p99 at {most} callers (ms)"),

@@ -3,6 +3,8 @@
 // Each bench uses part of it.
 #![allow(dead_code)]
 
+pub mod cost;
+
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};

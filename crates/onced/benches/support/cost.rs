@@ -1,0 +1,169 @@
+//! What a phase cost: CPU time per process from /proc, and what PostgreSQL wrote, from its
+//! statistics views.
+
+use std::time::Duration;
+
+/// The kernel's clock ticks a second for /proc's CPU times (USER_HZ; 100 on Linux).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// CPU time of process `pid` (`self` for this one) in ticks: its own, and with `reaped` that of
+/// its children it has waited for.
+fn cpu_ticks(pid: &str, reaped: bool) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command's name, in parentheses that may hold anything: field 3 onwards.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |n: usize| -> anyhow::Result<u64> {
+        fields
+            .get(n - 3)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no field {n} in /proc/{pid}/stat"))
+    };
+    let own = field(14)? + field(15)?;
+    Ok(match reaped {
+        true => own + field(16)? + field(17)?,
+        false => own,
+    })
+}
+
+/// The parent of process `pid`.
+fn parent(pid: u32) -> anyhow::Result<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no parent in /proc/{pid}/stat"))
+}
+
+/// The processes whose CPU a phase is charged: `onced`, the PostgreSQL server (the postmaster,
+/// every process it runs, and those it reaped), and this process with its children (the
+/// callers, or pgbench).
+#[derive(Debug, Clone, Copy)]
+pub struct Processes {
+    pub onced: u32,
+    pub postmaster: u32,
+}
+
+/// CPU ticks used so far by each of [`Processes`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuReading {
+    onced: u64,
+    postgres: u64,
+    load: u64,
+}
+
+/// CPU time a phase took, per process group.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuUsed {
+    pub onced: Duration,
+    pub postgres: Duration,
+    pub load: Duration,
+}
+
+impl Processes {
+    /// The postmaster is found as the parent of the backend serving `backend_pid`'s session.
+    pub fn new(onced: u32, backend_pid: u32) -> anyhow::Result<Self> {
+        Ok(Self {
+            onced,
+            postmaster: parent(backend_pid)?,
+        })
+    }
+
+    pub fn read(&self) -> anyhow::Result<CpuReading> {
+        let mut postgres = cpu_ticks(&self.postmaster.to_string(), true)?;
+        for entry in std::fs::read_dir("/proc")? {
+            let name = entry?.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            // A process may end between the listing and the read: it is then counted in the
+            // postmaster's reaped time instead.
+            if parent(pid).ok() == Some(self.postmaster) {
+                postgres += cpu_ticks(&pid.to_string(), false).unwrap_or(0);
+            }
+        }
+        Ok(CpuReading {
+            onced: cpu_ticks(&self.onced.to_string(), false)?,
+            postgres,
+            load: cpu_ticks("self", true)?,
+        })
+    }
+}
+
+impl CpuReading {
+    /// What was used from `self` to `later`.
+    pub fn until(&self, later: &CpuReading) -> CpuUsed {
+        let time = |from: u64, to: u64| {
+            Duration::from_secs_f64(to.saturating_sub(from) as f64 / TICKS_PER_SECOND)
+        };
+        CpuUsed {
+            onced: time(self.onced, later.onced),
+            postgres: time(self.postgres, later.postgres),
+            load: time(self.load, later.load),
+        }
+    }
+}
+
+/// What PostgreSQL wrote so far: rows of the database's tables (`pg_stat_user_tables`), and the
+/// server's write-ahead log (`pg_stat_wal`): a record for each row, each index entry and each
+/// commit, which is where a write's cost is paid, some carrying a full page image (the first
+/// change of a page since the last checkpoint).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Written {
+    pub rows: i64,
+    pub wal_records: i64,
+    pub wal_full_pages: i64,
+    pub wal_bytes: i64,
+}
+
+impl Written {
+    /// What is counted now, once every backend reported what it did: a backend's figures reach
+    /// the views when it is idle or ends, up to a second later, so this reads until two
+    /// readings a second apart agree.
+    pub async fn settled(db: &mut sqlx::PgConnection) -> anyhow::Result<Self> {
+        let mut last = Self::read(db).await?;
+        for _ in 0..15 {
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            let now = Self::read(db).await?;
+            if now == last {
+                return Ok(now);
+            }
+            last = now;
+        }
+        Ok(last)
+    }
+
+    async fn read(db: &mut sqlx::PgConnection) -> anyhow::Result<Self> {
+        // This session's view of the figures is a snapshot kept for its transaction: drop it.
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut *db)
+            .await?;
+        let (rows, wal_records, wal_full_pages, wal_bytes): (Option<i64>, i64, i64, i64) =
+            sqlx::query_as(
+                "SELECT (SELECT sum(n_tup_ins + n_tup_upd + n_tup_del)::bigint \
+                     FROM pg_stat_user_tables), \
+                    wal_records, wal_fpi, wal_bytes::bigint \
+             FROM pg_stat_wal",
+            )
+            .fetch_one(&mut *db)
+            .await?;
+        Ok(Self {
+            rows: rows.unwrap_or(0),
+            wal_records,
+            wal_full_pages,
+            wal_bytes,
+        })
+    }
+
+    /// What was written from `self` to `later`.
+    pub fn until(&self, later: &Written) -> Written {
+        Written {
+            rows: later.rows - self.rows,
+            wal_records: later.wal_records - self.wal_records,
+            wal_full_pages: later.wal_full_pages - self.wal_full_pages,
+            wal_bytes: later.wal_bytes - self.wal_bytes,
+        }
+    }
+}
