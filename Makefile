@@ -1,5 +1,5 @@
 # Each target is one command a person could type.
-.PHONY: run test build bench bench-proxy fmt lint demo demo-up model-long fuzz fuzz-proxy
+.PHONY: run test build bench bench-proxy profile fmt lint demo demo-up model-long fuzz fuzz-proxy
 
 VENV := .venv
 # The TypeScript MCP server once-proxy is tested in front of, and its packages (npm, Node 20).
@@ -47,6 +47,20 @@ build:
 # the ratios to the performance goals, and memory. See README, Performance.
 bench:
 	cargo bench -p onced --bench ledger
+
+# Where onced spends its CPU: flame graphs of onced under the benchmark's 16 callers, on
+# PostgreSQL and on SQLite (docs/flame-onced-postgres.svg, docs/flame-onced-sqlite.svg). The
+# benchmark is built with frame pointers in target/profiling, the flame graph tools (inferno)
+# into target/tools; perf comes from Debian's linux-perf.
+PERF := /usr/bin/perf
+profile: $(PERF)
+	CARGO_TARGET_DIR=target/profiling RUSTFLAGS="-C force-frame-pointers=yes" CARGO_PROFILE_BENCH_DEBUG=line-tables-only cargo bench -p onced --bench ledger --no-run
+	cargo install --quiet --locked --root target/tools inferno
+	PATH="$(CURDIR)/target/tools/bin:$$PATH" bench/profile.sh "$$(ls -t target/profiling/release/deps/ledger-* | grep -v '\.d$$' | head -n 1)" docs
+
+$(PERF):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf
 
 # Tool-call latency through once-proxy against direct calls, over stdio (see README, once-proxy).
 bench-proxy: $(VENV)/installed
