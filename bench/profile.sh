@@ -14,7 +14,20 @@ bench=$1
 out=$2
 seconds=${3:-8}
 work=$(mktemp -d)
-trap 'kill "$runner" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+runner=
+# The benchmark is stopped before its end, so what it would clean up is cleaned up here: its
+# onced processes, then the benchmark, then the database it made (named after its pid).
+stop() {
+    if [ -n "$runner" ]; then
+        pkill -TERM -P "$runner" 2>/dev/null || true
+        kill "$runner" 2>/dev/null || true
+        wait 2>/dev/null || true
+        psql -q "${ONCE_BENCH_POSTGRES:-postgres://postgres@127.0.0.1:5432/postgres}" \
+            -c "DROP DATABASE IF EXISTS once_bench_$runner WITH (FORCE)" >/dev/null 2>&1 || true
+    fi
+    rm -rf "$work"
+}
+trap stop EXIT
 
 "$bench" --callers 16 --seconds $((seconds * 2 + 4)) --memory-callers 16 >"$work/bench.log" 2>&1 &
 runner=$!
@@ -46,7 +59,10 @@ profile() {
         sleep 1
         after=$(ticks "$pid")
         if [ $((after - before)) -ge 33 ]; then
-            perf record -q -g -p "$pid" -o "$work/$name.data" -- sleep "$seconds" >/dev/null 2>&1
+            if ! perf record -q -g -p "$pid" -o "$work/$name.data" -- sleep "$seconds" >/dev/null; then
+                echo "perf could not record onced (as another user than root, the kernel must allow it: sysctl kernel.perf_event_paranoid=1)" >&2
+                exit 1
+            fi
             perf script -i "$work/$name.data" 2>/dev/null | inferno-collapse-perf >"$work/$name.folded"
             inferno-flamegraph --minwidth 0.2 --title "$name, 16 callers" <"$work/$name.folded" >"$out/flame-$name.svg"
             echo "$out/flame-$name.svg: $(wc -l <"$work/$name.folded") stacks"

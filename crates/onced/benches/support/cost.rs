@@ -37,59 +37,79 @@ fn parent(pid: u32) -> anyhow::Result<u32> {
         .ok_or_else(|| anyhow::anyhow!("no parent in /proc/{pid}/stat"))
 }
 
+/// The command name of process `pid`.
+fn command(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|name| name.trim_end().to_owned())
+}
+
 /// The processes whose CPU a phase is charged: `onced`, the PostgreSQL server (the postmaster,
-/// every process it runs, and those it reaped), and this process with its children (the
-/// callers, or pgbench).
+/// every process it runs, and those it reaped) when it runs on this host, and this process with
+/// its children (the callers, or pgbench).
 #[derive(Debug, Clone, Copy)]
 pub struct Processes {
     pub onced: u32,
-    pub postmaster: u32,
+    pub postmaster: Option<u32>,
 }
 
 /// CPU ticks used so far by each of [`Processes`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuReading {
     onced: u64,
-    postgres: u64,
+    postgres: Option<u64>,
     load: u64,
 }
 
-/// CPU time a phase took, per process group.
+/// CPU time a phase took, per process group; PostgreSQL's where it runs on this host.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuUsed {
     pub onced: Duration,
-    pub postgres: Duration,
+    pub postgres: Option<Duration>,
     pub load: Duration,
 }
 
 impl Processes {
-    /// The postmaster is found as the parent of the backend serving `backend_pid`'s session.
-    pub fn new(onced: u32, backend_pid: u32) -> anyhow::Result<Self> {
-        Ok(Self {
-            onced,
-            postmaster: parent(backend_pid)?,
-        })
+    /// The postmaster is the parent of the backend serving `backend_pid`'s session, when that
+    /// pid is a PostgreSQL process of this host (not one of a remote server, or of a container
+    /// with pids of its own).
+    pub fn new(onced: u32, backend_pid: u32) -> Self {
+        let postmaster = parent(backend_pid)
+            .ok()
+            .filter(|_| command(backend_pid).as_deref() == Some("postgres"))
+            .filter(|&postmaster| command(postmaster).as_deref() == Some("postgres"));
+        Self { onced, postmaster }
     }
 
     pub fn read(&self) -> anyhow::Result<CpuReading> {
-        let mut postgres = cpu_ticks(&self.postmaster.to_string(), true)?;
-        for entry in std::fs::read_dir("/proc")? {
-            let name = entry?.file_name();
-            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            // A process may end between the listing and the read: it is then counted in the
-            // postmaster's reaped time instead.
-            if parent(pid).ok() == Some(self.postmaster) {
-                postgres += cpu_ticks(&pid.to_string(), false).unwrap_or(0);
-            }
-        }
+        let postgres = match self.postmaster {
+            Some(postmaster) => Some(server_ticks(postmaster)?),
+            None => None,
+        };
         Ok(CpuReading {
             onced: cpu_ticks(&self.onced.to_string(), false)?,
             postgres,
             load: cpu_ticks("self", true)?,
         })
     }
+}
+
+/// CPU ticks of the PostgreSQL server so far: the postmaster's with those it reaped, and those
+/// of every process it runs.
+fn server_ticks(postmaster: u32) -> anyhow::Result<u64> {
+    let mut ticks = cpu_ticks(&postmaster.to_string(), true)?;
+    for entry in std::fs::read_dir("/proc")? {
+        let name = entry?.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // A process may end between the listing and the read: it is then counted in the
+        // postmaster's reaped time instead.
+        if parent(pid).ok() == Some(postmaster) {
+            ticks += cpu_ticks(&pid.to_string(), false).unwrap_or(0);
+        }
+    }
+    Ok(ticks)
 }
 
 impl CpuReading {
@@ -100,7 +120,10 @@ impl CpuReading {
         };
         CpuUsed {
             onced: time(self.onced, later.onced),
-            postgres: time(self.postgres, later.postgres),
+            postgres: self
+                .postgres
+                .zip(later.postgres)
+                .map(|(from, to)| time(from, to)),
             load: time(self.load, later.load),
         }
     }
@@ -118,19 +141,26 @@ pub struct Written {
     pub wal_bytes: i64,
 }
 
+/// How long a backend may keep what it counted before the statistics views show it: a busy
+/// backend reports at most once a second, and one that went idle right after reporting reports
+/// the rest ten seconds later (PostgreSQL's `PGSTAT_IDLE_INTERVAL`).
+pub const REPORTED_WITHIN: Duration = Duration::from_millis(10_500);
+
 impl Written {
-    /// What is counted now, once every backend reported what it did: a backend's figures reach
-    /// the views when it is idle or ends, up to a second later, so this reads until two
-    /// readings a second apart agree.
-    pub async fn settled(db: &mut sqlx::PgConnection) -> anyhow::Result<Self> {
+    /// What is counted now, once every backend reported what it did: reads until the figures
+    /// have not moved for `quiet` ([`REPORTED_WITHIN`] to be sure of them; less, for a run that
+    /// only shows the benchmark works), or a minute passed.
+    pub async fn settled(db: &mut sqlx::PgConnection, quiet: Duration) -> anyhow::Result<Self> {
         let mut last = Self::read(db).await?;
-        for _ in 0..15 {
-            tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let mut since = tokio::time::Instant::now();
+        let give_up = since + Duration::from_secs(60);
+        while since.elapsed() < quiet && since < give_up {
+            tokio::time::sleep(Duration::from_millis(500)).await;
             let now = Self::read(db).await?;
-            if now == last {
-                return Ok(now);
+            if now != last {
+                last = now;
+                since = tokio::time::Instant::now();
             }
-            last = now;
         }
         Ok(last)
     }
