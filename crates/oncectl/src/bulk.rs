@@ -128,6 +128,13 @@ impl Row {
     }
 }
 
+/// Whether the ledger refused the key rather than the operation (its role, or the credential
+/// itself): every other operation would be refused alike, so none is tried.
+fn refuses_the_key<T>(done: &Done<T>) -> bool {
+    matches!(done, Done::Refused(ClientError::Refused { reason, .. })
+        if reason == "ROLE_NOT_ALLOWED" || reason.starts_with("CREDENTIALS_"))
+}
+
 fn said(error: &ClientError) -> String {
     match error {
         ClientError::Refused { reason, message } => format!("{message} ({reason})"),
@@ -184,11 +191,18 @@ pub async fn run(
     let rows = act(ledger, targets, action).await;
     let refused = rows.iter().filter(|r| r.outcome == "refused").count();
     let failed = rows.iter().filter(|r| r.outcome == "failed").count();
+    let not_tried = count - rows.len();
     if out.json {
-        let rows: Vec<_> = rows.iter().map(Row::json).collect();
-        out.json(&json!({ "filter": filter.given, "outcomes": rows }));
+        let outcomes: Vec<_> = rows.iter().map(Row::json).collect();
+        out.json(&json!({ "filter": filter.given, "outcomes": outcomes, "not_tried": not_tried }));
     } else {
         out.print(&table(out, &rows));
+    }
+    if let (true, Some(last)) = (not_tried > 0, rows.last()) {
+        return Err(Failure::Refused(format!(
+            "the ledger refused this key: {}; the other {not_tried} were not tried",
+            last.detail
+        )));
     }
     match (failed, refused) {
         (0, 0) => Ok(()),
@@ -201,7 +215,8 @@ pub async fn run(
     }
 }
 
-/// Does `action` to each target, saying on standard error how far it got.
+/// Does `action` to each target, saying on standard error how far it got; stops at a refusal of
+/// the key itself.
 async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Vec<Row> {
     let count = targets.len();
     let mut rows = Vec::with_capacity(count);
@@ -223,9 +238,13 @@ async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Vec
                 wait
             ));
             while let Some((target, done)) = each.next().await {
+                let stop = refuses_the_key(&done);
                 progress(Row::new(target, done, |r| {
                     (r.state, format!("{}: {}", r.reconciler, r.detail))
                 }));
+                if stop {
+                    break;
+                }
             }
         }
         Action::Absent { reason, operator } => {
@@ -235,9 +254,13 @@ async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Vec
                 operator
             ));
             while let Some((target, resolution_id, done)) = each.next().await {
+                let stop = refuses_the_key(&done);
                 let mut row = Row::new(target, done, |state| (Some(state), String::new()));
                 row.resolution_id = Some(resolution_id);
                 progress(row);
+                if stop {
+                    break;
+                }
             }
         }
     }

@@ -24,6 +24,7 @@ on_both_backends!(
     keys_are_created_listed_and_revoked_by_an_admin,
     operations_are_named_by_a_unique_start_of_their_id,
     an_admin_lists_counts_and_watches_every_tenant_at_once,
+    a_key_that_may_not_settle_is_refused_once_for_a_whole_filter,
 );
 
 /// Runs `oncectl --addr http://ADDR ARGS…` with a home of its own (so no profile of the
@@ -1750,5 +1751,86 @@ async fn an_admin_lists_counts_and_watches_every_tenant_at_once(store: Engine) {
     )
     .await;
     assert_eq!(code(&both), 2, "{}", stderr(&both));
+    ledger.stop().await;
+}
+
+/// A bulk command whose key the ledger refuses (a reader's role, for one) stops at the first
+/// refusal: every other operation would be refused alike, so none is tried, and it says so.
+async fn a_key_that_may_not_settle_is_refused_once_for_a_whole_filter(store: Engine) {
+    use once_api::admin_pb::{self as apb, admin_client::AdminClient};
+    let db = TestDb::new(store).await;
+    let admin_key = strong_key("oncectl-admin");
+    let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
+    let ledger = TestLedger::spawn_with(&db, &["--admin-key-file", file.to_str().unwrap()]).await;
+    let admin = AdminClient::connect(format!("http://{}", ledger.addr))
+        .await
+        .unwrap();
+    let key_of = |role: &'static str| {
+        let request = with_key(
+            apb::CreateKeyRequest {
+                tenant: "default".into(),
+                name: format!("default-{role}"),
+                roles: vec![role.into()],
+                certificate_pem: String::new(),
+            },
+            Some(&admin_key),
+        );
+        let mut admin = admin.clone();
+        async move { admin.create_key(request).await.unwrap().into_inner().secret }
+    };
+    let executor = key_of("executor").await;
+    let reader = key_of("reader").await;
+    let mut client = ledger.client().await;
+    for id in ["refund:r-1", "refund:r-2", "refund:r-3"] {
+        let begun = client
+            .begin(with_key(begin(id, ARGS), Some(&executor)))
+            .await
+            .unwrap()
+            .into_inner();
+        let grant = expect_execute(&begun);
+        let unknown = pb::ReportUnknownRequest {
+            operation_id: id.into(),
+            fencing_token: grant.fencing_token,
+            reason: "timeout after sending".into(),
+        };
+        client
+            .report_unknown(with_key(unknown, Some(&executor)))
+            .await
+            .unwrap();
+    }
+    let as_reader = [("ONCE_KEY", reader.as_str())];
+    for action in [
+        &["reconcile", "--filter", "all", "--yes", "--json"][..],
+        &[
+            "resolve", "--filter", "all", "--absent", "--reason", "checked", "--yes", "--json",
+        ],
+    ] {
+        let refused = oncectl_with(ledger.addr, action, &as_reader).await;
+        assert_eq!(code(&refused), 4, "{action:?}: {}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains("the other 2 were not tried"),
+            "{action:?}: {}",
+            stderr(&refused)
+        );
+        let said: Value = serde_json::from_slice(&refused.stdout).unwrap();
+        assert_eq!(said["not_tried"], 2, "{said}");
+        let outcomes = said["outcomes"].as_array().unwrap();
+        assert_eq!(outcomes.len(), 1, "{said}");
+        assert_eq!(outcomes[0]["outcome"], "refused", "{said}");
+        assert!(
+            outcomes[0]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("ROLE_NOT_ALLOWED"),
+            "{said}"
+        );
+    }
+    // Nothing was settled.
+    let unknown = json(&oncectl_with(ledger.addr, &["list", "--json"], &as_reader).await);
+    assert_eq!(
+        unknown["operations"].as_array().unwrap().len(),
+        3,
+        "{unknown}"
+    );
     ledger.stop().await;
 }
