@@ -42,8 +42,15 @@ impl From<&OperationView> for Target {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Selection {
     pub operations: Vec<OperationView>,
-    /// More than [`BULK_LIMIT`] matched: the selection holds the oldest.
+    /// More matched than the selection holds (it holds the oldest), or the search stopped
+    /// before it saw every one.
     pub more: bool,
+}
+
+/// A search of UNKNOWN operations the ledger does not do itself: which to keep, through how many.
+struct Search<'a> {
+    searched: usize,
+    keep: &'a (dyn Fn(&OperationView) -> bool + Sync),
 }
 
 /// What became of one operation of a bulk action.
@@ -70,26 +77,68 @@ impl<T> From<Result<T, ClientError>> for Done<T> {
 
 impl LedgerClient {
     /// The UNKNOWN operations `filter` selects (whatever states it names), oldest first, at
-    /// most [`BULK_LIMIT`]: the list a bulk action shows before it acts (its dry run).
-    pub async fn select_unknown(&self, filter: &ListFilter) -> Result<Selection, ClientError> {
+    /// most `limit`: for a bulk action ([`BULK_LIMIT`]), the list it shows before it acts (its
+    /// dry run).
+    pub async fn select_unknown(
+        &self,
+        filter: &ListFilter,
+        limit: usize,
+    ) -> Result<Selection, ClientError> {
+        self.paged_unknown(filter, limit, None).await
+    }
+
+    /// As [`LedgerClient::select_unknown`], with at most `limit` of those `keep` keeps (a
+    /// search the ledger does not do itself), looked for through at most `searched` of the
+    /// operations the filter selects, oldest first. `more` also says the search stopped there.
+    pub async fn search_unknown(
+        &self,
+        filter: &ListFilter,
+        limit: usize,
+        searched: usize,
+        keep: impl Fn(&OperationView) -> bool + Sync,
+    ) -> Result<Selection, ClientError> {
+        let search = Search {
+            searched,
+            keep: &keep,
+        };
+        self.paged_unknown(filter, limit, Some(search)).await
+    }
+
+    async fn paged_unknown(
+        &self,
+        filter: &ListFilter,
+        limit: usize,
+        search: Option<Search<'_>>,
+    ) -> Result<Selection, ClientError> {
+        const PAGE: usize = 1000;
         let filter = ListFilter {
             states: vec![State::Unknown],
             ..filter.clone()
         };
-        let mut operations = Vec::new();
-        let mut page = None;
+        let (mut operations, mut page, mut scanned) = (Vec::new(), None, 0);
         loop {
-            let wanted = BULK_LIMIT + 1 - operations.len();
-            let size = u32::try_from(wanted.min(1000)).unwrap_or(1000);
+            // Unsearched, no more than is needed to tell whether there are more.
+            let wanted = match &search {
+                Some(_) => PAGE,
+                None => (limit + 1 - operations.len()).min(PAGE),
+            };
+            let size = u32::try_from(wanted).unwrap_or(u32::MAX);
             let got = self.list_page(&filter, size, page.as_deref()).await?;
-            operations.extend(got.operations);
+            scanned += got.operations.len();
+            match &search {
+                Some(search) => {
+                    operations.extend(got.operations.into_iter().filter(|op| (search.keep)(op)))
+                }
+                None => operations.extend(got.operations),
+            }
             page = got.next;
-            if page.is_none() || operations.len() > BULK_LIMIT {
+            let searched_enough = search.as_ref().is_some_and(|s| scanned >= s.searched);
+            if page.is_none() || operations.len() > limit || searched_enough {
                 break;
             }
         }
-        let more = operations.len() > BULK_LIMIT;
-        operations.truncate(BULK_LIMIT);
+        let more = page.is_some() || operations.len() > limit;
+        operations.truncate(limit);
         Ok(Selection { operations, more })
     }
 

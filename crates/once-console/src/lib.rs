@@ -53,7 +53,7 @@ const SECURE_COOKIE: &str = "__Host-once_console";
 /// The header the live page's own requests carry.
 const LIVE: &str = "x-console-live";
 /// The most operations the queue shows at once.
-const QUEUE_ROWS: u32 = 500;
+const QUEUE_ROWS: usize = 500;
 /// The most UNKNOWN operations a text or source search looks through, oldest first.
 const SEARCHED: usize = 20_000;
 /// How long a Reconcile pressed in the console may take.
@@ -575,36 +575,15 @@ async fn matching(
     client: &LedgerClient,
     filter: &QueueFilter,
     limit: usize,
-) -> Result<(Vec<OperationView>, bool), ClientError> {
+) -> Result<Selection, ClientError> {
     let list = list_filter(filter)?;
-    let searching = !filter.q.trim().is_empty() || !filter.source.trim().is_empty();
-    let (mut found, mut page, mut scanned) = (Vec::new(), None, 0);
-    loop {
-        let wanted = if searching {
-            1000
-        } else {
-            limit + 1 - found.len()
-        };
-        let size = u32::try_from(wanted.min(1000)).unwrap_or(1000);
-        let got = client.list_page(&list, size, page.as_deref()).await?;
-        scanned += got.operations.len();
-        found.extend(got.operations.into_iter().filter(|op| filter.matches(op)));
-        page = got.next;
-        if page.is_none() || found.len() > limit || scanned >= SEARCHED {
-            break;
+    match filter.q.trim().is_empty() && filter.source.trim().is_empty() {
+        true => client.select_unknown(&list, limit).await,
+        false => {
+            let keep = |op: &OperationView| filter.matches(op);
+            client.search_unknown(&list, limit, SEARCHED, keep).await
         }
     }
-    let more = page.is_some() || found.len() > limit;
-    found.truncate(limit);
-    Ok((found, more))
-}
-
-/// The queue's rows: the oldest UNKNOWN operations the filter selects.
-async fn unknowns(
-    client: &LedgerClient,
-    filter: &QueueFilter,
-) -> Result<(Vec<OperationView>, bool), ClientError> {
-    matching(client, filter, QUEUE_ROWS as usize).await
 }
 
 /// The queue; to the live page's own requests (`X-Console-Live`), its table alone.
@@ -614,7 +593,10 @@ async fn queue(
     Query(filter): Query<QueueFilter>,
 ) -> Response {
     let who = console.who(&headers);
-    let (rows, more) = match unknowns(&who.client, &filter).await {
+    let Selection {
+        operations: rows,
+        more,
+    } = match matching(&who.client, &filter, QUEUE_ROWS).await {
         Ok(found) => found,
         Err(error) => return console.failed(&who, &error, "/queue"),
     };
@@ -658,8 +640,8 @@ async fn figures(
 ) -> Result<(once_client::StatsView, Vec<OperationView>), ClientError> {
     let span = humantime::parse_duration(window).expect("the offered windows parse");
     let stats = client.stats(span).await?;
-    let (unknown, _) = unknowns(client, &QueueFilter::default()).await?;
-    Ok((stats, unknown))
+    let unknown = matching(client, &QueueFilter::default(), QUEUE_ROWS).await?;
+    Ok((stats, unknown.operations))
 }
 
 /// The overview; to the live page's own requests, its figures alone.
@@ -931,13 +913,6 @@ fn moved(op: &OperationView) -> String {
     )
 }
 
-/// The UNKNOWN operations a bulk action takes: what the queue's filter selects, at most
-/// [`once_client::BULK_LIMIT`].
-async fn selected(client: &LedgerClient, filter: &QueueFilter) -> Result<Selection, ClientError> {
-    let (operations, more) = matching(client, filter, once_client::BULK_LIMIT).await?;
-    Ok(Selection { operations, more })
-}
-
 /// What the queue's filter selects, before anything is done to it: a dry run, and for an
 /// operator the bulk actions.
 async fn bulk(
@@ -946,7 +921,8 @@ async fn bulk(
     Query(filter): Query<QueueFilter>,
 ) -> Response {
     let who = console.who(&headers);
-    let Selection { operations, more } = match selected(&who.client, &filter).await {
+    let selected = matching(&who.client, &filter, once_client::BULK_LIMIT).await;
+    let Selection { operations, more } = match selected {
         Ok(selection) => selection,
         Err(error) => return console.failed(&who, &error, "/queue"),
     };

@@ -153,7 +153,7 @@ pub async fn run(
     yes: bool,
     action: Action,
 ) -> Result<(), Failure> {
-    let Selection { operations, more } = ledger.select_unknown(&filter.list).await?;
+    let Selection { operations, more } = ledger.select_unknown(&filter.list, BULK_LIMIT).await?;
     let count = operations.len();
     if dry_run || count == 0 {
         if out.json {
