@@ -150,11 +150,6 @@ impl Lookups {
             })
             .collect()
     }
-
-    /// Every lookup counted.
-    pub fn total(&self) -> i64 {
-        self.settled + self.missed + self.failed
-    }
 }
 
 /// The kinds [`Stats::events`] counts.
@@ -314,7 +309,8 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(figures[1].total(), 6);
+        let stripe = &figures[1];
+        assert_eq!(stripe.settled + stripe.missed + stripe.failed, 6);
     }
 
     #[test]

@@ -223,10 +223,13 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .earlier_lives(&tenant, &id, op.life)
             .await
             .map_err(status::store)?;
-        let mut explained = convert::explained(op, attempts, events, calls);
-        explained.provider_dashboard = dashboard.unwrap_or_default();
-        explained.earlier_events = earlier.into_iter().map(convert::event).collect();
-        Ok(Response::new(explained))
+        Ok(Response::new(convert::explained(
+            op,
+            attempts,
+            (events, earlier),
+            calls,
+            dashboard,
+        )))
     }
 
     async fn get_stats(

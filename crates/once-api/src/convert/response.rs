@@ -20,12 +20,14 @@ pub fn call(c: forensics::Call) -> pb::Call {
     }
 }
 
-/// An operation with its attempts, history and calls, as GetOperation answers.
+/// An operation with its attempts, history (this life's, then `earlier` lives' events) and
+/// calls, and its link in its provider's dashboard, as GetOperation answers.
 pub fn explained(
     op: Operation,
     attempts: Vec<Attempt>,
-    events: Vec<Event>,
+    (events, earlier): (Vec<Event>, Vec<Event>),
     calls: Vec<forensics::Call>,
+    dashboard: Option<String>,
 ) -> pb::GetOperationResponse {
     pb::GetOperationResponse {
         operation: Some(operation(op)),
@@ -33,8 +35,8 @@ pub fn explained(
         events: events.into_iter().map(event).collect(),
         forensics: forensics::Summary::of(&calls).to_string(),
         calls: calls.into_iter().map(call).collect(),
-        provider_dashboard: String::new(),
-        earlier_events: Vec::new(),
+        provider_dashboard: dashboard.unwrap_or_default(),
+        earlier_events: earlier.into_iter().map(event).collect(),
     }
 }
 
