@@ -122,6 +122,41 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// A new key of `tenant` holding `role`, made with the admin key.
+async fn key_with_role(addr: SocketAddr, admin_key: &str, tenant: &str, role: &str) -> String {
+    use once_api::admin_pb::{self as apb, admin_client::AdminClient};
+    let mut admin = AdminClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let request = apb::CreateKeyRequest {
+        tenant: tenant.into(),
+        name: format!("{tenant}-{role}"),
+        roles: vec![role.into()],
+        certificate_pem: String::new(),
+    };
+    let made = admin.create_key(with_key(request, Some(admin_key))).await;
+    made.unwrap().into_inner().secret
+}
+
+/// `id` begun with `key` (its tenant's), and reported UNKNOWN by its attempt.
+async fn unknown_with_key(client: &mut Grpc, id: &str, key: &str) {
+    let begun = client
+        .begin(with_key(begin(id, ARGS), Some(key)))
+        .await
+        .unwrap()
+        .into_inner();
+    let grant = expect_execute(&begun);
+    let unknown = pb::ReportUnknownRequest {
+        operation_id: id.into(),
+        fencing_token: grant.fencing_token,
+        reason: "timeout after sending".into(),
+    };
+    client
+        .report_unknown(with_key(unknown, Some(key)))
+        .await
+        .unwrap();
+}
+
 /// An operation whose report said it cannot tell, and one confirmed.
 async fn unknown_and_confirmed(client: &mut Grpc) -> pb::Execute {
     let grant = claim(client, begin("refund:o-1", ARGS)).await;
@@ -1640,37 +1675,11 @@ async fn an_admin_lists_counts_and_watches_every_tenant_at_once(store: Engine) {
         ))
         .await
         .unwrap();
-    let key_of = |tenant: &'static str, role: &'static str| {
-        let request = with_key(
-            apb::CreateKeyRequest {
-                tenant: tenant.into(),
-                name: format!("{tenant}-{role}"),
-                roles: vec![role.into()],
-                certificate_pem: String::new(),
-            },
-            Some(&admin_key),
-        );
-        let mut admin = admin.clone();
-        async move { admin.create_key(request).await.unwrap().into_inner().secret }
-    };
+    let key_of = |tenant, role| key_with_role(ledger.addr, &admin_key, tenant, role);
     let mut client = ledger.client().await;
     for (tenant, id) in [("default", "refund:d-1"), ("acme", "refund:a-1")] {
         let executor = key_of(tenant, "executor").await;
-        let begun = client
-            .begin(with_key(begin(id, ARGS), Some(&executor)))
-            .await
-            .unwrap()
-            .into_inner();
-        let grant = expect_execute(&begun);
-        let unknown = pb::ReportUnknownRequest {
-            operation_id: id.into(),
-            fencing_token: grant.fencing_token,
-            reason: "timeout after sending".into(),
-        };
-        client
-            .report_unknown(with_key(unknown, Some(&executor)))
-            .await
-            .unwrap();
+        unknown_with_key(&mut client, id, &executor).await;
     }
     let acme_reader = key_of("acme", "reader").await;
     let as_admin = [("ONCE_KEY", admin_key.as_str())];
@@ -1757,46 +1766,15 @@ async fn an_admin_lists_counts_and_watches_every_tenant_at_once(store: Engine) {
 /// A bulk command whose key the ledger refuses (a reader's role, for one) stops at the first
 /// refusal: every other operation would be refused alike, so none is tried, and it says so.
 async fn a_key_that_may_not_settle_is_refused_once_for_a_whole_filter(store: Engine) {
-    use once_api::admin_pb::{self as apb, admin_client::AdminClient};
     let db = TestDb::new(store).await;
     let admin_key = strong_key("oncectl-admin");
     let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
     let ledger = TestLedger::spawn_with(&db, &["--admin-key-file", file.to_str().unwrap()]).await;
-    let admin = AdminClient::connect(format!("http://{}", ledger.addr))
-        .await
-        .unwrap();
-    let key_of = |role: &'static str| {
-        let request = with_key(
-            apb::CreateKeyRequest {
-                tenant: "default".into(),
-                name: format!("default-{role}"),
-                roles: vec![role.into()],
-                certificate_pem: String::new(),
-            },
-            Some(&admin_key),
-        );
-        let mut admin = admin.clone();
-        async move { admin.create_key(request).await.unwrap().into_inner().secret }
-    };
-    let executor = key_of("executor").await;
-    let reader = key_of("reader").await;
+    let executor = key_with_role(ledger.addr, &admin_key, "default", "executor").await;
+    let reader = key_with_role(ledger.addr, &admin_key, "default", "reader").await;
     let mut client = ledger.client().await;
     for id in ["refund:r-1", "refund:r-2", "refund:r-3"] {
-        let begun = client
-            .begin(with_key(begin(id, ARGS), Some(&executor)))
-            .await
-            .unwrap()
-            .into_inner();
-        let grant = expect_execute(&begun);
-        let unknown = pb::ReportUnknownRequest {
-            operation_id: id.into(),
-            fencing_token: grant.fencing_token,
-            reason: "timeout after sending".into(),
-        };
-        client
-            .report_unknown(with_key(unknown, Some(&executor)))
-            .await
-            .unwrap();
+        unknown_with_key(&mut client, id, &executor).await;
     }
     let as_reader = [("ONCE_KEY", reader.as_str())];
     for action in [
