@@ -156,16 +156,18 @@ pub enum Applied {
 /// it is (the next lookup judges an UNKNOWN one again).
 fn proven_after_all(
     op: &Operation,
-    actor: &Actor,
+    finder: &Finder,
     found: (&str, Vec<u8>),
     evidence: &str,
     now: Millis,
 ) -> (Applied, Plan) {
     let (provider_ref, result) = found;
     let event = |kind, to: State, reason: String| {
-        NewEvent::transition(op, kind, (op.state, to), op.attempt, actor.clone())
+        NewEvent::transition(op, kind, (op.state, to), op.attempt, finder.actor.clone())
             .because(reason)
-            .with_details(json!({ "evidence": evidence, "provider_ref": provider_ref }))
+            .with_details(
+                finder.details(json!({ "evidence": evidence, "provider_ref": provider_ref })),
+            )
     };
     let (to, source, events) = match op.state {
         State::Absent => {
@@ -173,14 +175,14 @@ fn proven_after_all(
                 op,
                 EventKind::ResolutionContradicted,
                 op.attempt,
-                actor.clone(),
+                finder.actor.clone(),
                 format!("ref:{provider_ref}"),
             )
             .because(format!(
                 "the provider holds the effect as {provider_ref} although a {} said ABSENT",
                 op.source.as_str()
             ))
-            .with_details(json!({ "evidence": evidence, "provider_ref": provider_ref }));
+            .with_details(finder.details(json!({ "evidence": evidence, "provider_ref": provider_ref })));
             let settled = event(
                 EventKind::Reconciled,
                 State::Confirmed,
@@ -211,17 +213,17 @@ fn proven_after_all(
                         op,
                         EventKind::DoubleExecution,
                         op.attempt,
-                        actor.clone(),
+                        finder.actor.clone(),
                         format!("ref:{provider_ref}"),
                     )
                     .because(format!(
                         "the provider holds {provider_ref} besides {on_record}, the effect on record: the effect happened twice"
                     ))
-                    .with_details(json!({
+                    .with_details(finder.details(json!({
                         "evidence": evidence,
                         "provider_ref": provider_ref,
                         "on_record": on_record,
-                    }))],
+                    })))],
                     ..Plan::default()
                 },
                 _ => Plan::default(),
@@ -330,9 +332,41 @@ fn judge<'v>(
     }
 }
 
-/// Applies a verdict from a lookup of `op` claimed as `lookup`. The events the reconciler
-/// records say what it found (`found`: CONFIRMED, ABSENT or UNKNOWN, which the figures of its
-/// lookups count) and the operator who asked for the lookup, if one did (`asked_by`).
+/// Who records a lookup's events, and what each of them says of the lookup besides its own
+/// details: what the provider answered (`found`: CONFIRMED, ABSENT or UNKNOWN, which the figures
+/// of its lookups count) and the operator who asked for the lookup, if one did (`asked_by`).
+struct Finder {
+    actor: Actor,
+    found: State,
+    asked_by: Option<String>,
+}
+
+impl Finder {
+    fn new(lookup: &Lookup, verdict: &Verdict, policy: &LookupPolicy) -> Self {
+        let found = match verdict {
+            Verdict::Confirmed { .. } => State::Confirmed,
+            Verdict::Absent { .. } => State::Absent,
+            Verdict::Unknown { .. } => State::Unknown,
+        };
+        Finder {
+            actor: Actor::Reconciler(policy.name.clone()),
+            found,
+            asked_by: lookup.asked_by.as_ref().map(Actor::to_string),
+        }
+    }
+
+    /// `details` (an object) with what the lookup found and who asked for it.
+    fn details(&self, mut details: serde_json::Value) -> serde_json::Value {
+        details["found"] = self.found.as_str().into();
+        if let Some(asked_by) = &self.asked_by {
+            details["asked_by"] = asked_by.as_str().into();
+        }
+        details
+    }
+}
+
+/// Applies a verdict from a lookup of `op` claimed as `lookup`. Every event the reconciler
+/// records says what it found and who asked for the lookup ([`Finder`]).
 pub fn apply_verdict(
     op: &Operation,
     lookup: &Lookup,
@@ -341,38 +375,7 @@ pub fn apply_verdict(
     jitter: f64,
     now: Millis,
 ) -> (Applied, Plan) {
-    let (applied, mut plan) = verdict_applied(op, lookup, verdict, policy, jitter, now);
-    let found = match verdict {
-        Verdict::Confirmed { .. } => State::Confirmed,
-        Verdict::Absent { .. } => State::Absent,
-        Verdict::Unknown { .. } => State::Unknown,
-    };
-    let reconciler = Actor::Reconciler(policy.name.clone());
-    for event in plan.events.iter_mut().filter(|e| e.actor == reconciler) {
-        let mut details = event
-            .details
-            .as_deref()
-            .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-            .filter(serde_json::Value::is_object)
-            .unwrap_or_else(|| json!({}));
-        details["found"] = found.as_str().into();
-        if let Some(asked_by) = &lookup.asked_by {
-            details["asked_by"] = asked_by.to_string().into();
-        }
-        event.details = Some(details.to_string());
-    }
-    (applied, plan)
-}
-
-fn verdict_applied(
-    op: &Operation,
-    lookup: &Lookup,
-    verdict: &Verdict,
-    policy: &LookupPolicy,
-    jitter: f64,
-    now: Millis,
-) -> (Applied, Plan) {
-    let actor = Actor::Reconciler(policy.name.clone());
+    let finder = Finder::new(lookup, verdict, policy);
     let same_life = op.life == lookup.life;
     let open = op.state == State::Unknown && !op.held_for_operator();
     let found = matches!(verdict, Verdict::Confirmed { .. });
@@ -393,7 +396,7 @@ fn verdict_applied(
                 evidence,
             } if same_life => {
                 let result = bounded_result(result, provider_ref, policy.max_result_bytes);
-                proven_after_all(op, &actor, (provider_ref, result), evidence, now)
+                proven_after_all(op, &finder, (provider_ref, result), evidence, now)
             }
             _ => (Applied::Stale, Plan::default()),
         };
@@ -418,7 +421,7 @@ fn verdict_applied(
             (State::Absent, next, reason, evidence)
         }
         Judgement::Inconclusive(why) => {
-            return kept_unknown(op, lookup, policy, (actor, why), jitter, now);
+            return kept_unknown(op, lookup, policy, (&finder, why), jitter, now);
         }
     };
     next.reconcile_lookups = lookups;
@@ -430,12 +433,12 @@ fn verdict_applied(
         EventKind::Reconciled,
         (State::Unknown, to),
         op.attempt,
-        actor,
+        finder.actor.clone(),
     )
     .because(reason)
-    .with_details(
+    .with_details(finder.details(
         json!({ "evidence": evidence, "lookups": lookups, "issued_at": lookup.issued_at }),
-    );
+    ));
     let plan = Plan {
         operation: Some(Write::Update(next)),
         events: vec![event],
@@ -450,7 +453,7 @@ fn kept_unknown(
     op: &Operation,
     lookup: &Lookup,
     policy: &LookupPolicy,
-    (actor, why): (Actor, String),
+    (finder, why): (&Finder, String),
     jitter: f64,
     now: Millis,
 ) -> (Applied, Plan) {
@@ -472,13 +475,18 @@ fn kept_unknown(
             "still UNKNOWN after {lookups} lookups; needs an operator"
         ))
     });
-    let event = NewEvent::note(op, EventKind::LookupInconclusive, op.attempt, actor)
-        .because(why)
-        .with_details(json!({
-            "lookups": lookups,
-            "next_lookup_at": next.reconcile_next_at,
-            "issued_at": lookup.issued_at,
-        }));
+    let event = NewEvent::note(
+        op,
+        EventKind::LookupInconclusive,
+        op.attempt,
+        finder.actor.clone(),
+    )
+    .because(why)
+    .with_details(finder.details(json!({
+        "lookups": lookups,
+        "next_lookup_at": next.reconcile_next_at,
+        "issued_at": lookup.issued_at,
+    })));
     (
         Applied::Judged(State::Unknown),
         Plan {
@@ -815,6 +823,53 @@ mod tests {
         // A miss, though, says nothing about what changed.
         let (applied, _) = judged(&absent_now, &lookup, &absent());
         assert_eq!(applied, Applied::Stale);
+    }
+
+    /// Every event a lookup's reconciler records, whatever the verdict came to (a transition, a
+    /// note, a contradiction), says what the provider answered and which operator asked; the
+    /// ledger's own escalation is not the reconciler's and says neither.
+    #[test]
+    fn every_event_a_reconciler_records_says_what_it_found_and_who_asked() {
+        let op = unknown();
+        let mut lookup = claimed_after_settling(&op);
+        lookup.asked_by = Some(Actor::Operator("alice".into()));
+        let mut absent_now = op.clone();
+        absent_now.state = State::Absent;
+        absent_now.version += 1;
+        let inconclusive = Verdict::Unknown {
+            why: "rate limited".into(),
+        };
+        let mut escalating = policy(STRIPE);
+        escalating.escalation.after_lookups = Some(1);
+        let mut escalations = 0;
+        for (judged_op, verdict, policy) in [
+            (&op, found("re_1"), policy(STRIPE)),
+            (&op, absent(), policy(STRIPE)),
+            (&absent_now, found("re_1"), policy(STRIPE)),
+            (&op, inconclusive, escalating),
+        ] {
+            let (_, plan) =
+                apply_verdict(judged_op, &lookup, &verdict, &policy, 0.0, EXPIRED + SETTLE);
+            let found = match verdict {
+                Verdict::Confirmed { .. } => "CONFIRMED",
+                Verdict::Absent { .. } => "ABSENT",
+                Verdict::Unknown { .. } => "UNKNOWN",
+            };
+            assert!(!plan.events.is_empty(), "{verdict:?}");
+            for event in &plan.events {
+                let details: serde_json::Value =
+                    serde_json::from_str(event.details.as_deref().unwrap_or("{}")).unwrap();
+                if event.actor == Actor::Ledger {
+                    assert_eq!(event.kind, EventKind::Escalated);
+                    escalations += 1;
+                    assert!(details.get("found").is_none(), "{event:?}");
+                } else {
+                    assert_eq!(details["found"], found, "{event:?}");
+                    assert_eq!(details["asked_by"], "operator:alice", "{event:?}");
+                }
+            }
+        }
+        assert_eq!(escalations, 1);
     }
 
     /// A late confirm settled the operation while a lookup ran, and the lookup found another
