@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 
 use crate::effect::{Effect, Report};
 use crate::error::ClientError;
-use crate::transport::{Grpc, Retries, Transport};
+use crate::transport::{Grpc, Patience, Retries, Transport};
 use crate::wire;
 
 /// The lease assumed when a ledger too old to say what it granted does not.
@@ -170,17 +170,17 @@ async fn send_report(
         Report::Confirmed(effect) => {
             let request = wire::confirm(operation_id, fencing_token, effect);
             let send = |mut grpc: Grpc, r| async move { grpc.confirm(r).await };
-            transport.unary(send, request).await?;
+            transport.call(Patience::default(), send, request).await?;
         }
         Report::Absent { reason } => {
             let request = wire::report_absent(operation_id, fencing_token, reason);
             let send = |mut grpc: Grpc, r| async move { grpc.report_absent(r).await };
-            transport.unary(send, request).await?;
+            transport.call(Patience::default(), send, request).await?;
         }
         Report::Unknown { reason } => {
             let request = wire::report_unknown(operation_id, fencing_token, reason);
             let send = |mut grpc: Grpc, r| async move { grpc.report_unknown(r).await };
-            transport.unary(send, request).await?;
+            transport.call(Patience::default(), send, request).await?;
         }
     }
     Ok(())
@@ -210,8 +210,10 @@ async fn heartbeat(
         let request = wire::heartbeat(&operation_id, token, ttl);
         let sent = tokio::time::Instant::now();
         let extended = transport.call(
-            Retries::Until(lease_ends),
-            Duration::ZERO,
+            Patience {
+                retries: Retries::Until(lease_ends),
+                ..Patience::default()
+            },
             |mut grpc: Grpc, r| async move { grpc.heartbeat(r).await },
             request,
         );

@@ -12,7 +12,7 @@ use crate::decision::{Decision, EffectContext, Outcome};
 use crate::effect::{Effect, EffectError, Report};
 use crate::error::ClientError;
 use crate::spec::OperationSpec;
-use crate::transport::{Grpc, Retries, Transport};
+use crate::transport::{Grpc, Patience, Transport};
 use crate::view::{OperationView, ServerInfo};
 use crate::wire;
 
@@ -102,8 +102,10 @@ impl LedgerClient {
         let response = self
             .transport
             .call(
-                Retries::Tries,
-                extra,
+                Patience {
+                    extra,
+                    ..Patience::default()
+                },
                 |mut grpc: Grpc, request| async move { grpc.begin(request).await },
                 request,
             )
@@ -170,7 +172,8 @@ impl LedgerClient {
         let request = wire::get_operation(operation_id, self.read_tenant());
         let found = self
             .transport
-            .unary(
+            .call(
+                Patience::default(),
                 |mut grpc: Grpc, request| async move { grpc.get_operation(request).await },
                 request,
             )
@@ -183,7 +186,8 @@ impl LedgerClient {
     pub async fn server_info(&self) -> Result<ServerInfo, ClientError> {
         let found = self
             .transport
-            .unary(
+            .call(
+                Patience::default(),
                 |mut grpc: Grpc, request| async move { grpc.get_server_info(request).await },
                 wire::server_info_request(),
             )

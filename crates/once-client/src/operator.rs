@@ -10,7 +10,7 @@ use once_core::State;
 
 use crate::client::LedgerClient;
 use crate::error::ClientError;
-use crate::transport::{AdminGrpc, Failure, Grpc, Retries, Transport};
+use crate::transport::{AdminGrpc, Failure, Grpc, Patience, Transport};
 use crate::view::{ForensicsView, OperationView, StatsView, WatchedEvent};
 use crate::wire::{self, EventStream};
 
@@ -226,7 +226,8 @@ impl LedgerClient {
         );
         let listed = self
             .transport()
-            .unary(
+            .call(
+                Patience::default(),
                 |mut grpc: Grpc, request| async move { grpc.list_operations(request).await },
                 request,
             )
@@ -240,7 +241,8 @@ impl LedgerClient {
         let request = wire::resolve(resolution);
         let resolved = self
             .transport()
-            .unary(
+            .call(
+                Patience::default(),
                 |mut grpc: Grpc, request| async move { grpc.resolve(request).await },
                 request,
             )
@@ -261,8 +263,10 @@ impl LedgerClient {
         let reconciled = self
             .transport()
             .call(
-                Retries::Tries,
-                wait,
+                Patience {
+                    extra: wait,
+                    ..Patience::default()
+                },
                 |mut grpc: Grpc, request| async move { grpc.reconcile(request).await },
                 request,
             )
@@ -275,7 +279,8 @@ impl LedgerClient {
         let request = wire::get_stats(window, self.read_tenant(), self.reads_all_tenants());
         let found = self
             .transport()
-            .unary(
+            .call(
+                Patience::default(),
                 |mut grpc: Grpc, request| async move { grpc.get_stats(request).await },
                 request,
             )
@@ -293,7 +298,8 @@ impl LedgerClient {
         let request = wire::get_forensics(tool, since, self.read_tenant());
         let found = self
             .transport()
-            .unary(
+            .call(
+                Patience::default(),
                 |mut grpc: Grpc, request| async move { grpc.get_forensics(request).await },
                 request,
             )
@@ -327,7 +333,8 @@ impl LedgerClient {
         let request = wire::create_key(tenant, name, roles, certificate_pem);
         let created = self
             .transport()
-            .unary(
+            .call(
+                Patience::default(),
                 |mut admin: AdminGrpc, request| async move { admin.create_key(request).await },
                 request,
             )
@@ -340,7 +347,8 @@ impl LedgerClient {
         let request = wire::list_keys(tenant);
         let listed = self
             .transport()
-            .unary(
+            .call(
+                Patience::default(),
                 |mut admin: AdminGrpc, request| async move { admin.list_keys(request).await },
                 request,
             )
@@ -353,7 +361,8 @@ impl LedgerClient {
         let request = wire::revoke_key(key_id);
         let revoked = self
             .transport()
-            .unary(
+            .call(
+                Patience::default(),
                 |mut admin: AdminGrpc, request| async move { admin.revoke_key(request).await },
                 request,
             )

@@ -47,10 +47,20 @@ pub(crate) struct Transport {
     config: ClientConfig,
 }
 
+/// How patient one call is: how long it keeps trying, and how much longer than the configured
+/// deadline each try may take. The default is a plain call.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Patience {
+    pub(crate) retries: Retries,
+    /// Added to the deadline of each try (a Begin or a lookup that waits on the server).
+    pub(crate) extra: Duration,
+}
+
 /// How long a call keeps trying through transport failures and UNAVAILABLE.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) enum Retries {
     /// [`ClientConfig::tries`] tries in all.
+    #[default]
     Tries,
     /// Until this moment: a heartbeat keeps trying while its lease may still be extended.
     Until(tokio::time::Instant),
@@ -99,11 +109,10 @@ impl Transport {
 
     /// Sends one RPC to the service of `G`, retrying transport failures and UNAVAILABLE with
     /// the very same message, so a retry is the same attempt or the same report, never a new
-    /// one. `extra` is added to the deadline of each try (a Begin that waits on the server).
+    /// one, for as long as `patience` says.
     pub(crate) async fn call<G, Req, Resp, F, Fut>(
         &self,
-        retries: Retries,
-        extra: Duration,
+        patience: Patience,
         send: F,
         message: Req,
     ) -> Result<Resp, ClientError>
@@ -117,7 +126,7 @@ impl Transport {
         let mut last = None;
         for try_number in 1.. {
             let mut request = self.authorized(message.clone());
-            request.set_timeout(self.config.rpc_timeout + extra);
+            request.set_timeout(self.config.rpc_timeout + patience.extra);
             let status = match send(G::over(self), request).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
@@ -128,7 +137,7 @@ impl Transport {
             };
             tracing::debug!(code = ?status.code(), try_number, %unreachable, "ledger call failed; retrying");
             last = Some(unreachable);
-            let again = match retries {
+            let again = match patience.retries {
                 Retries::Tries => try_number < self.config.tries.max(1),
                 Retries::Until(until) => tokio::time::Instant::now() + pause < until,
             };
@@ -139,22 +148,6 @@ impl Transport {
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
         }
         Err(ClientError::Unreachable(last.expect("at least one try")))
-    }
-
-    /// A plain call: [`Transport::call`] with [`Retries::Tries`] and no extra deadline.
-    pub(crate) async fn unary<G, Req, Resp, F, Fut>(
-        &self,
-        send: F,
-        message: Req,
-    ) -> Result<Resp, ClientError>
-    where
-        G: Service,
-        Req: Clone,
-        F: Fn(G, Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-    {
-        self.call(Retries::Tries, Duration::ZERO, send, message)
-            .await
     }
 
     /// The ledger's gRPC client, for a call [`Transport::call`] cannot make (a stream).
