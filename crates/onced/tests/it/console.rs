@@ -11,12 +11,16 @@ on_both_backends!(a_text_search_finds_an_operation_beyond_the_oldest_page);
 /// (up to its bound), so the youngest of 520 is found by its id.
 async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) {
     let db = TestDb::new(store).await;
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
-    let listen = format!("127.0.0.1:{port}");
-    let ledger = TestLedger::spawn_with(&db, &["--console-listen", listen.as_str()]).await;
+    // On port 0, learning the port from the log: a port picked in advance could be taken
+    // meanwhile.
+    let log = db.scratch_dir().join("onced.log");
+    let ledger = OncedProcess::spawn(&db.url, log, &["--console-listen", "127.0.0.1:0"]).await;
+    let listen = eventually(
+        patient(Duration::from_secs(10)),
+        "the console's address",
+        || std::future::ready(announced_address(&ledger.log(), "console serving")),
+    )
+    .await;
     let mut client = ledger.client().await;
     for i in 0..520 {
         let id = format!("search-{i:03}");
@@ -42,5 +46,4 @@ async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) 
     let found = queue("q=search-519").await.unwrap();
     assert!(found.contains(r#"data-operation="search-519""#), "{found}");
     assert!(found.contains(r#"data-count="1""#), "{found}");
-    ledger.stop().await;
 }
