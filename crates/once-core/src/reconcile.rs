@@ -836,16 +836,27 @@ mod tests {
         let mut absent_now = op.clone();
         absent_now.state = State::Absent;
         absent_now.version += 1;
+        // Meanwhile a new attempt runs, or a late confirm stored another provider object.
+        let mut running = absent_now.clone();
+        running.state = State::InFlight;
+        running.fencing_token += 1;
+        let mut confirmed_otherwise = op.clone();
+        confirmed_otherwise.state = State::Confirmed;
+        confirmed_otherwise.provider_ref = Some("re_late".into());
+        confirmed_otherwise.version += 1;
         let inconclusive = Verdict::Unknown {
             why: "rate limited".into(),
         };
         let mut escalating = policy(STRIPE);
         escalating.escalation.after_lookups = Some(1);
         let mut escalations = 0;
+        let mut kinds = std::collections::BTreeSet::new();
         for (judged_op, verdict, policy) in [
             (&op, found("re_1"), policy(STRIPE)),
             (&op, absent(), policy(STRIPE)),
             (&absent_now, found("re_1"), policy(STRIPE)),
+            (&running, found("re_1"), policy(STRIPE)),
+            (&confirmed_otherwise, found("re_1"), policy(STRIPE)),
             (&op, inconclusive, escalating),
         ] {
             let (_, plan) =
@@ -857,6 +868,7 @@ mod tests {
             };
             assert!(!plan.events.is_empty(), "{verdict:?}");
             for event in &plan.events {
+                kinds.insert(event.kind.as_str());
                 let details: serde_json::Value =
                     serde_json::from_str(event.details.as_deref().unwrap_or("{}")).unwrap();
                 if event.actor == Actor::Ledger {
@@ -870,6 +882,15 @@ mod tests {
             }
         }
         assert_eq!(escalations, 1);
+        let recorded = [
+            EventKind::Reconciled,
+            EventKind::ResolutionContradicted,
+            EventKind::DoubleExecution,
+            EventKind::LookupInconclusive,
+        ];
+        for kind in recorded {
+            assert!(kinds.contains(kind.as_str()), "no {kind:?} among {kinds:?}");
+        }
     }
 
     /// A late confirm settled the operation while a lookup ran, and the lookup found another
