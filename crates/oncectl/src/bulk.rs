@@ -1,6 +1,7 @@
 //! `oncectl reconcile --filter …` and `oncectl resolve --filter … --absent`: every UNKNOWN
 //! operation a filter selects, listed first (and only listed with `--dry-run`), then acted on
-//! one by one, each resolution bound to the attempt its operation had when it was listed.
+//! a few at a time (the first alone), each resolution bound to the attempt its operation had
+//! when it was listed.
 //! Progress goes to standard error as each operation is done; the outcome of each, to
 //! standard output at the end.
 
@@ -129,7 +130,7 @@ impl Row {
 }
 
 /// Whether the ledger refused the key rather than the operation (its role, or the credential
-/// itself): every other operation would be refused alike, so none is tried.
+/// itself): every other operation would be refused alike, so no more are sent.
 fn refuses_the_key<T>(done: &Done<T>) -> bool {
     matches!(done, Done::Refused(ClientError::Refused { reason, .. })
         if reason == "ROLE_NOT_ALLOWED" || reason.starts_with("CREDENTIALS_"))
@@ -188,7 +189,7 @@ pub async fn run(
         confirm(&question)?;
     }
     let targets: Vec<Target> = operations.iter().map(Target::from).collect();
-    let rows = act(ledger, targets, action).await;
+    let Acted { rows, key_refused } = act(ledger, targets, action).await;
     let refused = rows.iter().filter(|r| r.outcome == "refused").count();
     let failed = rows.iter().filter(|r| r.outcome == "failed").count();
     let not_tried = count - rows.len();
@@ -198,73 +199,145 @@ pub async fn run(
     } else {
         out.print(&table(out, &rows));
     }
-    if let (true, Some(last)) = (not_tried > 0, rows.last()) {
-        return Err(Failure::Refused(format!(
-            "the ledger refused this key: {}; the other {not_tried} were not tried",
-            last.detail
-        )));
-    }
-    match (failed, refused) {
-        (0, 0) => Ok(()),
-        (0, refused) => Err(Failure::Refused(format!(
+    ending(
+        Tally {
+            count,
+            failed,
+            refused,
+            not_tried,
+        },
+        key_refused.as_deref(),
+    )
+}
+
+/// How a bulk command's operations came out, counted.
+#[derive(Debug, Clone, Copy)]
+struct Tally {
+    count: usize,
+    /// Got no answer: each may or may not have been applied.
+    failed: usize,
+    refused: usize,
+    /// Never sent, after the ledger refused the key.
+    not_tried: usize,
+}
+
+/// What the command says and how it exits. An operation without an answer comes first, whatever
+/// else happened: it may have been applied, and only running the command again tells (exit 1).
+/// Then a key refused, which stopped the rest; then refusals of single operations (exit 4).
+fn ending(tally: Tally, key_refused: Option<&str>) -> Result<(), Failure> {
+    let Tally {
+        count,
+        failed,
+        refused,
+        not_tried,
+    } = tally;
+    let untried = match not_tried {
+        0 => String::new(),
+        n => format!(", {n} not tried"),
+    };
+    match (failed, key_refused, refused) {
+        (0, _, 0) => Ok(()),
+        (0, Some(why), _) if not_tried > 0 => Err(Failure::Refused(format!(
+            "the ledger refused this key: {why}; the other {not_tried} were not tried"
+        ))),
+        (0, _, refused) => Err(Failure::Refused(format!(
             "{refused} of {count} were refused, and nothing was applied to them: the table says why"
         ))),
-        (failed, refused) => Err(Failure::Error(anyhow::anyhow!(
-            "{failed} of {count} got no answer ({refused} refused): run the command again for what is still UNKNOWN"
+        (failed, ..) => Err(Failure::Error(anyhow::anyhow!(
+            "{failed} of {count} got no answer ({refused} refused{untried}): run the command again for what is still UNKNOWN"
         ))),
     }
 }
 
-/// Does `action` to each target, saying on standard error how far it got; stops at a refusal of
-/// the key itself.
-async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Vec<Row> {
-    let count = targets.len();
-    let mut rows = Vec::with_capacity(count);
-    let mut progress = |row: Row| {
-        eprintln!(
-            "[{}/{count}] {} {}{}",
-            rows.len() + 1,
-            row.target.operation_id,
-            row.outcome,
-            row.state.map(|s| format!(": {s}")).unwrap_or_default()
-        );
-        rows.push(row);
-    };
+/// What acting on the targets came to.
+struct Acted {
+    /// One for each operation sent, in the order the answers came.
+    rows: Vec<Row>,
+    /// Why the ledger refused the key itself, if it did: no operation was sent after that.
+    key_refused: Option<String>,
+}
+
+/// Does `action` to each target, saying on standard error how far it got.
+async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Acted {
     match action {
         Action::Reconcile { operator, wait } => {
-            let mut each = std::pin::pin!(ledger.reconcile_each(
-                futures::stream::iter(targets),
-                &operator,
-                wait
-            ));
-            while let Some((target, done)) = each.next().await {
-                let stop = refuses_the_key(&done);
-                progress(Row::new(target, done, |r| {
-                    (r.state, format!("{}: {}", r.reconciler, r.detail))
-                }));
-                if stop {
-                    break;
-                }
-            }
+            drive(targets, |targets| {
+                ledger
+                    .reconcile_each(targets, &operator, wait)
+                    .map(|(target, done)| {
+                        let key = refuses_the_key(&done);
+                        let row = Row::new(target, done, |r| {
+                            (r.state, format!("{}: {}", r.reconciler, r.detail))
+                        });
+                        (row, key)
+                    })
+            })
+            .await
         }
         Action::Absent { reason, operator } => {
-            let mut each = std::pin::pin!(ledger.resolve_each_absent(
-                futures::stream::iter(targets),
-                reason,
-                operator
-            ));
-            while let Some((target, resolution_id, done)) = each.next().await {
-                let stop = refuses_the_key(&done);
-                let mut row = Row::new(target, done, |state| (Some(state), String::new()));
-                row.resolution_id = Some(resolution_id);
-                progress(row);
-                if stop {
-                    break;
-                }
-            }
+            drive(targets, |targets| {
+                ledger
+                    .resolve_each_absent(targets, reason.clone(), operator.clone())
+                    .map(|(target, resolution_id, done)| {
+                        let key = refuses_the_key(&done);
+                        let mut row = Row::new(target, done, |state| (Some(state), String::new()));
+                        row.resolution_id = Some(resolution_id);
+                        (row, key)
+                    })
+            })
+            .await
         }
     }
-    rows
+}
+
+/// Runs `each` over the targets: the first alone, so that a key the ledger refuses is refused
+/// once for the whole selection, then the rest as `each` runs them (several at a time). Once an
+/// answer refuses the key, no further operation is sent; those already sent are seen through.
+/// Each answer is `each`'s row and whether it refused the key.
+async fn drive<'a, S>(
+    targets: Vec<Target>,
+    each: impl Fn(futures::stream::BoxStream<'a, Target>) -> S,
+) -> Acted
+where
+    S: futures::Stream<Item = (Row, bool)>,
+{
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let count = targets.len();
+    let mut acted = Acted {
+        rows: Vec::with_capacity(count),
+        key_refused: None,
+    };
+    let stopped = Arc::new(AtomicBool::new(false));
+    let mut targets = targets.into_iter();
+    let first: Vec<Target> = targets.by_ref().take(1).collect();
+    let rest = {
+        let stopped = stopped.clone();
+        futures::stream::iter(targets)
+            .take_while(move |_| std::future::ready(!stopped.load(Ordering::SeqCst)))
+    };
+    for batch in [futures::stream::iter(first).boxed(), rest.boxed()] {
+        if stopped.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut answers = std::pin::pin!(each(batch));
+        while let Some((row, refuses_key)) = answers.next().await {
+            if refuses_key && acted.key_refused.is_none() {
+                stopped.store(true, Ordering::SeqCst);
+                acted.key_refused = Some(row.detail.clone());
+            }
+            eprintln!(
+                "[{}/{count}] {} {}{}",
+                acted.rows.len() + 1,
+                row.target.operation_id,
+                row.outcome,
+                row.state.map(|s| format!(": {s}")).unwrap_or_default()
+            );
+            acted.rows.push(row);
+        }
+    }
+    acted
 }
 
 /// The outcomes, one line each.
@@ -280,4 +353,121 @@ fn table(out: &Out, rows: &[Row]) -> String {
         })
         .collect();
     render::outcomes(&out.look, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use futures::stream::BoxStream;
+
+    use super::*;
+
+    /// `count` targets, `op-0` on.
+    fn targets(count: usize) -> Vec<Target> {
+        (0..count)
+            .map(|n| Target {
+                operation_id: format!("op-{n}"),
+                fencing_token: 1,
+                attempt: 1,
+            })
+            .collect()
+    }
+
+    /// Acts on `count` targets four at a time, as the ledger client does, where the key is
+    /// refused from the operation named `refused_from` on; returns what was acted on and which
+    /// operations were sent.
+    async fn acted_on(count: usize, refused_from: usize) -> (Acted, Vec<String>) {
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let each = |targets: BoxStream<'static, Target>| {
+            let sent = sent.clone();
+            targets
+                .map(move |target| {
+                    sent.lock().unwrap().push(target.operation_id.clone());
+                    async move {
+                        tokio::task::yield_now().await;
+                        let n: usize = target.operation_id[3..].parse().unwrap();
+                        let done: Done<()> = if n >= refused_from {
+                            Done::Refused(ClientError::Refused {
+                                reason: "CREDENTIALS_REVOKED".into(),
+                                message: "the key was revoked".into(),
+                            })
+                        } else {
+                            Done::Applied(())
+                        };
+                        let key = refuses_the_key(&done);
+                        (Row::new(target, done, |()| (None, String::new())), key)
+                    }
+                })
+                .buffered(4)
+        };
+        let acted = drive(targets(count), each).await;
+        let sent = sent.lock().unwrap().clone();
+        (acted, sent)
+    }
+
+    #[tokio::test]
+    async fn a_key_refused_at_once_is_refused_once_for_the_whole_selection() {
+        let (acted, sent) = acted_on(10, 0).await;
+        assert_eq!(sent, ["op-0"]);
+        assert_eq!(acted.rows.len(), 1);
+        assert!(acted.key_refused.unwrap().contains("CREDENTIALS_REVOKED"));
+    }
+
+    /// A key revoked while the operations are sent: none is sent after its refusal came back,
+    /// and every one already sent has its row (it may have been applied before the refusal).
+    #[tokio::test]
+    async fn after_the_key_is_refused_nothing_more_is_sent_and_what_was_sent_is_seen_through() {
+        let (acted, sent) = acted_on(20, 3).await;
+        let rows: Vec<&str> = acted
+            .rows
+            .iter()
+            .map(|row| row.target.operation_id.as_str())
+            .collect();
+        assert_eq!(rows, sent, "every operation sent has its row, in order");
+        assert!(sent.len() < 20, "sending stopped: {sent:?}");
+        // The refusal of op-3 came back with at most four operations in flight behind it.
+        assert!(sent.len() <= 3 + 1 + 4, "{sent:?}");
+        assert!(acted.key_refused.is_some());
+        assert!(acted.rows[..3].iter().all(|row| row.outcome == "done"));
+    }
+
+    #[test]
+    fn an_operation_without_an_answer_outranks_a_refused_key() {
+        let tally = Tally {
+            count: 10,
+            failed: 1,
+            refused: 2,
+            not_tried: 5,
+        };
+        let why = Some("the key was revoked (CREDENTIALS_REVOKED)");
+        let Err(Failure::Error(error)) = ending(tally, why) else {
+            panic!("an operation without an answer exits 1");
+        };
+        let said = error.to_string();
+        assert!(
+            said.contains("1 of 10 got no answer (2 refused, 5 not tried)"),
+            "{said}"
+        );
+        let Err(Failure::Refused(said)) = ending(Tally { failed: 0, ..tally }, why) else {
+            panic!("a refused key exits 4");
+        };
+        assert!(said.contains("the other 5 were not tried"), "{said}");
+        let every_one_sent = Tally {
+            failed: 0,
+            not_tried: 0,
+            ..tally
+        };
+        let Err(Failure::Refused(said)) = ending(every_one_sent, why) else {
+            panic!("refusals exit 4");
+        };
+        assert!(said.contains("2 of 10 were refused"), "{said}");
+        let clean = Tally {
+            failed: 0,
+            refused: 0,
+            not_tried: 0,
+            ..tally
+        };
+        assert!(ending(clean, None).is_ok());
+    }
 }
