@@ -19,6 +19,36 @@ pub const BULK_LIMIT: usize = 1000;
 /// How many operations a bulk action works on at once.
 const IN_PARALLEL: usize = 4;
 
+/// How long one operation of a bulk action keeps waiting for its key's request rate before
+/// the ledger's refusal stands.
+const RATE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The longest pause between two tries of a call the request rate refused.
+const MAX_RATE_PAUSE: Duration = Duration::from_secs(2);
+
+/// Makes `call` again, pausing longer each time, while the ledger refuses it for the key's
+/// request rate (`RATE_LIMITED`: nothing was done, and the same call is safe to send later), for
+/// up to [`RATE_PATIENCE`]: a bulk action keeps to the rate and ends as it would unthrottled,
+/// only later, rather than reporting refusals that meant "not yet".
+async fn paced<T, Fut>(call: impl Fn() -> Fut) -> Result<T, ClientError>
+where
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match call().await {
+            Err(ClientError::Refused { reason, .. })
+                if reason == "RATE_LIMITED" && started.elapsed() + pause <= RATE_PATIENCE =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RATE_PAUSE);
+            }
+            answered => return answered,
+        }
+    }
+}
+
 /// One operation as it was selected: what a bulk action on it is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -123,7 +153,7 @@ impl LedgerClient {
                 None => (limit + 1 - operations.len()).min(PAGE),
             };
             let size = u32::try_from(wanted).unwrap_or(u32::MAX);
-            let got = self.list_page(&filter, size, page.as_deref()).await?;
+            let got = paced(|| self.list_page(&filter, size, page.as_deref())).await?;
             scanned += got.operations.len();
             match &search {
                 Some(search) => {
@@ -143,8 +173,8 @@ impl LedgerClient {
     }
 
     /// Looks each target up with its reconciler now, as `operator` asked, and applies the
-    /// verdict, a few at a time; yields each outcome as it comes, in the targets' order. `wait`
-    /// bounds each lookup. A target is started only once the stream yields it: one that ends
+    /// verdict, a few at a time, keeping to the key's request rate ([`paced`]); yields each
+    /// outcome as it comes, in the targets' order. `wait` bounds each lookup. A target is started only once the stream yields it: one that ends
     /// early (a shutdown) leaves the rest untouched, and what started is seen through.
     pub fn reconcile_each<'a>(
         &'a self,
@@ -154,8 +184,7 @@ impl LedgerClient {
     ) -> impl Stream<Item = (Target, Done<Reconciled>)> + Send + 'a {
         targets
             .map(move |target| async move {
-                let done = self
-                    .reconcile(&target.operation_id, operator, wait)
+                let done = paced(|| self.reconcile(&target.operation_id, operator, wait))
                     .await
                     .into();
                 (target, done)
@@ -165,7 +194,8 @@ impl LedgerClient {
 
     /// Resolves each target ABSENT with one reason, each bound to the attempt it was listed
     /// with, under a resolution id of its own (yielded with it, to retry one whose answer was
-    /// lost); yields each outcome as it comes, in the targets' order.
+    /// lost), keeping to the key's request rate; yields each outcome as it comes, in the
+    /// targets' order.
     pub fn resolve_each_absent<'a>(
         &'a self,
         targets: impl Stream<Item = Target> + Send + 'a,
@@ -184,7 +214,8 @@ impl LedgerClient {
                     attempt: Some(target.attempt),
                 };
                 async move {
-                    let done = self.resolve(&resolution).await.into();
+                    // The same resolution id each time: a refusal for the rate did nothing.
+                    let done = paced(|| self.resolve(&resolution)).await.into();
                     (target, resolution.resolution_id, done)
                 }
             })

@@ -25,6 +25,7 @@ on_both_backends!(
     operations_are_named_by_a_unique_start_of_their_id,
     an_admin_lists_counts_and_watches_every_tenant_at_once,
     a_key_that_may_not_settle_is_refused_once_for_a_whole_filter,
+    a_bulk_command_keeps_to_its_keys_request_rate,
 );
 
 /// Runs `oncectl --addr http://ADDR ARGS…` with a home of its own (so no profile of the
@@ -1809,6 +1810,65 @@ async fn a_key_that_may_not_settle_is_refused_once_for_a_whole_filter(store: Eng
         unknown["operations"].as_array().unwrap().len(),
         3,
         "{unknown}"
+    );
+    ledger.stop().await;
+}
+
+/// A tenant whose keys may send one request a second: a bulk resolve of its operations, four at
+/// a time, is refused for the rate on the way (RATE_LIMITED: nothing done) and keeps to it, so
+/// every operation is resolved, later, and none is reported refused.
+async fn a_bulk_command_keeps_to_its_keys_request_rate(store: Engine) {
+    use once_api::admin_pb::{self as apb, admin_client::AdminClient};
+    let db = TestDb::new(store).await;
+    let admin_key = strong_key("oncectl-admin");
+    let file = write_file(&db.scratch_dir(), "admin.key", &admin_key);
+    let flags = ["--admin-key-file", file.to_str().unwrap()];
+    let ledger = TestLedger::spawn_with(&db, &flags).await;
+    let executor = key_with_role(ledger.addr, &admin_key, "default", "executor").await;
+    let operator = key_with_role(ledger.addr, &admin_key, "default", "operator").await;
+    let mut client = ledger.client().await;
+    let ids = [
+        "refund:p-1",
+        "refund:p-2",
+        "refund:p-3",
+        "refund:p-4",
+        "refund:p-5",
+    ];
+    for id in ids {
+        unknown_with_key(&mut client, id, &executor).await;
+    }
+    let mut admin = AdminClient::connect(format!("http://{}", ledger.addr))
+        .await
+        .unwrap();
+    let limited = apb::PutTenantRequest {
+        name: "default".into(),
+        max_in_flight: 0,
+        requests_per_second: 1,
+    };
+    admin
+        .put_tenant(with_key(limited, Some(&admin_key)))
+        .await
+        .unwrap();
+    ledger.stop().await;
+    // A replica started now holds the tenant's rate from its first call.
+    let ledger = TestLedger::spawn_with(&db, &flags).await;
+    let resolved = oncectl_with(
+        ledger.addr,
+        &[
+            "resolve", "--filter", "all", "--absent", "--reason", "checked", "--yes", "--json",
+        ],
+        &[("ONCE_KEY", operator.as_str())],
+    )
+    .await;
+    assert_eq!(code(&resolved), 0, "{}", stderr(&resolved));
+    let said: Value = serde_json::from_slice(&resolved.stdout).unwrap();
+    let outcomes = said["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), ids.len(), "{said}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o["outcome"] == "done" && o["state"] == "ABSENT"),
+        "{said}"
     );
     ledger.stop().await;
 }
