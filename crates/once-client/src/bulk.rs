@@ -95,6 +95,15 @@ pub enum Done<T> {
     Failed(ClientError),
 }
 
+impl<T> Done<T> {
+    /// Whether the ledger refused the key rather than the operation (its role, or the
+    /// credential itself): every other operation would be refused alike.
+    pub fn refuses_the_key(&self) -> bool {
+        matches!(self, Done::Refused(ClientError::Refused { reason, .. })
+            if reason == "ROLE_NOT_ALLOWED" || reason.starts_with("CREDENTIALS_"))
+    }
+}
+
 impl<T> From<Result<T, ClientError>> for Done<T> {
     fn from(result: Result<T, ClientError>) -> Self {
         match result {
@@ -103,6 +112,55 @@ impl<T> From<Result<T, ClientError>> for Done<T> {
             Err(error) => Done::Refused(error),
         }
     }
+}
+
+/// Where a bulk action stands in sending its operations.
+#[derive(Default)]
+struct Turn {
+    /// The first operation's answer came.
+    first_answered: tokio::sync::Notify,
+    /// The ledger refused the key: no further operation is sent.
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+/// Does `act` to each target and yields each outcome as it comes, in the targets' order: the
+/// first alone, so that a key the ledger refuses is refused once for the whole selection, then
+/// a few at a time. Once an outcome refuses the key (`refuses_the_key`), no further target is
+/// sent; those already sent are seen through. A target is sent only once the stream yields it.
+fn in_turn<'a, Fut, O>(
+    targets: impl Stream<Item = Target> + Send + 'a,
+    act: impl FnMut(Target) -> Fut + Send + 'a,
+    refuses_the_key: impl Fn(&O) -> bool + Send + 'a,
+) -> impl Stream<Item = O> + Send + 'a
+where
+    Fut: std::future::Future<Output = O> + Send + 'a,
+    O: Send + 'a,
+{
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    let turn = Arc::new(Turn::default());
+    let (waits, checks) = (turn.clone(), turn.clone());
+    targets
+        .enumerate()
+        .then(move |(n, target)| {
+            let turn = waits.clone();
+            async move {
+                if n == 1 {
+                    turn.first_answered.notified().await;
+                }
+                target
+            }
+        })
+        .take_while(move |_| std::future::ready(!checks.stopped.load(Ordering::SeqCst)))
+        .map(act)
+        .buffered(IN_PARALLEL)
+        .inspect(move |outcome| {
+            if refuses_the_key(outcome) {
+                turn.stopped.store(true, Ordering::SeqCst);
+            }
+            turn.first_answered.notify_one();
+        })
 }
 
 impl LedgerClient {
@@ -173,37 +231,42 @@ impl LedgerClient {
     }
 
     /// Looks each target up with its reconciler now, as `operator` asked, and applies the
-    /// verdict, a few at a time, keeping to the key's request rate ([`paced`]); yields each
-    /// outcome as it comes, in the targets' order. `wait` bounds each lookup. A target is started only once the stream yields it: one that ends
-    /// early (a shutdown) leaves the rest untouched, and what started is seen through.
+    /// verdict, in turn ([`in_turn`]: the first alone, then a few at a time, none after a
+    /// refusal of the key), keeping to the key's request rate ([`paced`]); yields each outcome
+    /// as it comes, in the targets' order. `wait` bounds each lookup. A target is started only
+    /// once the stream yields it: one that ends early (a shutdown) leaves the rest untouched,
+    /// and what started is seen through.
     pub fn reconcile_each<'a>(
         &'a self,
         targets: impl Stream<Item = Target> + Send + 'a,
         operator: &'a str,
         wait: Duration,
     ) -> impl Stream<Item = (Target, Done<Reconciled>)> + Send + 'a {
-        targets
-            .map(move |target| async move {
+        in_turn(
+            targets,
+            move |target| async move {
                 let done = paced(|| self.reconcile(&target.operation_id, operator, wait))
                     .await
                     .into();
                 (target, done)
-            })
-            .buffered(IN_PARALLEL)
+            },
+            |(_, done): &(Target, Done<Reconciled>)| done.refuses_the_key(),
+        )
     }
 
     /// Resolves each target ABSENT with one reason, each bound to the attempt it was listed
     /// with, under a resolution id of its own (yielded with it, to retry one whose answer was
-    /// lost), keeping to the key's request rate; yields each outcome as it comes, in the
-    /// targets' order.
+    /// lost), in turn and keeping to the key's request rate as [`LedgerClient::reconcile_each`]
+    /// does; yields each outcome as it comes, in the targets' order.
     pub fn resolve_each_absent<'a>(
         &'a self,
         targets: impl Stream<Item = Target> + Send + 'a,
         reason: String,
         operator: String,
     ) -> impl Stream<Item = (Target, String, Done<State>)> + Send + 'a {
-        targets
-            .map(move |target| {
+        in_turn(
+            targets,
+            move |target| {
                 let resolution = Resolution {
                     operation_id: target.operation_id.clone(),
                     truth: Truth::Absent,
@@ -218,7 +281,79 @@ impl LedgerClient {
                     let done = paced(|| self.resolve(&resolution)).await.into();
                     (target, resolution.resolution_id, done)
                 }
-            })
-            .buffered(IN_PARALLEL)
+            },
+            |(_, _, done): &(Target, String, Done<State>)| done.refuses_the_key(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Acts in turn on `count` targets, `op-0` on, where the key is refused from the operation
+    /// numbered `refused_from` on; returns the outcomes (each operation and whether it refused
+    /// the key) and the operations sent, in the order they were sent.
+    async fn in_turn_over(count: usize, refused_from: usize) -> (Vec<(String, bool)>, Vec<String>) {
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let targets = (0..count).map(|n| Target {
+            operation_id: format!("op-{n}"),
+            fencing_token: 1,
+            attempt: 1,
+        });
+        let log = sent.clone();
+        let act = move |target: Target| {
+            log.lock().unwrap().push(target.operation_id.clone());
+            async move {
+                tokio::task::yield_now().await;
+                let n: usize = target.operation_id[3..].parse().unwrap();
+                let done: Done<()> = match n >= refused_from {
+                    true => Done::Refused(ClientError::Refused {
+                        reason: "CREDENTIALS_REVOKED".into(),
+                        message: "the key was revoked".into(),
+                    }),
+                    false => Done::Applied(()),
+                };
+                (target.operation_id, done.refuses_the_key())
+            }
+        };
+        let outcomes: Vec<(String, bool)> = in_turn(
+            futures::stream::iter(targets),
+            act,
+            |(_, refused): &(String, bool)| *refused,
+        )
+        .collect()
+        .await;
+        let sent = sent.lock().unwrap().clone();
+        (outcomes, sent)
+    }
+
+    #[tokio::test]
+    async fn a_key_refused_at_once_is_refused_once_for_the_whole_selection() {
+        let (outcomes, sent) = in_turn_over(10, 0).await;
+        assert_eq!(sent, ["op-0"]);
+        assert_eq!(outcomes, [("op-0".to_owned(), true)]);
+    }
+
+    /// A key revoked while the operations are sent: none is sent after its refusal came back,
+    /// and every one already sent is seen through (it may have been applied before).
+    #[tokio::test]
+    async fn after_the_key_is_refused_nothing_more_is_sent_and_what_was_sent_is_seen_through() {
+        let (outcomes, sent) = in_turn_over(20, 3).await;
+        let answered: Vec<&str> = outcomes.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(answered, sent, "every operation sent is answered, in order");
+        assert!(sent.len() < 20, "sending stopped: {sent:?}");
+        // The refusal of op-3 came back with at most a few operations in flight behind it.
+        assert!(sent.len() <= 4 + IN_PARALLEL, "{sent:?}");
+        assert!(outcomes[..3].iter().all(|(_, refused)| !refused));
+    }
+
+    #[tokio::test]
+    async fn with_the_key_accepted_every_operation_is_sent_a_few_at_a_time() {
+        let (outcomes, sent) = in_turn_over(20, usize::MAX).await;
+        assert_eq!(sent.len(), 20);
+        assert_eq!(outcomes.len(), 20);
     }
 }

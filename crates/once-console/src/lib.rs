@@ -1012,7 +1012,8 @@ enum Bulk {
 }
 
 impl BulkAction {
-    /// Does `bulk` to each operation of the form, four at a time, and shows each outcome as it
+    /// Does `bulk` to each operation of the form, in turn (`once-client`'s bulk: the first alone,
+    /// then a few at a time, none after a refusal of the key), and shows each outcome as it
     /// comes.
     fn run(self, console: &Console, bulk: Bulk) -> Response {
         let BulkAction { who, form } = self;
@@ -1077,6 +1078,8 @@ struct Outcome {
     kind: &'static str,
     state: Option<OpState>,
     detail: String,
+    /// The ledger refused the key itself: no further operation is started.
+    refuses_the_key: bool,
 }
 
 impl Outcome {
@@ -1085,6 +1088,7 @@ impl Outcome {
         done: Done<T>,
         applied: impl FnOnce(T) -> (Option<OpState>, String),
     ) -> Self {
+        let refuses_the_key = done.refuses_the_key();
         let (kind, (state, detail)) = match done {
             Done::Applied(done) => ("done", applied(done)),
             Done::Refused(error) => ("refused", (None, error.to_string())),
@@ -1095,6 +1099,7 @@ impl Outcome {
             kind,
             state,
             detail,
+            refuses_the_key,
         }
     }
 }
@@ -1115,8 +1120,12 @@ impl Rows {
     /// the end. A reader that went away stops nothing.
     async fn send_all(self, total: usize, outcomes: impl Stream<Item = Outcome>) {
         let (mut done, mut refused, mut failed) = (0, 0, 0);
+        let mut key_refused = None;
         let mut outcomes = std::pin::pin!(outcomes);
         while let Some(outcome) = outcomes.next().await {
+            if outcome.refuses_the_key && key_refused.is_none() {
+                key_refused = Some(outcome.detail.clone());
+            }
             match outcome.kind {
                 "done" => done += 1,
                 "refused" => refused += 1,
@@ -1130,8 +1139,16 @@ impl Rows {
             );
             let _ = self.sender.send(row).await;
         }
-        let stopped = done + refused + failed < total;
-        let finished = page::bulk_finished(done, refused, failed, stopped);
+        let not_started = total - (done + refused + failed);
+        let stopped = match (not_started, key_refused) {
+            (0, _) => page::Stopped::No,
+            (n, Some(why)) => page::Stopped::KeyRefused {
+                why,
+                not_started: n,
+            },
+            (_, None) => page::Stopped::ShuttingDown,
+        };
+        let finished = page::bulk_finished(done, refused, failed, &stopped);
         let _ = self.sender.send(finished).await;
     }
 }
@@ -1226,6 +1243,55 @@ async fn js() -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bulk action the ledger stopped by refusing the key says so, and how many operations
+    /// were not started; one the console's shutdown stopped says that instead.
+    #[tokio::test]
+    async fn a_bulk_action_says_why_it_stopped() {
+        let target = |n: usize| Target {
+            operation_id: format!("op-{n}"),
+            fencing_token: 1,
+            attempt: 1,
+        };
+        let revoked = || {
+            Done::<OpState>::Refused(once_client::ClientError::Refused {
+                reason: "CREDENTIALS_REVOKED".into(),
+                message: "the key was revoked".into(),
+            })
+        };
+        let finished = |outcomes: Vec<Outcome>| async move {
+            let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
+            let rows = Rows {
+                sender,
+                stop: CancellationToken::new(),
+            };
+            rows.send_all(5, futures::stream::iter(outcomes)).await;
+            let mut last = String::new();
+            while let Some(row) = receiver.recv().await {
+                last = row;
+            }
+            last
+        };
+        let applied = |n| {
+            Outcome::of(target(n), Done::Applied(OpState::Absent), |s| {
+                (Some(s), String::new())
+            })
+        };
+        let refused = |n| Outcome::of(target(n), revoked(), |s| (Some(s), String::new()));
+        let said = finished(vec![applied(0), refused(1)]).await;
+        assert!(
+            said.contains("data-done=\"1\" data-refused=\"1\""),
+            "{said}"
+        );
+        assert!(
+            said.contains("Your key itself was refused (the ledger refused the call: the key was revoked (CREDENTIALS_REVOKED)), so the other 3 were not started"),
+            "{said}"
+        );
+        let said = finished(vec![applied(0), applied(1)]).await;
+        assert!(said.contains("The console is shutting down"), "{said}");
+        let said = finished((0..5).map(applied).collect()).await;
+        assert!(!said.contains("not started"), "{said}");
+    }
 
     #[test]
     fn after_sign_in_only_a_path_of_this_console_is_followed() {

@@ -953,10 +953,31 @@ pub(crate) fn bulk_row(
 }
 
 /// The end of a bulk action's outcome table: how many of each outcome.
-pub(crate) fn bulk_finished(done: usize, refused: usize, failed: usize, stopped: bool) -> String {
+/// Why a bulk action ended before it started every operation.
+pub(crate) enum Stopped {
+    No,
+    /// The console is shutting down.
+    ShuttingDown,
+    /// The ledger refused the key itself, for `why`: the rest would be refused alike.
+    KeyRefused {
+        why: String,
+        not_started: usize,
+    },
+}
+
+pub(crate) fn bulk_finished(
+    done: usize,
+    refused: usize,
+    failed: usize,
+    stopped: &Stopped,
+) -> String {
     let stopped = match stopped {
-        true => " The console is shutting down: the operations without a row were not started, and are as they were.",
-        false => "",
+        Stopped::No => String::new(),
+        Stopped::ShuttingDown => " The console is shutting down: the operations without a row were not started, and are as they were.".to_owned(),
+        Stopped::KeyRefused { why, not_started } => format!(
+            " Your key itself was refused ({}), so the other {not_started} were not started: they would be refused alike, and are as they were.",
+            esc(why)
+        ),
     };
     format!(
         r#"</tbody></table>

@@ -129,13 +129,6 @@ impl Row {
     }
 }
 
-/// Whether the ledger refused the key rather than the operation (its role, or the credential
-/// itself): every other operation would be refused alike, so no more are sent.
-fn refuses_the_key<T>(done: &Done<T>) -> bool {
-    matches!(done, Done::Refused(ClientError::Refused { reason, .. })
-        if reason == "ROLE_NOT_ALLOWED" || reason.starts_with("CREDENTIALS_"))
-}
-
 fn said(error: &ClientError) -> String {
     match error {
         ClientError::Refused { reason, message } => format!("{message} ({reason})"),
@@ -257,85 +250,58 @@ struct Acted {
     key_refused: Option<String>,
 }
 
-/// Does `action` to each target, saying on standard error how far it got.
+/// Does `action` to each target, saying on standard error how far it got. The ledger client
+/// sends the first alone and no more after a refusal of the key; those already sent are seen
+/// through.
 async fn act(ledger: &LedgerClient, targets: Vec<Target>, action: Action) -> Acted {
+    let count = targets.len();
+    let targets = futures::stream::iter(targets);
     match action {
         Action::Reconcile { operator, wait } => {
-            drive(targets, |targets| {
-                ledger
-                    .reconcile_each(targets, &operator, wait)
-                    .map(|(target, done)| {
-                        let key = refuses_the_key(&done);
-                        let row = Row::new(target, done, |r| {
-                            (r.state, format!("{}: {}", r.reconciler, r.detail))
-                        });
-                        (row, key)
-                    })
-            })
-            .await
+            let answers = ledger
+                .reconcile_each(targets, &operator, wait)
+                .map(|(target, done)| {
+                    let key = done.refuses_the_key();
+                    let row = Row::new(target, done, |r| {
+                        (r.state, format!("{}: {}", r.reconciler, r.detail))
+                    });
+                    (row, key)
+                });
+            gather(answers, count).await
         }
         Action::Absent { reason, operator } => {
-            drive(targets, |targets| {
-                ledger
-                    .resolve_each_absent(targets, reason.clone(), operator.clone())
-                    .map(|(target, resolution_id, done)| {
-                        let key = refuses_the_key(&done);
-                        let mut row = Row::new(target, done, |state| (Some(state), String::new()));
-                        row.resolution_id = Some(resolution_id);
-                        (row, key)
-                    })
-            })
-            .await
+            let answers = ledger.resolve_each_absent(targets, reason, operator).map(
+                |(target, resolution_id, done)| {
+                    let key = done.refuses_the_key();
+                    let mut row = Row::new(target, done, |state| (Some(state), String::new()));
+                    row.resolution_id = Some(resolution_id);
+                    (row, key)
+                },
+            );
+            gather(answers, count).await
         }
     }
 }
 
-/// Runs `each` over the targets: the first alone, so that a key the ledger refuses is refused
-/// once for the whole selection, then the rest as `each` runs them (several at a time). Once an
-/// answer refuses the key, no further operation is sent; those already sent are seen through.
-/// Each answer is `each`'s row and whether it refused the key.
-async fn drive<'a, S>(
-    targets: Vec<Target>,
-    each: impl Fn(futures::stream::BoxStream<'a, Target>) -> S,
-) -> Acted
-where
-    S: futures::Stream<Item = (Row, bool)>,
-{
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    let count = targets.len();
+/// Each answer's row (and whether it refused the key), printed as progress as it comes.
+async fn gather(answers: impl futures::Stream<Item = (Row, bool)>, count: usize) -> Acted {
     let mut acted = Acted {
         rows: Vec::with_capacity(count),
         key_refused: None,
     };
-    let stopped = Arc::new(AtomicBool::new(false));
-    let mut targets = targets.into_iter();
-    let first: Vec<Target> = targets.by_ref().take(1).collect();
-    let rest = {
-        let stopped = stopped.clone();
-        futures::stream::iter(targets)
-            .take_while(move |_| std::future::ready(!stopped.load(Ordering::SeqCst)))
-    };
-    for batch in [futures::stream::iter(first).boxed(), rest.boxed()] {
-        if stopped.load(Ordering::SeqCst) {
-            break;
+    let mut answers = std::pin::pin!(answers);
+    while let Some((row, refuses_the_key)) = answers.next().await {
+        if refuses_the_key && acted.key_refused.is_none() {
+            acted.key_refused = Some(row.detail.clone());
         }
-        let mut answers = std::pin::pin!(each(batch));
-        while let Some((row, refuses_key)) = answers.next().await {
-            if refuses_key && acted.key_refused.is_none() {
-                stopped.store(true, Ordering::SeqCst);
-                acted.key_refused = Some(row.detail.clone());
-            }
-            eprintln!(
-                "[{}/{count}] {} {}{}",
-                acted.rows.len() + 1,
-                row.target.operation_id,
-                row.outcome,
-                row.state.map(|s| format!(": {s}")).unwrap_or_default()
-            );
-            acted.rows.push(row);
-        }
+        eprintln!(
+            "[{}/{count}] {} {}{}",
+            acted.rows.len() + 1,
+            row.target.operation_id,
+            row.outcome,
+            row.state.map(|s| format!(": {s}")).unwrap_or_default()
+        );
+        acted.rows.push(row);
     }
     acted
 }
@@ -357,80 +323,7 @@ fn table(out: &Out, rows: &[Row]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use futures::stream::BoxStream;
-
     use super::*;
-
-    /// `count` targets, `op-0` on.
-    fn targets(count: usize) -> Vec<Target> {
-        (0..count)
-            .map(|n| Target {
-                operation_id: format!("op-{n}"),
-                fencing_token: 1,
-                attempt: 1,
-            })
-            .collect()
-    }
-
-    /// Acts on `count` targets four at a time, as the ledger client does, where the key is
-    /// refused from the operation named `refused_from` on; returns what was acted on and which
-    /// operations were sent.
-    async fn acted_on(count: usize, refused_from: usize) -> (Acted, Vec<String>) {
-        let sent = Arc::new(Mutex::new(Vec::new()));
-        let each = |targets: BoxStream<'static, Target>| {
-            let sent = sent.clone();
-            targets
-                .map(move |target| {
-                    sent.lock().unwrap().push(target.operation_id.clone());
-                    async move {
-                        tokio::task::yield_now().await;
-                        let n: usize = target.operation_id[3..].parse().unwrap();
-                        let done: Done<()> = if n >= refused_from {
-                            Done::Refused(ClientError::Refused {
-                                reason: "CREDENTIALS_REVOKED".into(),
-                                message: "the key was revoked".into(),
-                            })
-                        } else {
-                            Done::Applied(())
-                        };
-                        let key = refuses_the_key(&done);
-                        (Row::new(target, done, |()| (None, String::new())), key)
-                    }
-                })
-                .buffered(4)
-        };
-        let acted = drive(targets(count), each).await;
-        let sent = sent.lock().unwrap().clone();
-        (acted, sent)
-    }
-
-    #[tokio::test]
-    async fn a_key_refused_at_once_is_refused_once_for_the_whole_selection() {
-        let (acted, sent) = acted_on(10, 0).await;
-        assert_eq!(sent, ["op-0"]);
-        assert_eq!(acted.rows.len(), 1);
-        assert!(acted.key_refused.unwrap().contains("CREDENTIALS_REVOKED"));
-    }
-
-    /// A key revoked while the operations are sent: none is sent after its refusal came back,
-    /// and every one already sent has its row (it may have been applied before the refusal).
-    #[tokio::test]
-    async fn after_the_key_is_refused_nothing_more_is_sent_and_what_was_sent_is_seen_through() {
-        let (acted, sent) = acted_on(20, 3).await;
-        let rows: Vec<&str> = acted
-            .rows
-            .iter()
-            .map(|row| row.target.operation_id.as_str())
-            .collect();
-        assert_eq!(rows, sent, "every operation sent has its row, in order");
-        assert!(sent.len() < 20, "sending stopped: {sent:?}");
-        // The refusal of op-3 came back with at most four operations in flight behind it.
-        assert!(sent.len() <= 3 + 1 + 4, "{sent:?}");
-        assert!(acted.key_refused.is_some());
-        assert!(acted.rows[..3].iter().all(|row| row.outcome == "done"));
-    }
 
     #[test]
     fn an_operation_without_an_answer_outranks_a_refused_key() {
