@@ -125,12 +125,14 @@ struct Turn {
 
 /// Does `act` to each target and yields each outcome as it comes, in the targets' order: the
 /// first alone, so that a key the ledger refuses is refused once for the whole selection, then
-/// a few at a time. Once an outcome refuses the key (`refuses_the_key`), no further target is
-/// sent; those already sent are seen through. A target is sent only once the stream yields it.
+/// a few at a time. Once an outcome refuses the key (`refuses_the_key`), as soon as it comes
+/// back and whatever is still in flight before it, no further target is taken; those already
+/// sent are seen through. A target is taken from `targets` only when it is sent, so a stream
+/// that ends early (a shutdown) leaves the rest untouched.
 fn in_turn<'a, Fut, O>(
     targets: impl Stream<Item = Target> + Send + 'a,
-    act: impl FnMut(Target) -> Fut + Send + 'a,
-    refuses_the_key: impl Fn(&O) -> bool + Send + 'a,
+    mut act: impl FnMut(Target) -> Fut + Send + 'a,
+    refuses_the_key: impl Fn(&O) -> bool + Send + Sync + 'a,
 ) -> impl Stream<Item = O> + Send + 'a
 where
     Fut: std::future::Future<Output = O> + Send + 'a,
@@ -140,27 +142,34 @@ where
     use std::sync::Arc;
 
     let turn = Arc::new(Turn::default());
-    let (waits, checks) = (turn.clone(), turn.clone());
-    targets
-        .enumerate()
-        .then(move |(n, target)| {
-            let turn = waits.clone();
+    let refuses_the_key = Arc::new(refuses_the_key);
+    let taken = futures::stream::unfold(
+        (Box::pin(targets), 0_usize, turn.clone()),
+        |(mut targets, n, turn)| async move {
+            if n == 1 {
+                turn.first_answered.notified().await;
+            }
+            if turn.stopped.load(Ordering::SeqCst) {
+                return None;
+            }
+            let target = targets.next().await?;
+            Some((target, (targets, n + 1, turn)))
+        },
+    );
+    taken
+        .map(move |target| {
+            let (answer, turn, refuses_the_key) =
+                (act(target), turn.clone(), refuses_the_key.clone());
             async move {
-                if n == 1 {
-                    turn.first_answered.notified().await;
+                let outcome = answer.await;
+                if refuses_the_key(&outcome) {
+                    turn.stopped.store(true, Ordering::SeqCst);
                 }
-                target
+                turn.first_answered.notify_one();
+                outcome
             }
         })
-        .take_while(move |_| std::future::ready(!checks.stopped.load(Ordering::SeqCst)))
-        .map(act)
         .buffered(IN_PARALLEL)
-        .inspect(move |outcome| {
-            if refuses_the_key(outcome) {
-                turn.stopped.store(true, Ordering::SeqCst);
-            }
-            turn.first_answered.notify_one();
-        })
 }
 
 impl LedgerClient {
@@ -293,23 +302,25 @@ mod tests {
 
     use super::*;
 
-    /// Acts in turn on `count` targets, `op-0` on, where the key is refused from the operation
-    /// numbered `refused_from` on; returns the outcomes (each operation and whether it refused
-    /// the key) and the operations sent, in the order they were sent.
-    async fn in_turn_over(count: usize, refused_from: usize) -> (Vec<(String, bool)>, Vec<String>) {
+    /// Acts in turn on `count` targets, `op-0` on, where the key is refused for the operations
+    /// `refused` says and those `slow` says take longer to answer; returns the outcomes (each
+    /// operation and whether it refused the key) and the operations sent, in the order sent.
+    async fn in_turn_over(
+        count: usize,
+        refused: fn(usize) -> bool,
+        slow: fn(usize) -> bool,
+    ) -> (Vec<(String, bool)>, Vec<String>) {
         let sent = Arc::new(Mutex::new(Vec::new()));
-        let targets = (0..count).map(|n| Target {
-            operation_id: format!("op-{n}"),
-            fencing_token: 1,
-            attempt: 1,
-        });
         let log = sent.clone();
         let act = move |target: Target| {
             log.lock().unwrap().push(target.operation_id.clone());
             async move {
-                tokio::task::yield_now().await;
                 let n: usize = target.operation_id[3..].parse().unwrap();
-                let done: Done<()> = match n >= refused_from {
+                let yields = if slow(n) { 50 } else { 1 };
+                for _ in 0..yields {
+                    tokio::task::yield_now().await;
+                }
+                let done: Done<()> = match refused(n) {
                     true => Done::Refused(ClientError::Refused {
                         reason: "CREDENTIALS_REVOKED".into(),
                         message: "the key was revoked".into(),
@@ -320,7 +331,7 @@ mod tests {
             }
         };
         let outcomes: Vec<(String, bool)> = in_turn(
-            futures::stream::iter(targets),
+            futures::stream::iter(targets(count)),
             act,
             |(_, refused): &(String, bool)| *refused,
         )
@@ -330,9 +341,24 @@ mod tests {
         (outcomes, sent)
     }
 
+    /// `count` targets, `op-0` on.
+    fn targets(count: usize) -> Vec<Target> {
+        (0..count)
+            .map(|n| Target {
+                operation_id: format!("op-{n}"),
+                fencing_token: 1,
+                attempt: 1,
+            })
+            .collect()
+    }
+
+    fn never(_: usize) -> bool {
+        false
+    }
+
     #[tokio::test]
     async fn a_key_refused_at_once_is_refused_once_for_the_whole_selection() {
-        let (outcomes, sent) = in_turn_over(10, 0).await;
+        let (outcomes, sent) = in_turn_over(10, |_| true, never).await;
         assert_eq!(sent, ["op-0"]);
         assert_eq!(outcomes, [("op-0".to_owned(), true)]);
     }
@@ -341,7 +367,7 @@ mod tests {
     /// and every one already sent is seen through (it may have been applied before).
     #[tokio::test]
     async fn after_the_key_is_refused_nothing_more_is_sent_and_what_was_sent_is_seen_through() {
-        let (outcomes, sent) = in_turn_over(20, 3).await;
+        let (outcomes, sent) = in_turn_over(20, |n| n >= 3, never).await;
         let answered: Vec<&str> = outcomes.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(answered, sent, "every operation sent is answered, in order");
         assert!(sent.len() < 20, "sending stopped: {sent:?}");
@@ -352,8 +378,49 @@ mod tests {
 
     #[tokio::test]
     async fn with_the_key_accepted_every_operation_is_sent_a_few_at_a_time() {
-        let (outcomes, sent) = in_turn_over(20, usize::MAX).await;
+        let (outcomes, sent) = in_turn_over(20, |_| false, never).await;
         assert_eq!(sent.len(), 20);
         assert_eq!(outcomes.len(), 20);
+    }
+
+    /// A refusal of the key that comes back while an earlier operation is still being looked
+    /// up stops the sending at once, not when the earlier one's answer is yielded.
+    #[tokio::test]
+    async fn a_refusal_that_comes_back_first_stops_the_sending_at_once() {
+        let (outcomes, sent) = in_turn_over(20, |n| n == 2, |n| n == 1).await;
+        assert_eq!(sent, ["op-0", "op-1", "op-2", "op-3", "op-4"]);
+        assert_eq!(outcomes.len(), sent.len());
+    }
+
+    /// Targets are taken only when they are sent: a stream of them that ends while the first
+    /// is being answered (the console shutting down) sends no other.
+    #[tokio::test]
+    async fn targets_that_end_while_the_first_is_answered_send_no_other() {
+        let (stop, stopped) = futures::channel::oneshot::channel::<()>();
+        let stop = Mutex::new(Some(stop));
+        let sent = Mutex::new(Vec::new());
+        let targets = futures::stream::iter(targets(5)).take_until(stopped);
+        let outcomes: Vec<String> = in_turn(
+            targets,
+            |target: Target| {
+                sent.lock().unwrap().push(target.operation_id.clone());
+                let stop = &stop;
+                async move {
+                    // The shutdown comes while the first is being answered.
+                    tokio::task::yield_now().await;
+                    let shutdown = stop.lock().unwrap().take();
+                    if let Some(shutdown) = shutdown {
+                        let _ = shutdown.send(());
+                    }
+                    tokio::task::yield_now().await;
+                    target.operation_id
+                }
+            },
+            |_: &String| false,
+        )
+        .collect()
+        .await;
+        assert_eq!(outcomes, ["op-0"]);
+        assert_eq!(*sent.lock().unwrap(), ["op-0"]);
     }
 }
