@@ -107,13 +107,14 @@ pub enum Seen<'p> {
 /// The names the proxy reads at each level of a message. A name that is not one of these but
 /// looks like one to a careless reader ([`looks`]) is refused wherever it appears at that level.
 const TOP_KEYS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
-const PARAM_KEYS: [&str; 6] = [
+const PARAM_KEYS: [&str; 7] = [
     "name",
     "arguments",
     "_meta",
     "requestId",
     "progressToken",
     "idempotencyKey",
+    TASK,
 ];
 const META_KEYS: [&str; 3] = [
     "progressToken",
@@ -121,6 +122,8 @@ const META_KEYS: [&str; 3] = [
     once_client::META_IDEMPOTENCY_KEY,
 ];
 const TOOLS_CALL: &str = "tools/call";
+/// The member of a request's params that asks for it to run as a task (MCP 2025-11-25).
+const TASK: &str = "task";
 
 /// The most messages one batch may carry (the TypeScript SDK's own limit): a batch is judged
 /// and its ids checked as a whole, so its size is bounded.
@@ -284,6 +287,15 @@ impl Guard {
             return Seen::Refused(
                 "a guarded tool call must be a request with a string or number id".into(),
             );
+        }
+        // A task-augmented call is answered with a task handle before the tool has done
+        // anything, and its outcome comes later, by another method: there is no answer to record
+        // as the effect's.
+        if params.and_then(|p| p.get(TASK)).is_some() {
+            return Seen::Refused(format!(
+                "the tool {tool:?} is guarded, and a guarded call cannot run as a task: send it \
+                 without \"{TASK}\", and its answer comes when the tool is done"
+            ));
         }
         let arguments = params.and_then(|p| p.get("arguments"));
         for path in policy.paths_read() {
@@ -570,11 +582,22 @@ fn judge(upstream: &Upstream, on_error: OnError) -> Result<Effect, EffectError> 
     };
     match (parsed.result, parsed.error) {
         (Some(result), None) => {
-            let is_error = serde_json::from_str::<Value>(result.get())
-                .ok()
-                .and_then(|r| r.get("isError").and_then(Value::as_bool))
-                .unwrap_or(false);
-            if is_error {
+            // Only a tool's result is its outcome: an object, which a task handle (the tool
+            // has only started) is not.
+            let judged = serde_json::from_str::<Value>(result.get()).ok();
+            let Some(Value::Object(judged)) = judged else {
+                return Err(EffectError::Ambiguous(
+                    "the upstream's result is not a tool's result (an object)".into(),
+                ));
+            };
+            if judged.contains_key(TASK) {
+                return Err(EffectError::Ambiguous(
+                    "the upstream answered with a task, not the tool's result: the tool may \
+                     still run"
+                        .into(),
+                ));
+            }
+            if judged.get("isError").and_then(Value::as_bool) == Some(true) {
                 Err(failed("the tool answered with an error".into()))
             } else {
                 Ok(Effect::new(result.get().as_bytes().to_vec()))
@@ -805,6 +828,27 @@ mod tests {
         );
     }
 
+    /// A result that is no tool's result (a task handle, which an upstream may send for a
+    /// call it runs as a task; or no object at all) is UNKNOWN, whatever the policy says.
+    #[test]
+    fn a_task_handle_or_a_result_that_is_no_object_is_unknown() {
+        for result in [
+            json!({"task": {"taskId": "t-1", "status": "working"}}),
+            json!({"content": [], "task": {"taskId": "t-1", "status": "working"}}),
+            json!("ok"),
+            json!(null),
+            json!([]),
+        ] {
+            let upstream = answered(json!({"jsonrpc": "2.0", "id": 1, "result": result}));
+            for on_error in [OnError::Unknown, OnError::Absent] {
+                assert!(
+                    matches!(judge(&upstream, on_error), Err(EffectError::Ambiguous(_))),
+                    "{result}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn errors_are_unknown_unless_the_policy_says_absent() {
         for upstream in [
@@ -941,6 +985,10 @@ mod tests {
             (call("1.0", r#""tools\u002fcall""#, refund), "guarded"),
             (call("1", r#""tools/call""#, r#"{"n\u0061me": "refund"}"#), "guarded"),
             (call("1", r#""tools/call""#, r#"{"name": "lookup"}"#), "passed"),
+            // A guarded call cannot run as a task; another tool's can.
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"id": 1}}, "task": {"ttl": 60000}}"#), "refused"),
+            (call("1", r#""tools/call""#, r#"{"name": "lookup", "task": {"ttl": 60000}}"#), "passed"),
+            (call("1", r#""tools/call""#, r#"{"name": "refund", "arguments": {"order": {"id": 1}}, "Task": {"ttl": 60000}}"#), "lenient"),
             (call("1", r#""ping""#, "{}"), "passed"),
             // Methods, tools and names that look alike.
             (call("1", r#""Tools/Call""#, refund), "refused"),
