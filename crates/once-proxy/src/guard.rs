@@ -54,6 +54,8 @@ pub struct Guard {
     pub ledger: LedgerClient,
     /// What the upstream's listings said of each tool, learned from every `tools/list` answer.
     listed: Mutex<HashMap<String, Listed>>,
+    /// The `inputSchema` of each guarded tool, as the latest listing gave it.
+    inputs: Mutex<HashMap<String, Value>>,
     /// Guarded calls by tool and how each ended ([`CALL_OUTCOMES`]).
     calls: opentelemetry::metrics::Counter<u64>,
 }
@@ -174,6 +176,7 @@ impl Guard {
             policy,
             ledger,
             listed: Mutex::default(),
+            inputs: Mutex::default(),
             calls,
         }
     }
@@ -334,6 +337,15 @@ impl Guard {
             if before != Some(Listed::Validated) {
                 listed.insert(name.to_owned(), now);
             }
+            if self.policy.guarded(name).is_some() {
+                let mut inputs = self.inputs.lock().expect("not poisoned");
+                match tool.get("inputSchema") {
+                    Some(schema @ Value::Object(_)) => {
+                        inputs.insert(name.to_owned(), schema.clone())
+                    }
+                    _ => inputs.remove(name),
+                };
+            }
             let absent = self
                 .policy
                 .guarded(name)
@@ -394,7 +406,18 @@ impl Guard {
             Some(Value::Object(params)) => params,
             _ => Map::new(),
         };
-        let spec = match policy.spec(tool, &params) {
+        let arguments = params.get("arguments").cloned().unwrap_or(Value::Null);
+        let mistyped = self
+            .inputs
+            .lock()
+            .expect("not poisoned")
+            .get(tool)
+            .and_then(|schema| policy.mistyped(schema, &arguments));
+        let named = match mistyped {
+            Some(unnamed) => Err(unnamed),
+            None => policy.spec(tool, &params),
+        };
+        let spec = match named {
             Ok(spec) => spec,
             Err(unnamed) => {
                 self.ended(tool, "refused");
@@ -1130,5 +1153,61 @@ mod tests {
             r#"{"id":"re_1","status":"succeeded"}"#
         );
         assert_eq!(result["isError"], false);
+    }
+
+    /// Once the upstream has listed a guarded tool whose intent reads an integer, a call that
+    /// spells it otherwise (which a lenient server would convert, and run a second time under
+    /// another name) is not forwarded and not begun; its own digits, or the number, pass.
+    #[tokio::test]
+    async fn an_integer_intent_spelled_otherwise_is_not_forwarded() {
+        let guard = guard("[tools.refund]\nintent = [\"r\", \"{/order_id}\"]\n");
+        let listing = json!({"tools": [{
+            "name": "refund",
+            "inputSchema": {"type": "object", "properties": {"order_id": {"type": "integer"}}},
+        }]});
+        let call = |order_id: Value| {
+            let text = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "refund", "arguments": {"order_id": order_id}}});
+            parse(text.to_string().as_bytes()).unwrap()
+        };
+        let policy = guard.policy.guarded("refund").unwrap().clone();
+        let answer = |request: Json| {
+            let (guard, policy) = (&guard, &policy);
+            async move {
+                let forwarded = std::sync::atomic::AtomicBool::new(false);
+                let answer = guard
+                    .call("refund", policy, &request, |_| {
+                        forwarded.store(true, std::sync::atomic::Ordering::SeqCst);
+                        async { Upstream::Unsent }
+                    })
+                    .await;
+                let text = match answer {
+                    Answer::Reply(bytes) => String::from_utf8(bytes).unwrap(),
+                    other => format!("{other:?}"),
+                };
+                (text, forwarded.into_inner())
+            }
+        };
+        // Before the listing the proxy cannot tell, and asks the ledger (here unreachable).
+        let (before, forwarded) = answer(call(json!("042"))).await;
+        assert!(!forwarded);
+        assert!(
+            !format!("{before:?}").contains("declares it an integer"),
+            "{before:?}"
+        );
+        guard.learn(&listing);
+        let (refused, forwarded) = answer(call(json!("042"))).await;
+        assert!(!forwarded);
+        assert!(
+            format!("{refused:?}").contains("declares it an integer"),
+            "{refused:?}"
+        );
+        for passes in [json!("42"), json!(42)] {
+            let (answered, _) = answer(call(passes.clone())).await;
+            assert!(
+                !format!("{answered:?}").contains("declares it an integer"),
+                "{passes}"
+            );
+        }
     }
 }

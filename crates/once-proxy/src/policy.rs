@@ -242,6 +242,33 @@ impl ToolPolicy {
         sources.chain(sink)
     }
 
+    /// Why a call's arguments name its operation by a spelling the tool would read as another
+    /// value, given the tool's `inputSchema` as the upstream lists it: an argument an intent
+    /// reads that the schema declares an integer, sent as text that is not that integer's own
+    /// digits (`"042"`, `"+42"`, `"42.0"`, `" 42"`). A lenient server converts each to 42, so
+    /// one action would have two names, and two executions; `"42"` names what `42` names, and
+    /// passes.
+    pub fn mistyped(&self, schema: &Value, arguments: &Value) -> Option<Unnamed> {
+        let pointers = self.intent.iter().flatten().flat_map(Template::pointers);
+        for pointer in pointers {
+            let Some(Value::String(text)) = arguments.pointer(pointer) else {
+                continue;
+            };
+            let property = pointer_path(pointer).iter().try_fold(schema, |at, name| {
+                resolved(schema, at)?.get("properties")?.get(name)
+            });
+            let integer = property.is_some_and(|at| integer(schema, at));
+            let own_digits = text.parse::<i64>().is_ok_and(|n| n.to_string() == *text);
+            if integer && !own_digits {
+                return Some(Unnamed(format!(
+                    "argument {pointer} is {text:?}, and the tool declares it an integer: send it \
+                     as a number (or as its own digits), so that one action has one name"
+                )));
+            }
+        }
+        None
+    }
+
     /// The paths into the arguments that the policy reads (its templates' pointers, volatile
     /// fields, key arguments, the provider key's argument), each a list of member names.
     pub fn paths_read(&self) -> Vec<Vec<String>> {
@@ -389,6 +416,41 @@ pub struct Read {
 }
 
 /// A JSON pointer's member names, unescaped.
+/// Whether the schema `at` (in the whole `schema`) admits an integer: its `type` says so, or
+/// one of its `anyOf` or `oneOf` (pydantic's `Optional[int]`), looked into only so deep: the
+/// upstream writes the schema, and a reference may lead back to itself.
+fn integer(schema: &Value, at: &Value) -> bool {
+    integer_within(schema, at, 8)
+}
+
+fn integer_within(schema: &Value, at: &Value, depth: u8) -> bool {
+    let Some(at) = resolved(schema, at).filter(|_| depth > 0) else {
+        return false;
+    };
+    let typed = match at.get("type") {
+        Some(Value::String(kind)) => kind == "integer",
+        Some(Value::Array(kinds)) => kinds.iter().any(|k| k == "integer"),
+        _ => false,
+    };
+    let branches = ["anyOf", "oneOf"]
+        .iter()
+        .filter_map(|k| at.get(*k).and_then(Value::as_array))
+        .flatten();
+    typed
+        || branches
+            .into_iter()
+            .any(|branch| integer_within(schema, branch, depth - 1))
+}
+
+/// The schema `at` stands for: itself, or what its local `$ref` (`#/$defs/…`) names in the
+/// whole `schema`.
+fn resolved<'s>(schema: &'s Value, at: &'s Value) -> Option<&'s Value> {
+    match at.get("$ref").and_then(Value::as_str) {
+        Some(reference) => schema.pointer(reference.strip_prefix('#')?),
+        None => Some(at),
+    }
+}
+
 fn pointer_path(pointer: &str) -> Vec<String> {
     pointer
         .split('/')
@@ -530,6 +592,44 @@ mod tests {
             .unwrap()
             .operation_id()
             .unwrap()
+    }
+
+    /// An intent read from an argument the tool declares an integer (directly, through a
+    /// `$ref`, or in an `anyOf`) must be sent as that integer or its own digits; text, or a
+    /// schema that says nothing (or loops), leaves it as it is.
+    #[test]
+    fn an_integer_intent_must_be_sent_as_its_own_digits() {
+        let tool: ToolPolicy = toml::from_str("intent = [\"refund\", \"{/order_id}\"]").unwrap();
+        let declared = |kind: Value| json!({"type": "object", "properties": {"order_id": kind}});
+        let integer = declared(json!({"type": "integer"}));
+        for refused in ["042", "+42", "42.0", " 42", "4_2", "42 ", "0x2a"] {
+            let arguments = json!({"order_id": refused});
+            assert!(tool.mistyped(&integer, &arguments).is_some(), "{refused:?}");
+        }
+        for passes in [json!("42"), json!("-7"), json!(42), json!(42.0)] {
+            let arguments = json!({"order_id": passes});
+            assert!(tool.mistyped(&integer, &arguments).is_none(), "{passes}");
+        }
+        let arguments = json!({"order_id": "042"});
+        let optional = declared(json!({"anyOf": [{"type": "integer"}, {"type": "null"}]}));
+        assert!(tool.mistyped(&optional, &arguments).is_some());
+        for silent in [
+            declared(json!({"type": "string"})),
+            declared(json!({})),
+            json!({"type": "object"}),
+            declared(json!({"anyOf": [{"$ref": "#/properties/order_id"}]})),
+        ] {
+            assert!(tool.mistyped(&silent, &arguments).is_none(), "{silent}");
+        }
+        let nested: ToolPolicy =
+            toml::from_str("intent = [\"refund\", \"order-{/order/id}\"]").unwrap();
+        let referenced = json!({
+            "type": "object",
+            "properties": {"order": {"$ref": "#/$defs/Order"}},
+            "$defs": {"Order": {"type": "object", "properties": {"id": {"type": ["integer", "null"]}}}},
+        });
+        let arguments = json!({"order": {"id": "0042"}});
+        assert!(nested.mistyped(&referenced, &arguments).is_some());
     }
 
     const POLICY: &str = r#"
