@@ -581,6 +581,30 @@ def test_a_fresh_key_argument_meets_the_fresh_id_guard(orders):
     assert len(orders.placed("o-50")) == 1
 
 
+AMOUNT_POLICY = POLICY.replace('intent = ["order", "{/order_id}"]',
+                               'intent = ["order", "{/order_id}", "{/amount_cents}"]')
+
+
+async def test_an_integer_the_intent_reads_sent_as_other_text_is_not_performed(orders):
+    """The intent reads `amount_cents`, which every upstream lists as an integer. A model that
+    sends 500 and then "0500" asks for one order: a lenient server would read both as 500, so
+    the second spelling, another name for the same action, is never forwarded; "500" is the
+    same name, and meets the first operation."""
+    orders.policy.write_text(AMOUNT_POLICY)
+    async with orders.session() as session:
+        await session.list_tools()
+        first = await session.call_tool("place_order", {"order_id": "o-int", "amount_cents": 500})
+        respelled = await session.call_tool("place_order", {"order_id": "o-int", "amount_cents": "0500"})
+        same = await session.call_tool("place_order", {"order_id": "o-int", "amount_cents": "500"})
+    assert not first.is_error, texts(first)
+    assert respelled.is_error and "declares it an integer" in " ".join(texts(respelled)), texts(respelled)
+    assert "NOT performed" in " ".join(texts(respelled)), texts(respelled)
+    # The integer's own digits name what the number names; the arguments differ in their type,
+    # so the ledger says so (CONFLICT) rather than running it.
+    assert "already requested with different arguments" in " ".join(texts(same)), texts(same)
+    assert len(orders.placed("o-int")) == 1
+
+
 def test_absent_for_a_tool_with_an_output_schema_is_refused_at_load(orders):
     """`on_error = "absent"` on a tool that declares an outputSchema: its SDK validates the
     output after the tool ran, so an error may follow the effect. The proxy lists the upstream's
