@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::policy::{OnError, Policy, ToolPolicy};
+use crate::schema::{find, Found};
 
 /// How long the upstream has to answer each request of the check.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -41,79 +42,6 @@ impl Listed {
     }
 }
 
-/// What a JSON Schema says of a path into the values it describes.
-#[derive(Debug, Clone, PartialEq)]
-enum Found {
-    /// It is there; `required` when every object on the way requires the next member.
-    Yes { required: bool },
-    /// An object on the way lists its members, and this one is not among them.
-    No { member: String, has: Vec<String> },
-    /// The schema does not say (no `properties`, or other members allowed).
-    CannotTell,
-}
-
-/// Follows `path` through `schema` (its `properties`, `items`, local `$ref`s and the
-/// alternatives of `anyOf`, `oneOf` and `allOf`), `root` being the schema `$ref`s point into.
-fn find(root: &Value, schema: &Value, path: &[String], depth: usize) -> Found {
-    if depth > 32 {
-        return Found::CannotTell;
-    }
-    if let Some(target) = schema.get("$ref").and_then(Value::as_str) {
-        return match target.strip_prefix('#').and_then(|p| root.pointer(p)) {
-            Some(target) => find(root, target, path, depth + 1),
-            None => Found::CannotTell,
-        };
-    }
-    let Some((member, rest)) = path.split_first() else {
-        return Found::Yes { required: true };
-    };
-    let alternatives: Vec<&Value> = ["anyOf", "oneOf", "allOf"]
-        .iter()
-        .filter_map(|k| schema.get(*k).and_then(Value::as_array))
-        .flatten()
-        .collect();
-    if !alternatives.is_empty() {
-        let found: Vec<Found> = alternatives
-            .iter()
-            .map(|alt| find(root, alt, path, depth + 1))
-            .collect();
-        if let Some(yes) = found.iter().find(|f| matches!(f, Found::Yes { .. })) {
-            return yes.clone();
-        }
-        if found.iter().all(|f| matches!(f, Found::No { .. })) {
-            return found.into_iter().next().expect("not empty");
-        }
-        return Found::CannotTell;
-    }
-    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
-        if let Some(inner) = properties.get(member) {
-            let required = schema
-                .get("required")
-                .and_then(Value::as_array)
-                .is_some_and(|r| r.iter().any(|n| n.as_str() == Some(member)));
-            return match find(root, inner, rest, depth + 1) {
-                Found::Yes { required: deeper } => Found::Yes {
-                    required: required && deeper,
-                },
-                other => other,
-            };
-        }
-        let open = matches!(schema.get("additionalProperties"), Some(v) if v != &Value::Bool(false))
-            || schema.get("patternProperties").is_some();
-        if open {
-            return Found::CannotTell;
-        }
-        return Found::No {
-            member: member.clone(),
-            has: properties.keys().cloned().collect(),
-        };
-    }
-    if let (Some(items), Ok(_)) = (schema.get("items"), member.parse::<usize>()) {
-        return find(root, items, rest, depth + 1);
-    }
-    Found::CannotTell
-}
-
 /// What `guarded`'s settings read that `schema` does not have or does not require: one
 /// warning each.
 fn unread(guarded: &ToolPolicy, schema: &Value) -> Vec<String> {
@@ -134,7 +62,9 @@ fn unread(guarded: &ToolPolicy, schema: &Value) -> Vec<String> {
                     "the setting does nothing"
                 }
             )),
-            Found::Yes { required: false } if read.needed => warnings.push(format!(
+            Found::Yes {
+                required: false, ..
+            } if read.needed => warnings.push(format!(
                 "{} reads {}, which the inputSchema does not require: a call without it \
                  cannot be named and is not performed",
                 read.setting, read.said
@@ -461,51 +391,6 @@ mod tests {
         assert!(line("get_order").contains("passes through (readOnlyHint)"));
         assert!(line("cancel_order").contains("WARNING: may change state"));
         assert!(line("gone").contains("the upstream lists no such tool"));
-    }
-
-    fn path(pointer: &str) -> Vec<String> {
-        pointer.split('/').skip(1).map(str::to_owned).collect()
-    }
-
-    /// The shapes SDKs write input schemas in: pydantic's `$defs` and `$ref`, optional fields
-    /// as `anyOf` with null, zod's `additionalProperties: false`, arrays.
-    #[test]
-    fn paths_are_followed_through_the_shapes_sdks_write() {
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "order_id": {"type": "string"},
-                "customer": {"$ref": "#/$defs/Customer"},
-                "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                "lines": {"type": "array", "items": {"type": "object", "properties": {"sku": {"type": "string"}}}},
-                "extra": {"type": "object", "additionalProperties": true},
-            },
-            "required": ["order_id", "customer"],
-            "additionalProperties": false,
-            "$defs": {"Customer": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}},
-        });
-        let found = |pointer: &str| find(&schema, &schema, &path(pointer), 0);
-        assert_eq!(found("/order_id"), Found::Yes { required: true });
-        assert_eq!(found("/customer/id"), Found::Yes { required: true });
-        assert_eq!(found("/note"), Found::Yes { required: false });
-        assert_eq!(found("/lines/0/sku"), Found::Yes { required: false });
-        assert_eq!(found("/extra/anything"), Found::CannotTell);
-        assert!(matches!(found("/order_d"), Found::No { member, .. } if member == "order_d"));
-        assert!(
-            matches!(found("/customer/name"), Found::No { member, has } if member == "name" && has == ["id"])
-        );
-        // A schema that says nothing of its members cannot be held against the policy.
-        assert_eq!(
-            find(
-                &json!({"type": "object"}),
-                &json!({"type": "object"}),
-                &path("/x"),
-                0
-            ),
-            Found::CannotTell
-        );
-        let open = json!({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}});
-        assert_eq!(find(&open, &open, &path("/b"), 0), Found::CannotTell);
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod guard;
 mod http;
 mod message;
 mod policy;
+mod schema;
 mod session;
 mod stdio;
 

@@ -254,10 +254,10 @@ impl ToolPolicy {
             let Some(Value::String(text)) = arguments.pointer(pointer) else {
                 continue;
             };
-            let property = pointer_path(pointer).iter().try_fold(schema, |at, name| {
-                resolved(schema, at)?.get("properties")?.get(name)
-            });
-            let integer = property.is_some_and(|at| integer(schema, at));
+            let integer = match crate::schema::find(schema, schema, &pointer_path(pointer), 0) {
+                crate::schema::Found::Yes { at, .. } => crate::schema::admits_integer(schema, at),
+                _ => false,
+            };
             let own_digits = text.parse::<i64>().is_ok_and(|n| n.to_string() == *text);
             if integer && !own_digits {
                 return Some(Unnamed(format!(
@@ -416,41 +416,6 @@ pub struct Read {
 }
 
 /// A JSON pointer's member names, unescaped.
-/// Whether the schema `at` (in the whole `schema`) admits an integer: its `type` says so, or
-/// one of its `anyOf` or `oneOf` (pydantic's `Optional[int]`), looked into only so deep: the
-/// upstream writes the schema, and a reference may lead back to itself.
-fn integer(schema: &Value, at: &Value) -> bool {
-    integer_within(schema, at, 8)
-}
-
-fn integer_within(schema: &Value, at: &Value, depth: u8) -> bool {
-    let Some(at) = resolved(schema, at).filter(|_| depth > 0) else {
-        return false;
-    };
-    let typed = match at.get("type") {
-        Some(Value::String(kind)) => kind == "integer",
-        Some(Value::Array(kinds)) => kinds.iter().any(|k| k == "integer"),
-        _ => false,
-    };
-    let branches = ["anyOf", "oneOf"]
-        .iter()
-        .filter_map(|k| at.get(*k).and_then(Value::as_array))
-        .flatten();
-    typed
-        || branches
-            .into_iter()
-            .any(|branch| integer_within(schema, branch, depth - 1))
-}
-
-/// The schema `at` stands for: itself, or what its local `$ref` (`#/$defs/…`) names in the
-/// whole `schema`.
-fn resolved<'s>(schema: &'s Value, at: &'s Value) -> Option<&'s Value> {
-    match at.get("$ref").and_then(Value::as_str) {
-        Some(reference) => schema.pointer(reference.strip_prefix('#')?),
-        None => Some(at),
-    }
-}
-
 fn pointer_path(pointer: &str) -> Vec<String> {
     pointer
         .split('/')
