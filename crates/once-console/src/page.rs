@@ -952,7 +952,6 @@ pub(crate) fn bulk_row(
     )
 }
 
-/// The end of a bulk action's outcome table: how many of each outcome.
 /// Why a bulk action ended before it started every operation.
 pub(crate) enum Stopped {
     No,
@@ -965,6 +964,8 @@ pub(crate) enum Stopped {
     },
 }
 
+/// The end of a bulk action's outcome table: how many of each outcome, and why it stopped
+/// early if it did.
 pub(crate) fn bulk_finished(
     done: usize,
     refused: usize,
