@@ -154,7 +154,7 @@ impl Written {
         let mut last = Self::read(db).await?;
         let mut since = tokio::time::Instant::now();
         let give_up = since + Duration::from_secs(60);
-        while since.elapsed() < quiet && since < give_up {
+        while since.elapsed() < quiet && tokio::time::Instant::now() < give_up {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let now = Self::read(db).await?;
             if now != last {
