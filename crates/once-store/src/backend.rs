@@ -400,15 +400,16 @@ pub(crate) mod sealed {
         /// Whether [`Transactions::apply_unlocked`] can write anything here.
         fn writes_unlocked(&self) -> bool;
 
-        /// Writes a decision's plan in one statement that commits by itself, only if what it was
-        /// decided from is still what is stored and it is recent, and for a claim only if no other
-        /// operation blocks it (see [`Decision`]). It takes the write gate as
-        /// [`Transactions::lock`] does. `None` where the store cannot check a decision that way,
-        /// or the plan is not one it writes so (then the caller decides again in a write
-        /// transaction).
+        /// Writes a decision's plan in one statement that commits by itself (maybe with other
+        /// callers' decisions), only if what it was decided from is still what is stored and it
+        /// is recent, and for a claim only if no other operation blocks it (see [`Decision`]). It
+        /// takes the write gate as [`Transactions::lock`] does. `None` where the store cannot
+        /// check a decision that way, or the plan is not one it writes so (then the caller
+        /// decides again in a write transaction). The call's connection is given back: the write
+        /// may go over another.
         fn apply_unlocked(
             &self,
-            conn: &mut Self::Conn,
+            conn: Self::Conn,
             decision: Decision<'_>,
         ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send;
 

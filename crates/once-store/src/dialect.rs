@@ -90,7 +90,8 @@ pub trait Dialect: Database {
     /// See [`crate::Backend::apply_unlocked`]: `None` (as here) where the database cannot
     /// check a decision in the statement that writes it.
     fn apply_unlocked(
-        _conn: &mut Self::Connection,
+        _store: &crate::Store<Self>,
+        _conn: sqlx::pool::PoolConnection<Self>,
         _decision: Decision<'_>,
     ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send {
         async { Ok(None) }

@@ -176,7 +176,7 @@ impl<B: Backend> Ledger<B> {
     /// blocked, which the lock decides again, as the read may not be true any longer either).
     async fn write_unlocked(
         &self,
-        (conn, waited): (&mut B::Conn, Duration),
+        (conn, waited): (B::Conn, Duration),
         before: Option<Operation>,
         guard: Option<&BeginCommand>,
         plan: Plan,
@@ -282,14 +282,17 @@ impl<B: Backend> Ledger<B> {
             },
         };
         if let Some((decision, plan, guard)) = unlocked {
-            let held = (&mut conn, waited);
-            if self.write_unlocked(held, current, guard, plan, now).await? {
+            // The connection goes back to the pool with the write, before the write transaction
+            // below takes one: a call holding two at once could wait for the pool forever.
+            if self
+                .write_unlocked((conn, waited), current, guard, plan, now)
+                .await?
+            {
                 return Ok((decision, now));
             }
+        } else {
+            drop(conn);
         }
-        // Back to the pool before the write transaction takes a connection: a call holding two
-        // at once could wait for the pool forever.
-        drop(conn);
         for _ in 0..CLAIM_RACE_RETRIES {
             let backend = self.backend.clone();
             let cmd = cmd.clone();
@@ -377,8 +380,10 @@ impl<B: Backend> Ledger<B> {
                 if plan.is_empty() {
                     return answered(answer, life, false);
                 }
-                let held = (&mut conn, waited);
-                if self.write_unlocked(held, Some(op), None, plan, now).await? {
+                if self
+                    .write_unlocked((conn, waited), Some(op), None, plan, now)
+                    .await?
+                {
                     return answered(answer, life, true);
                 }
             }

@@ -617,56 +617,117 @@ fn corrupt(message: String) -> StoreError {
 /// A statement being bound, of database `D`.
 pub(crate) type Bound<'q, D> = sqlx::query::Query<'q, D, <D as Database>::Arguments<'q>>;
 
-/// Binds an operation's written columns to `query`, in the order of
-/// [`WRITTEN_OPERATION_COLUMNS`].
-pub(crate) fn bind_operation<'q, D>(query: Bound<'q, D>, op: &'q Operation) -> Bound<'q, D>
+/// Where a row's columns are bound, one after another: one row's values ([`One`]), or on
+/// PostgreSQL one array per column over many rows ([`Many`]). [`operation_columns`] and
+/// [`attempt_columns`] name each table's values once for both.
+pub(crate) trait Rows<'q> {
+    /// What a row is read from.
+    type Row: 'q;
+}
+
+/// [`Rows`] that take a column of values of type `T`.
+pub(crate) trait Column<'q, T>: Rows<'q> + Sized {
+    /// Binds the value `of` each row gives.
+    fn column(self, of: impl Fn(&'q Self::Row) -> T) -> Self;
+}
+
+/// One row's values, bound to a statement of database `D`.
+pub(crate) struct One<'q, D: Database, R> {
+    pub query: Bound<'q, D>,
+    pub row: &'q R,
+}
+
+impl<'q, D: Database, R: 'q> Rows<'q> for One<'q, D, R> {
+    type Row = R;
+}
+
+impl<'q, D, R, T> Column<'q, T> for One<'q, D, R>
 where
     D: Database,
-    &'q str: Encode<'q, D> + Type<D>,
-    Option<&'q str>: Encode<'q, D> + Type<D>,
-    &'q [u8]: Encode<'q, D> + Type<D>,
-    Option<&'q [u8]>: Encode<'q, D> + Type<D>,
-    i64: Encode<'q, D> + Type<D>,
-    Option<i64>: Encode<'q, D> + Type<D>,
-    String: Encode<'q, D> + Type<D>,
+    R: 'q,
+    T: Encode<'q, D> + Type<D> + Send + 'q,
 {
-    let holder_token = op.holder.as_ref().map(|_| token_column(op.fencing_token));
-    query
-        .bind(op.tenant.as_str())
-        .bind(op.operation_id.as_str())
-        .bind(op.tool.as_str())
-        .bind(&op.fingerprint.0[..])
-        .bind(op.state.as_str())
-        .bind(op.source.as_str())
-        .bind(i64::from(op.attempt))
-        .bind(token_column(op.fencing_token))
-        .bind(token_column(op.life))
-        .bind(op.attempt_id.as_str())
-        .bind(op.attempt_context.client_name.as_deref())
-        .bind(op.attempt_context.session_id.as_deref())
-        .bind(op.attempt_context.request_id.as_deref())
-        .bind(op.executor.to_string())
-        .bind(op.holder.as_deref())
-        .bind(holder_token)
-        .bind(op.lease_started_at)
-        .bind(op.lease_deadline)
-        .bind(op.result.as_deref())
-        .bind(op.provider_ref.as_deref())
-        .bind(op.provider_key.as_str())
-        .bind(op.provider.as_deref())
-        .bind(op.lookup_hints.as_deref())
-        .bind(op.retention_ms)
-        .bind(op.created_at)
-        .bind(op.updated_at)
-        .bind(op.expires_at)
-        .bind(op.reason.as_deref())
-        .bind(op.unknown_since)
-        .bind(op.last_report_at)
-        .bind(op.declared_absent_token.map(token_column))
-        .bind(op.confirmed_by.map(token_column))
-        .bind(i64::from(op.reconcile_lookups))
-        .bind(op.reconcile_next_at)
-        .bind(op.lookup_claimed_until)
+    fn column(self, of: impl Fn(&'q R) -> T) -> Self {
+        One {
+            query: self.query.bind(of(self.row)),
+            row: self.row,
+        }
+    }
+}
+
+/// Many rows' values, each column bound as one PostgreSQL array (for `unnest`).
+pub(crate) struct Many<'q, R> {
+    pub query: Bound<'q, sqlx::Postgres>,
+    pub rows: Vec<&'q R>,
+}
+
+impl<'q, R: 'q> Rows<'q> for Many<'q, R> {
+    type Row = R;
+}
+
+impl<'q, R, T> Column<'q, T> for Many<'q, R>
+where
+    R: 'q,
+    T: Send + 'q,
+    Vec<T>: Encode<'q, sqlx::Postgres> + Type<sqlx::Postgres>,
+{
+    fn column(self, of: impl Fn(&'q R) -> T) -> Self {
+        let values: Vec<T> = self.rows.iter().map(|row| of(row)).collect();
+        Many {
+            query: self.query.bind(values),
+            rows: self.rows,
+        }
+    }
+}
+
+/// Binds an operation's written columns, in the order of [`WRITTEN_OPERATION_COLUMNS`].
+pub(crate) fn operation_columns<'q, S>(columns: S) -> S
+where
+    S: Rows<'q, Row = Operation>
+        + Column<'q, &'q str>
+        + Column<'q, Option<&'q str>>
+        + Column<'q, &'q [u8]>
+        + Column<'q, Option<&'q [u8]>>
+        + Column<'q, i64>
+        + Column<'q, Option<i64>>
+        + Column<'q, String>,
+{
+    columns
+        .column(|op| op.tenant.as_str())
+        .column(|op| op.operation_id.as_str())
+        .column(|op| op.tool.as_str())
+        .column(|op| &op.fingerprint.0[..])
+        .column(|op| op.state.as_str())
+        .column(|op| op.source.as_str())
+        .column(|op| i64::from(op.attempt))
+        .column(|op| token_column(op.fencing_token))
+        .column(|op| token_column(op.life))
+        .column(|op| op.attempt_id.as_str())
+        .column(|op| op.attempt_context.client_name.as_deref())
+        .column(|op| op.attempt_context.session_id.as_deref())
+        .column(|op| op.attempt_context.request_id.as_deref())
+        .column(|op| op.executor.to_string())
+        .column(|op| op.holder.as_deref())
+        .column(|op| op.holder.as_ref().map(|_| token_column(op.fencing_token)))
+        .column(|op| op.lease_started_at)
+        .column(|op| op.lease_deadline)
+        .column(|op| op.result.as_deref())
+        .column(|op| op.provider_ref.as_deref())
+        .column(|op| op.provider_key.as_str())
+        .column(|op| op.provider.as_deref())
+        .column(|op| op.lookup_hints.as_deref())
+        .column(|op| op.retention_ms)
+        .column(|op| op.created_at)
+        .column(|op| op.updated_at)
+        .column(|op| op.expires_at)
+        .column(|op| op.reason.as_deref())
+        .column(|op| op.unknown_since)
+        .column(|op| op.last_report_at)
+        .column(|op| op.declared_absent_token.map(token_column))
+        .column(|op| op.confirmed_by.map(token_column))
+        .column(|op| i64::from(op.reconcile_lookups))
+        .column(|op| op.reconcile_next_at)
+        .column(|op| op.lookup_claimed_until)
 }
 
 /// Binds the intent a fresh-id guard looks for to `query`: the tenant, tool and fingerprint of
@@ -687,26 +748,26 @@ where
         .bind(cmd.operation_id.as_str())
 }
 
-/// Binds an attempt's columns to `query`, in the order of [`ATTEMPT_COLUMNS`].
-pub(crate) fn bind_attempt<'q, D>(query: Bound<'q, D>, attempt: &'q Attempt) -> Bound<'q, D>
+/// Binds an attempt's columns, in the order of [`ATTEMPT_COLUMNS`].
+pub(crate) fn attempt_columns<'q, S>(columns: S) -> S
 where
-    D: Database,
-    &'q str: Encode<'q, D> + Type<D>,
-    Option<&'q str>: Encode<'q, D> + Type<D>,
-    i64: Encode<'q, D> + Type<D>,
-    String: Encode<'q, D> + Type<D>,
+    S: Rows<'q, Row = Attempt>
+        + Column<'q, &'q str>
+        + Column<'q, Option<&'q str>>
+        + Column<'q, i64>
+        + Column<'q, String>,
 {
-    query
-        .bind(i64::from(attempt.number))
-        .bind(token_column(attempt.fencing_token))
-        .bind(attempt.attempt_id.as_str())
-        .bind(attempt.started_at)
-        .bind(attempt.lease_deadline)
-        .bind(attempt.actor.to_string())
-        .bind(attempt.holder.as_deref())
-        .bind(attempt.context.client_name.as_deref())
-        .bind(attempt.context.session_id.as_deref())
-        .bind(attempt.context.request_id.as_deref())
+    columns
+        .column(|a| i64::from(a.number))
+        .column(|a| token_column(a.fencing_token))
+        .column(|a| a.attempt_id.as_str())
+        .column(|a| a.started_at)
+        .column(|a| a.lease_deadline)
+        .column(|a| a.actor.to_string())
+        .column(|a| a.holder.as_deref())
+        .column(|a| a.context.client_name.as_deref())
+        .column(|a| a.context.session_id.as_deref())
+        .column(|a| a.context.request_id.as_deref())
 }
 
 #[cfg(test)]

@@ -184,6 +184,7 @@ impl Store<Sqlite> {
         Ok(Self {
             pool,
             losses: Default::default(),
+            batches: Default::default(),
         })
     }
 }

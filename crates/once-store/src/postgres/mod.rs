@@ -16,12 +16,15 @@
 //! call that found it is made once more ([`crate::Ledger`]), so a restart or a failover fails no
 //! call for the dead connections the pool still held.
 
+mod batches;
+pub(crate) use batches::Batches;
 mod unlocked;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use once_core::{BeginCommand, Blocking};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
@@ -174,11 +177,16 @@ impl Dialect for Postgres {
 
     const UNLOCKED_WRITES: bool = true;
 
+    /// Written alone on `conn`, or with other callers' decisions by a lane ([`batches`]).
     async fn apply_unlocked(
-        conn: &mut PgConnection,
+        store: &Store<Postgres>,
+        conn: PoolConnection<Postgres>,
         decision: Decision<'_>,
     ) -> Result<Option<Unlocked>, StoreError> {
-        unlocked::apply(conn, decision).await
+        match unlocked::Item::of(decision) {
+            Some(item) => batches::Batches::write(store, conn, item).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn announce_events(pool: &Pool<Self>) -> Result<(), StoreError> {
@@ -293,7 +301,11 @@ impl Store<Postgres> {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Internal(e.into()))?;
-        Ok(Self { pool, losses })
+        Ok(Self {
+            pool,
+            losses,
+            batches: Default::default(),
+        })
     }
 }
 

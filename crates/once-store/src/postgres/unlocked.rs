@@ -1,24 +1,29 @@
-//! PostgreSQL's one-statement writes: a plan decided from a lock-free read, written and
-//! committed by one statement that checks the decision still holds (see
-//! `migrations/postgres/0006_one_statement_writes.sql`).
+//! PostgreSQL's one-statement writes: plans decided from lock-free reads, written and
+//! committed by one statement that checks each decision still holds (see
+//! `migrations/postgres/0006_one_statement_writes.sql`). One statement writes the items of one
+//! [`Shape`], one or many ([`super::batches`] gathers concurrent callers' items). Many items
+//! are bound as an array per column, an element per item, so a shape has one statement
+//! whatever their number; a lone item's columns are bound as they are (PostgreSQL takes an
+//! array apart at a cost that only many items repay), in the same statement otherwise.
 //!
-//! The statement's parts are data-modifying CTEs, each reading the one before it: the write
-//! gate (as a locked write's first statement takes it), the fresh-id guard when the plan
-//! claims, the operation row (an INSERT that meets no row, or an UPDATE of the version the
-//! decision read, in the life it read: a version alone comes again in the next life of the
-//! id), the attempt and the events. When the row is written nothing else is checked, so the
-//! rest follows it; when it is not, nothing is. The gate also refuses a decision whose clock
-//! reading is more than [`MAX_DECISION_AGE_MS`] old.
+//! The statement's parts are data-modifying CTEs, each reading the one before it: the items,
+//! the write gate (as a locked write's first statement takes it), the fresh-id guard of each
+//! item when they claim (intent locks taken in the items' order, which is the intents' order),
+//! the operation rows (an INSERT that meets no row, or an UPDATE of the version each decision
+//! read, in the life it read: a version alone comes again in the next life of the id), the
+//! attempts and the events. An item whose row is written has the rest written with it; one
+//! whose row is not has nothing. A decision whose clock reading is more than
+//! [`MAX_DECISION_AGE_MS`] old is not written. The statement commits as a whole or not at all.
 
 use std::sync::LazyLock;
 
-use once_core::machine::Write;
-use once_core::{Blocking, NewEvent};
-use sqlx::{PgConnection, Row};
+use once_core::machine::{Plan, Write};
+use once_core::{Blocking, FencingToken, Millis, NewEvent, Operation};
+use sqlx::{PgConnection, Postgres, Row};
 
 use crate::rows::{
-    self, BlockingRow, ATTEMPT_COLUMNS, BLOCKING_COLUMNS, OPERATION_ASSIGNMENTS,
-    OPERATION_PLACEHOLDERS, WRITTEN_OPERATION_COLUMNS,
+    self, BlockingRow, Bound, Column, Many, One, Rows, ATTEMPT_COLUMNS, BLOCKING_COLUMNS,
+    WRITTEN_OPERATION_COLUMNS,
 };
 use crate::Decision;
 use crate::{StoreError, Unlocked, Written};
@@ -27,20 +32,129 @@ use crate::{StoreError, Unlocked, Written};
 /// decision is made again under a lock. It dates the row, the lease and the events written.
 const MAX_DECISION_AGE_MS: i64 = 1_000;
 
-/// The statement's shape: what the plan writes besides its events.
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    /// The plan claims: the fresh-id guard must find the way clear.
+/// The statement's shape: what its items write besides their events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// The items claim: each one's fresh-id guard must find the way clear.
     guarded: bool,
-    /// The row is inserted (it was not stored); otherwise updated from the version read.
+    /// The rows are inserted (they were not stored); otherwise updated from the versions read.
     insert: bool,
-    /// The plan grants an attempt, for the attempt log.
+    /// The items grant attempts, for the attempt log.
     attempt: bool,
 }
 
 impl Shape {
-    fn index(self) -> usize {
+    /// How many shapes there are: [`Shape::index`] is below it.
+    pub(crate) const COUNT: usize = 8;
+
+    pub(crate) fn index(self) -> usize {
         usize::from(self.guarded) << 2 | usize::from(self.insert) << 1 | usize::from(self.attempt)
+    }
+
+    fn of_index(index: usize) -> Shape {
+        Shape {
+            guarded: index & 4 != 0,
+            insert: index & 2 != 0,
+            attempt: index & 1 != 0,
+        }
+    }
+}
+
+/// One decision written so, owned by the batch it waits in.
+#[derive(Debug, Clone)]
+pub(crate) struct Item {
+    /// The life and version the read found (an update).
+    from: Option<(FencingToken, i64)>,
+    /// A claim's intent lock key: it is written only if no other operation blocks it.
+    pub(crate) intent: Option<i64>,
+    plan: Plan,
+    now: Millis,
+}
+
+impl Item {
+    /// The decision as an item, or `None` when it is not written so: a plan that writes no
+    /// operation row, starts a new life of one, or forgets its attempts is decided again under
+    /// the write lock, where the attempt log is kept or cleared and the fresh-id guard runs.
+    pub(crate) fn of(decision: Decision<'_>) -> Option<Item> {
+        let Decision {
+            from,
+            guard,
+            plan,
+            now,
+        } = decision;
+        let keeps_its_life = match (&plan.operation, from) {
+            (Some(Write::Insert(_)), None) => true,
+            (Some(Write::Update(op)), Some((life, _))) => op.life == life,
+            _ => false,
+        };
+        (keeps_its_life && !plan.forgets_attempts).then(|| Item {
+            from,
+            intent: guard.map(super::intent_key),
+            plan: plan.clone(),
+            now,
+        })
+    }
+
+    /// Makes it an item PostgreSQL refuses to write: a NUL in text.
+    #[cfg(test)]
+    pub(crate) fn poison(&mut self) {
+        if let Some(Write::Insert(op) | Write::Update(op)) = &mut self.plan.operation {
+            op.reason = Some("a \0 in text".into());
+        }
+    }
+
+    fn operation(&self) -> &Operation {
+        match &self.plan.operation {
+            Some(Write::Insert(op) | Write::Update(op)) => op,
+            None => unreachable!("an item writes its operation row (Item::of)"),
+        }
+    }
+
+    /// The operation it writes: one item of each in a statement.
+    pub(crate) fn key(&self) -> (&str, &str) {
+        let op = self.operation();
+        (&op.tenant, op.operation_id.as_str())
+    }
+
+    pub(crate) fn shape(&self) -> Shape {
+        Shape {
+            guarded: self.intent.is_some(),
+            insert: self.from.is_none(),
+            attempt: self.plan.attempt.is_some(),
+        }
+    }
+
+    /// Where it goes in its statement: by intent, then by operation, so two statements lock
+    /// intents and rows in one order.
+    pub(crate) fn order(&self) -> (Option<i64>, (&str, &str)) {
+        (self.intent, self.key())
+    }
+
+    /// What the statement did, from its row for this item.
+    fn outcome(&self, row: &sqlx::postgres::PgRow) -> Result<Unlocked, StoreError> {
+        if row.try_get::<bool, _>("wrote")? {
+            let inserted: Vec<String> = row.try_get("inserted_keys")?;
+            let events = self
+                .plan
+                .events
+                .iter()
+                .map(|e| match &e.dedupe_key {
+                    Some(key) => inserted.contains(key),
+                    None => true,
+                })
+                .collect();
+            return Ok(Unlocked::Applied {
+                written: Written { events },
+            });
+        }
+        let blocking: Option<String> = row.try_get("operation_id")?;
+        Ok(match blocking {
+            Some(_) => {
+                use sqlx::FromRow as _;
+                Unlocked::Blocked(Blocking::try_from(BlockingRow::from_row(row)?)?)
+            }
+            None => Unlocked::Changed,
+        })
     }
 }
 
@@ -57,197 +171,280 @@ const EVENT_ARRAYS: [(&str, &str); 9] = [
     ("dedupe_key", "TEXT"),
 ];
 
-/// The statement of one shape. Binds: the operation's written columns (`$1` tenant, `$2` id,
-/// `$3` tool, `$4` fingerprint, `$5` state, …), then the life and version read (an update), the clock
-/// of the decision, the intent's lock key (a claim), the attempt's columns (a grant) and one
-/// array per column of [`EVENT_ARRAYS`].
-fn statement(shape: Shape) -> String {
-    let mut bound = WRITTEN_OPERATION_COLUMNS.len();
+/// The statement of one shape, for `many` items or one. Binds, one array each with an element
+/// per item (`many`) or each item's value: the operation's written columns (`$1` tenant, `$2`
+/// id, `$3` tool, `$4` fingerprint, `$5` state, …), then the life and version read (an update),
+/// the clock of the decision, the intent's lock key (a claim) and the attempt's columns (a
+/// grant); then, with an element per event, the item each event is of and one array per column
+/// of [`EVENT_ARRAYS`].
+fn statement(shape: Shape, many: bool) -> String {
+    let mut bound = 0;
     let mut next = || {
         bound += 1;
         format!("${bound}")
     };
-    let version = (!shape.insert).then(|| (next(), next()));
-    let now = next();
-    let intent = shape.guarded.then(&mut next);
-    let attempt: Option<Vec<String>> = shape
-        .attempt
-        .then(|| ATTEMPT_COLUMNS.split(", ").map(|_| next()).collect());
-    let arrays: Vec<String> = EVENT_ARRAYS
+    // The items, numbered from 1 as bound.
+    let mut arrays: Vec<String> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    for column in WRITTEN_OPERATION_COLUMNS {
+        arrays.push(next());
+        names.push(column.to_owned());
+    }
+    if !shape.insert {
+        for name in ["read_life", "read_version"] {
+            arrays.push(next());
+            names.push(name.to_owned());
+        }
+    }
+    arrays.push(next());
+    names.push("decided_at".to_owned());
+    if shape.guarded {
+        arrays.push(next());
+        names.push("intent".to_owned());
+    }
+    let attempt: Vec<String> = ATTEMPT_COLUMNS
+        .split(", ")
+        .map(|column| format!("a_{column}"))
+        .collect();
+    if shape.attempt {
+        for name in &attempt {
+            arrays.push(next());
+            names.push(name.clone());
+        }
+    }
+    let of_event = format!("{}::BIGINT[]", next());
+    let event_arrays: Vec<String> = EVENT_ARRAYS
         .iter()
         .map(|(_, ty)| format!("{}::{ty}[]", next()))
         .collect();
 
-    // The decision's clock reading may be only so old by now: it dates what is written.
-    let mut parts = vec![format!(
-        "gate AS (SELECT 1 FROM ({}) AS held WHERE {} - {now} <= {MAX_DECISION_AGE_MS})",
-        <sqlx::Postgres as crate::Dialect>::write_gate(),
-        <sqlx::Postgres as crate::Dialect>::NOW
-    )];
-    let clear = match intent {
-        Some(intent) => {
-            parts.push(format!(
-                "blocking AS (SELECT {BLOCKING_COLUMNS} FROM once_blocking({intent}, $1, $3, $4, $2))"
-            ));
-            " AND NOT EXISTS (SELECT 1 FROM blocking)"
-        }
-        None => "",
+    let now = <sqlx::Postgres as crate::Dialect>::NOW;
+    let items = if many {
+        format!(
+            "SELECT * FROM unnest({}) WITH ORDINALITY AS i({}, n)",
+            arrays.join(", "),
+            names.join(", ")
+        )
+    } else {
+        let values: Vec<String> = arrays
+            .iter()
+            .zip(&names)
+            .map(|(value, name)| format!("{value} AS {name}"))
+            .collect();
+        format!("SELECT {}, 1::BIGINT AS n", values.join(", "))
     };
-    parts.push(match version {
+    let mut parts = vec![
+        format!("items AS MATERIALIZED ({items})"),
+        format!(
+            "gate AS (SELECT 1 FROM ({}) AS held)",
+            <sqlx::Postgres as crate::Dialect>::write_gate()
+        ),
+    ];
+    // The decision's clock reading may be only so old by now: it dates what is written.
+    let mut writable =
+        format!("{now} - i.decided_at <= {MAX_DECISION_AGE_MS} AND EXISTS (SELECT 1 FROM gate)");
+    if shape.guarded {
+        let blocking: Vec<String> = BLOCKING_COLUMNS
+            .split(", ")
+            .map(|column| format!("b.{column}"))
+            .collect();
+        parts.push(format!(
+            "blocking AS (SELECT i.n, {} FROM items i CROSS JOIN LATERAL \
+             once_blocking(i.intent, i.tenant, i.tool, i.fingerprint, i.operation_id) AS b)",
+            blocking.join(", ")
+        ));
+        writable.push_str(" AND NOT EXISTS (SELECT 1 FROM blocking b WHERE b.n = i.n)");
+    } else {
+        parts.push(
+            "blocking AS (SELECT NULL::BIGINT AS n, NULL::TEXT AS operation_id, \
+             NULL::TEXT AS state, NULL::BIGINT AS attempt, NULL::BIGINT AS lease_deadline, \
+             NULL::BIGINT AS updated_at WHERE FALSE)"
+                .to_owned(),
+        );
+    }
+    parts.push(if shape.insert {
         // The claim's token was taken by the read. A life of this id that began since (its
         // tokens larger) and ended with retention has left its events: then the claim would
         // start a life below an earlier one, whose reports a life's token range must never
         // take for its own.
-        None => format!(
-            "op AS (INSERT INTO operations ({}) SELECT {} WHERE EXISTS (SELECT 1 FROM gate){clear} \
-             AND NOT EXISTS (SELECT 1 FROM events WHERE tenant = $1 AND operation_id = $2 \
-             AND life > {}) ON CONFLICT DO NOTHING RETURNING 1)",
+        let values: Vec<String> = WRITTEN_OPERATION_COLUMNS
+            .iter()
+            .map(|column| format!("i.{column}"))
+            .collect();
+        format!(
+            "op AS (INSERT INTO operations ({}) SELECT {} FROM items i WHERE {writable} \
+             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = i.tenant \
+             AND e.operation_id = i.operation_id AND e.life > i.life) \
+             ORDER BY i.n ON CONFLICT DO NOTHING RETURNING tenant, operation_id)",
             WRITTEN_OPERATION_COLUMNS.join(", "),
-            OPERATION_PLACEHOLDERS.as_str(),
-            placeholder_of("life"),
-        ),
-        Some((life, version)) => format!(
-            "op AS (UPDATE operations SET {} \
-             WHERE tenant = $1 AND operation_id = $2 AND life = {life} AND version = {version} \
-             AND EXISTS (SELECT 1 FROM gate){clear} RETURNING 1)",
-            OPERATION_ASSIGNMENTS.as_str()
-        ),
+            values.join(", "),
+        )
+    } else {
+        let assignments: Vec<String> = WRITTEN_OPERATION_COLUMNS
+            .iter()
+            .skip(2)
+            .map(|column| format!("{column} = i.{column}"))
+            .collect();
+        format!(
+            "op AS (UPDATE operations o SET {}, version = o.version + 1 FROM items i \
+             WHERE o.tenant = i.tenant AND o.operation_id = i.operation_id \
+             AND o.life = i.read_life AND o.version = i.read_version AND {writable} \
+             RETURNING o.tenant, o.operation_id)",
+            assignments.join(", ")
+        )
     });
-    if let Some(attempt) = attempt {
+    parts.push(
+        "wrote AS (SELECT i.* FROM items i JOIN op \
+         ON op.tenant = i.tenant AND op.operation_id = i.operation_id)"
+            .to_owned(),
+    );
+    if shape.attempt {
+        let values: Vec<String> = attempt.iter().map(|name| format!("w.{name}")).collect();
         parts.push(format!(
             "attempt AS (INSERT INTO attempts (tenant, operation_id, {ATTEMPT_COLUMNS}) \
-             SELECT $1, $2, {} FROM op)",
-            attempt.join(", ")
+             SELECT w.tenant, w.operation_id, {} FROM wrote w ORDER BY w.n)",
+            values.join(", ")
         ));
     }
     let columns: Vec<&str> = EVENT_ARRAYS.iter().map(|(column, _)| *column).collect();
     let from_arrays: Vec<String> = columns.iter().map(|c| format!("e.{c}")).collect();
-    // The tool and state of every event are the operation's as the plan leaves it.
+    // The tool and state of every event are the operation's as its plan leaves it.
     parts.push(format!(
         "logged AS (INSERT INTO events (tenant, operation_id, at, {}, tool, state) \
-         SELECT $1, $2, {now}, {}, $3, $5 FROM op, unnest({}) WITH ORDINALITY AS e({}, n) \
-         ORDER BY e.n ON CONFLICT DO NOTHING RETURNING dedupe_key)",
+         SELECT w.tenant, w.operation_id, w.decided_at, {}, w.tool, w.state FROM wrote w \
+         JOIN unnest({of_event}, {}) WITH ORDINALITY AS e(item, {}, ord) ON e.item = w.n \
+         ORDER BY e.item, e.ord ON CONFLICT DO NOTHING \
+         RETURNING tenant, operation_id, dedupe_key)",
         columns.join(", "),
         from_arrays.join(", "),
-        arrays.join(", "),
+        event_arrays.join(", "),
         columns.join(", "),
     ));
-    let blocking = if shape.guarded {
-        " LEFT JOIN blocking b ON TRUE"
-    } else {
-        " LEFT JOIN (SELECT NULL::TEXT AS operation_id, NULL::TEXT AS state, NULL::BIGINT AS attempt, \
-         NULL::BIGINT AS lease_deadline, NULL::BIGINT AS updated_at) b ON TRUE"
-    };
+    let blocking: Vec<String> = BLOCKING_COLUMNS
+        .split(", ")
+        .map(|column| format!("b.{column}"))
+        .collect();
     format!(
-        "WITH {} SELECT (SELECT count(*) FROM op) AS wrote, \
-         ARRAY(SELECT dedupe_key FROM logged WHERE dedupe_key IS NOT NULL) AS inserted_keys, \
-         b.* FROM (SELECT 1) AS one{blocking}",
-        parts.join(", ")
+        "WITH {} SELECT i.n, EXISTS (SELECT 1 FROM wrote w WHERE w.n = i.n) AS wrote, \
+         ARRAY(SELECT l.dedupe_key FROM logged l WHERE l.tenant = i.tenant \
+         AND l.operation_id = i.operation_id AND l.dedupe_key IS NOT NULL) AS inserted_keys, \
+         {} FROM items i LEFT JOIN blocking b ON b.n = i.n ORDER BY i.n",
+        parts.join(", "),
+        blocking.join(", ")
     )
 }
 
-/// The placeholder the operation's `column` is bound to.
-fn placeholder_of(column: &str) -> String {
-    let at = WRITTEN_OPERATION_COLUMNS
-        .iter()
-        .position(|c| *c == column)
-        .expect("a written column");
-    format!("${}", at + 1)
-}
-
-/// Every shape's statement, built once.
-static STATEMENTS: LazyLock<Vec<String>> = LazyLock::new(|| {
-    (0..8)
-        .map(|index| {
-            statement(Shape {
-                guarded: index & 4 != 0,
-                insert: index & 2 != 0,
-                attempt: index & 1 != 0,
-            })
-        })
+/// Every shape's statement, for one item and for many, built once.
+static STATEMENTS: LazyLock<Vec<[String; 2]>> = LazyLock::new(|| {
+    (0..Shape::COUNT)
+        .map(|i| [false, true].map(|many| statement(Shape::of_index(i), many)))
         .collect()
 });
 
-/// One column of `events`, as an array to bind.
-fn column<'e, T>(events: &'e [NewEvent], of: impl Fn(&'e NewEvent) -> T) -> Vec<T> {
-    events.iter().map(of).collect()
+/// Binds the columns `one` or `all` name: of the lone row's values, or as arrays over `rows`.
+fn bound<'q, R: 'q>(
+    query: Bound<'q, Postgres>,
+    rows: Vec<&'q R>,
+    one: impl FnOnce(One<'q, Postgres, R>) -> One<'q, Postgres, R>,
+    all: impl FnOnce(Many<'q, R>) -> Many<'q, R>,
+) -> Bound<'q, Postgres> {
+    match rows.as_slice() {
+        [row] => one(One { query, row }).query,
+        _ => all(Many { query, rows }).query,
+    }
 }
 
-/// Writes a decision's plan in one statement if it was decided from what is still stored; see
-/// [`crate::Backend::apply_unlocked`]. A plan that writes no operation row, or starts a new
-/// life of one, is not written so: `None`.
-pub(crate) async fn apply(
-    conn: &mut PgConnection,
-    decision: Decision<'_>,
-) -> Result<Option<Unlocked>, StoreError> {
-    let Decision {
-        from: decided_from,
-        guard,
-        plan,
-        now,
-    } = decision;
-    // An update keeps the life it was decided from: a new life of a stored row is claimed
-    // under the write lock, where its attempt log is kept or cleared and the fresh-id guard
-    // runs.
-    let (op, insert) = match (&plan.operation, decided_from) {
-        (Some(Write::Insert(op)), None) => (op, true),
-        (Some(Write::Update(op)), Some((life, _))) if op.life == life => (op, false),
-        _ => return Ok(None),
+/// Binds an item's own columns: the life and version read (an update), the clock of the
+/// decision, the intent (a claim).
+fn item_columns<'q, S>(columns: S, shape: Shape) -> S
+where
+    S: Rows<'q, Row = Item> + Column<'q, Option<i64>> + Column<'q, i64>,
+{
+    let read = match shape.insert {
+        true => columns,
+        false => columns
+            .column(|item| item.from.map(|(life, _)| rows::token_column(life)))
+            .column(|item| item.from.map(|(_, version)| version)),
     };
-    if plan.forgets_attempts {
-        return Ok(None);
+    let dated = read.column(|item| item.now);
+    match shape.guarded {
+        true => dated.column(|item| item.intent),
+        false => dated,
     }
-    let shape = Shape {
-        guarded: guard.is_some(),
-        insert,
-        attempt: plan.attempt.is_some(),
-    };
-    let mut query = rows::bind_operation(sqlx::query(&STATEMENTS[shape.index()]), op);
-    if let Some((life, version)) = decided_from {
-        query = query.bind(rows::token_column(life)).bind(version);
-    }
-    query = query.bind(now);
-    if let Some(cmd) = guard {
-        query = query.bind(crate::postgres::intent_key(cmd));
-    }
-    if let Some(attempt) = &plan.attempt {
-        query = rows::bind_attempt(query, attempt);
-    }
-    let events = &plan.events;
-    let query = query
-        .bind(column(events, |e| rows::token_column(e.life)))
-        .bind(column(events, |e| e.kind.as_str()))
-        .bind(column(events, |e| e.from.map(|s| s.as_str())))
-        .bind(column(events, |e| e.to.map(|s| s.as_str())))
-        .bind(column(events, |e| e.attempt.map(i64::from)))
-        .bind(column(events, |e| e.actor.to_string()))
-        .bind(column(events, |e| e.reason.as_deref()))
-        .bind(column(events, |e| e.details.as_deref()))
-        .bind(column(events, |e| e.dedupe_key.as_deref()));
+}
 
-    let row = query.fetch_one(conn).await?;
-    let wrote: i64 = row.try_get("wrote")?;
-    if wrote == 1 {
-        let inserted: Vec<String> = row.try_get("inserted_keys")?;
-        let written = Written {
-            events: events
-                .iter()
-                .map(|e| match &e.dedupe_key {
-                    Some(key) => inserted.contains(key),
-                    None => true,
-                })
-                .collect(),
-        };
-        return Ok(Some(Unlocked::Applied { written }));
+/// One column of the items' events, as an array to bind.
+fn column<'e, T>(items: &[&'e Item], of: impl Fn(&'e NewEvent) -> T) -> Vec<T> {
+    items
+        .iter()
+        .flat_map(|item| item.plan.events.iter())
+        .map(of)
+        .collect()
+}
+
+/// Writes `items`, all of one shape, each about another operation and (claims) another
+/// intent, in one statement that commits them; what it did for each, in their order.
+pub(crate) async fn write(
+    conn: &mut PgConnection,
+    items: &[&Item],
+) -> Result<Vec<Unlocked>, StoreError> {
+    let Some(first) = items.first() else {
+        return Ok(Vec::new());
+    };
+    let shape = first.shape();
+    debug_assert!(items.iter().all(|item| item.shape() == shape));
+    let statement = &STATEMENTS[shape.index()][usize::from(items.len() > 1)];
+    let ops = items.iter().map(|item| item.operation()).collect();
+    let query = sqlx::query(statement);
+    let query = bound(query, ops, rows::operation_columns, rows::operation_columns);
+    let mut query = bound(
+        query,
+        items.to_vec(),
+        |one| item_columns(one, shape),
+        |all| item_columns(all, shape),
+    );
+    if shape.attempt {
+        let attempts = items
+            .iter()
+            .filter_map(|item| item.plan.attempt.as_ref())
+            .collect();
+        query = bound(
+            query,
+            attempts,
+            rows::attempt_columns,
+            rows::attempt_columns,
+        );
     }
-    let blocking: Option<String> = row.try_get("operation_id")?;
-    Ok(Some(match blocking {
-        Some(_) => {
-            use sqlx::FromRow as _;
-            Unlocked::Blocked(Blocking::try_from(BlockingRow::from_row(&row)?)?)
-        }
-        None => Unlocked::Changed,
-    }))
+    let of_item: Vec<i64> = items
+        .iter()
+        .zip(1..)
+        .flat_map(|(item, n)| item.plan.events.iter().map(move |_| n))
+        .collect();
+    let query = query
+        .bind(of_item)
+        .bind(column(items, |e| rows::token_column(e.life)))
+        .bind(column(items, |e| e.kind.as_str()))
+        .bind(column(items, |e| e.from.map(|s| s.as_str())))
+        .bind(column(items, |e| e.to.map(|s| s.as_str())))
+        .bind(column(items, |e| e.attempt.map(i64::from)))
+        .bind(column(items, |e| e.actor.to_string()))
+        .bind(column(items, |e| e.reason.as_deref()))
+        .bind(column(items, |e| e.details.as_deref()))
+        .bind(column(items, |e| e.dedupe_key.as_deref()));
+
+    let rows = query.fetch_all(conn).await?;
+    if rows.len() != items.len() {
+        return Err(StoreError::Corrupt(format!(
+            "{} rows answered {} items written in one statement",
+            rows.len(),
+            items.len()
+        )));
+    }
+    items
+        .iter()
+        .zip(&rows)
+        .map(|(item, row)| item.outcome(row))
+        .collect()
 }
 
 #[cfg(test)]
@@ -255,10 +452,14 @@ mod tests {
     use super::*;
 
     /// Every shape's statement names each of its binds, from `$1` on with none skipped: what
-    /// `apply` binds, in order.
+    /// `write` binds, in order.
     #[test]
     fn every_statement_names_each_of_its_binds() {
-        for (index, sql) in STATEMENTS.iter().enumerate() {
+        for (index, sql) in STATEMENTS
+            .iter()
+            .enumerate()
+            .flat_map(|(index, both)| both.iter().map(move |sql| (index, sql)))
+        {
             let mut named: Vec<usize> = sql
                 .split('$')
                 .skip(1)
@@ -279,6 +480,7 @@ mod tests {
                 } else {
                     0
                 }
+                + 1
                 + EVENT_ARRAYS.len();
             assert_eq!(
                 named,

@@ -46,6 +46,8 @@ use crate::{Backend, Dialect, StoreError};
 pub struct Store<D: Database> {
     pub(crate) pool: Pool<D>,
     pub(crate) losses: Arc<Losses>,
+    /// The decisions waiting to be written in one statement with others' (PostgreSQL).
+    pub(crate) batches: Arc<crate::postgres::Batches>,
 }
 
 impl<D: Database> Clone for Store<D> {
@@ -53,6 +55,7 @@ impl<D: Database> Clone for Store<D> {
         Self {
             pool: self.pool.clone(),
             losses: self.losses.clone(),
+            batches: self.batches.clone(),
         }
     }
 }
@@ -420,6 +423,7 @@ where
     }
 
     async fn close(&self) {
+        self.batches.close().await;
         self.pool.close().await;
     }
 }

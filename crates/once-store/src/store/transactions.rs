@@ -16,7 +16,7 @@ use sqlx::{
 use super::Store;
 use crate::backend::sealed::Transactions;
 use crate::rows::{
-    self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, OperationRow, INSERT_ATTEMPT,
+    self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, One, OperationRow, INSERT_ATTEMPT,
     INSERT_EVENT, INSERT_OPERATION, UPDATE_OPERATION,
 };
 use crate::Decision;
@@ -153,10 +153,10 @@ where
 
     async fn apply_unlocked(
         &self,
-        conn: &mut Self::Conn,
+        conn: Self::Conn,
         decision: Decision<'_>,
     ) -> Result<Option<crate::Unlocked>, StoreError> {
-        D::apply_unlocked(&mut **conn, decision).await
+        D::apply_unlocked(self, conn, decision).await
     }
 
     async fn guard(
@@ -234,7 +234,12 @@ where
                 Write::Insert(op) => (INSERT_OPERATION.as_str(), op),
                 Write::Update(op) => (UPDATE_OPERATION.as_str(), op),
             };
-            let written = rows::bind_operation(sqlx::query(sql), op)
+            let bound = One {
+                query: sqlx::query(sql),
+                row: op,
+            };
+            let written = rows::operation_columns(bound)
+                .query
                 .execute(&mut **tx)
                 .await?;
             if matches!(write, Write::Update(_)) && D::rows_affected(&written) != 1 {
@@ -249,12 +254,14 @@ where
                 .await?;
         }
         if let Some(attempt) = &plan.attempt {
-            rows::bind_attempt(
-                sqlx::query(&INSERT_ATTEMPT).bind(tenant).bind(id.as_str()),
-                attempt,
-            )
-            .execute(&mut **tx)
-            .await?;
+            let bound = One {
+                query: sqlx::query(&INSERT_ATTEMPT).bind(tenant).bind(id.as_str()),
+                row: attempt,
+            };
+            rows::attempt_columns(bound)
+                .query
+                .execute(&mut **tx)
+                .await?;
         }
         for event in &plan.events {
             // Anomalies carry a dedupe key so a repeated cause is recorded once. The tool and

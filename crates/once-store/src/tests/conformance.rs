@@ -1119,7 +1119,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         let op = claimed(&backend, "unlocked-0", "refund", 8).await;
         let (_, plan) = machine::report(&op, &confirm_command(&op), None, at);
         let unlocked = backend
-            .apply_unlocked(&mut conn, Decision::new(Some(&op), &plan, at))
+            .apply_unlocked(
+                backend.connection().await.unwrap().0,
+                Decision::new(Some(&op), &plan, at),
+            )
             .await;
         assert_eq!(unlocked.unwrap(), None);
         assert_eq!(stored(&backend, "unlocked-0").await.state, State::InFlight);
@@ -1135,7 +1138,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     );
     let (_, claim) = machine::claim(None, &cmd, FreshIdGuard::Clear { token }, at);
     match backend
-        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&cmd))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(None, &claim, at).guarded(&cmd),
+        )
         .await
         .unwrap()
     {
@@ -1170,7 +1176,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
 
     // The same claim again meets the row: nothing is written.
     let again = backend
-        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&cmd))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(None, &claim, at).guarded(&cmd),
+        )
         .await
         .unwrap();
     assert_eq!(again, Some(crate::Unlocked::Changed));
@@ -1187,7 +1196,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     moved.reason = Some("moved on".into());
     overwrite(&backend, &moved).await;
     let stale = backend
-        .apply_unlocked(&mut conn, Decision::new(Some(&op), &confirm, at))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(Some(&op), &confirm, at),
+        )
         .await
         .unwrap();
     assert_eq!(stale, Some(crate::Unlocked::Changed));
@@ -1226,7 +1238,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         at,
     );
     match backend
-        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&blocked))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(None, &claim, at).guarded(&blocked),
+        )
         .await
         .unwrap()
     {
@@ -1244,7 +1259,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         .is_none());
     // Without the guard (what a Begin declaring a new intent sends), it is not.
     let unblocked = backend
-        .apply_unlocked(&mut conn, Decision::new(None, &claim, at))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(None, &claim, at),
+        )
         .await
         .unwrap();
     assert!(
@@ -1273,7 +1291,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
         ..Plan::default()
     };
     match backend
-        .apply_unlocked(&mut conn, Decision::new(Some(&confirmed_op), &plan, at))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(Some(&confirmed_op), &plan, at),
+        )
         .await
         .unwrap()
     {
@@ -1297,7 +1318,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     assert_eq!(second_life.version, first_life.version);
     assert_ne!(second_life.life, first_life.life);
     let stale = backend
-        .apply_unlocked(&mut conn, Decision::new(Some(&first_life), &late, at))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(Some(&first_life), &late, at),
+        )
         .await
         .unwrap();
     assert_eq!(stale, Some(crate::Unlocked::Changed));
@@ -1318,7 +1342,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     };
     for plan in [&events_alone, &new_life] {
         let unlocked = backend
-            .apply_unlocked(&mut conn, Decision::new(Some(&current), plan, at))
+            .apply_unlocked(
+                backend.connection().await.unwrap().0,
+                Decision::new(Some(&current), plan, at),
+            )
             .await;
         assert_eq!(unlocked.unwrap(), None, "{plan:?}");
     }
@@ -1334,7 +1361,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     assert_eq!(reborn.life, token, "a new life that took over the key");
     assert_eq!(reborn.provider_key, ended.provider_key);
     let unlocked = backend
-        .apply_unlocked(&mut conn, Decision::new(Some(&ended), &handed, later))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(Some(&ended), &handed, later),
+        )
         .await;
     assert_eq!(unlocked.unwrap(), None, "{handed:?}");
     assert_eq!(stored(&backend, "unlocked-handed").await, ended);
@@ -1353,7 +1383,10 @@ async fn an_unlocked_write_happens_only_over_what_it_was_decided_from<B: Backend
     delete_settled_or_not(&backend, "unlocked-overtaken").await;
     let (_, claim) = machine::claim(None, &cmd, FreshIdGuard::Clear { token: early }, at);
     let overtaken = backend
-        .apply_unlocked(&mut conn, Decision::new(None, &claim, at).guarded(&cmd))
+        .apply_unlocked(
+            backend.connection().await.unwrap().0,
+            Decision::new(None, &claim, at).guarded(&cmd),
+        )
         .await
         .unwrap();
     assert_eq!(overtaken, Some(crate::Unlocked::Changed));
@@ -1367,9 +1400,9 @@ async fn confirm_unlocked<B: Backend>(
     at: Millis,
 ) -> Option<crate::Unlocked> {
     let (_, confirm) = machine::report(op, &confirm_command(op), None, at);
-    let (mut conn, _) = backend.connection().await.unwrap();
+    let (conn, _) = backend.connection().await.unwrap();
     backend
-        .apply_unlocked(&mut conn, Decision::new(Some(op), &confirm, at))
+        .apply_unlocked(conn, Decision::new(Some(op), &confirm, at))
         .await
         .unwrap()
 }

@@ -1,0 +1,634 @@
+//! Group commit of the one-statement writes: the decisions concurrent callers make are written
+//! together, up to [`MAX_BATCH`] of one shape in one statement ([`unlocked::write`]), and each
+//! caller is answered after that statement commits.
+//!
+//! An item begun while no other is being written is written at once, alone, on the connection
+//! its caller read on: a lone caller never waits for a batch, nor for a hop to another task.
+//! Any other joins a queue. While fewer than [`LANES`] lanes run, it starts one: a task with a
+//! connection of its own that takes what is queued, writes it, answers, and takes again until
+//! the queue is empty, then ends and leaves its connection for the next lane. Items queue only
+//! while others are being written: the busier the ledger, the more items share a statement and
+//! its commit. The lane is a task of its own, so a caller that stops waiting strands no one; an
+//! item whose caller stopped waiting before it was taken is not written.
+//!
+//! A batch holds one item per operation, and one claim per intent: a second one waits for the
+//! next batch, as the first one's write must be seen by the second's decision or guard. Items
+//! are ordered by intent and then by operation, so two batches (of two lanes or two replicas)
+//! take intent locks and rows in one order. A statement that fails commits nothing; its items
+//! are then written one by one, so one item that cannot be written fails alone.
+//!
+//! The lanes' connections are their own, not the pool's: a lane never waits behind the calls
+//! queued for the pool, and its connections plan the statements once, generically
+//! (`plan_cache_mode = force_generic_plan`), as their arrays' lengths change from one batch to
+//! the next and every plan finds each item's rows by their keys. A connection that sat idle
+//! for a second or more, or through a loss another call noticed, is pinged before it writes;
+//! one found closed is dropped, with every idle one, as the server ends sessions together.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection as _, PgConnection, Postgres};
+use tokio::sync::oneshot;
+
+use super::unlocked::{self, Item, Shape};
+use crate::writer::MAX_BATCH;
+use crate::{Store, StoreError, Unlocked};
+
+/// How many lanes may write at once, each with a connection of its own.
+const LANES: usize = 2;
+
+/// The items waiting to be written, and the lanes writing.
+#[derive(Debug, Default)]
+pub(crate) struct Batches {
+    queue: Mutex<Queue>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    waiting: VecDeque<Queued>,
+    lanes: usize,
+    /// The connections no lane holds, with when each was left.
+    idle: Vec<(PgConnection, Instant)>,
+    /// The store was closed: a lane's connection is closed as it ends.
+    closed: bool,
+    /// How many callers' items are being written, alone or queued.
+    writing: usize,
+}
+
+#[derive(Debug)]
+struct Queued {
+    item: Item,
+    reply: oneshot::Sender<Result<Unlocked, StoreError>>,
+}
+
+impl Batches {
+    /// Writes `item`, decided from a read on `conn`, with whatever other items are waiting;
+    /// what it did, once committed.
+    pub(crate) async fn write(
+        store: &Store<Postgres>,
+        mut conn: PoolConnection<Postgres>,
+        item: Item,
+    ) -> Result<Unlocked, StoreError> {
+        let writing = Writing::begun(&store.batches);
+        if writing.alone {
+            let mut outcome = unlocked::write(&mut conn, &[&item]).await?;
+            return outcome.pop().ok_or_else(|| {
+                StoreError::Corrupt("a statement answered no row for its item".into())
+            });
+        }
+        drop(conn);
+        let (reply, answer) = oneshot::channel();
+        let start_a_lane = {
+            let mut queue = store.batches.lock();
+            queue.waiting.push_back(Queued { item, reply });
+            let start = queue.lanes < LANES;
+            if start {
+                queue.lanes += 1;
+            }
+            start
+        };
+        if start_a_lane {
+            tokio::spawn(lane(store.clone()));
+        }
+        // A lane that ended without an answer (it panicked) may have written the item or not:
+        // the call is made again from what is stored.
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable(sqlx::Error::WorkerCrashed))?
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Closes the idle connections; a lane still writing closes its own as it ends.
+    pub(crate) async fn close(&self) {
+        let idle = {
+            let mut queue = self.lock();
+            queue.closed = true;
+            std::mem::take(&mut queue.idle)
+        };
+        for (conn, _) in idle {
+            let _ = conn.close().await;
+        }
+    }
+
+    /// The next batch, taken from the queue in arrival order; `None` when nothing waits, and
+    /// then the lane asking has ended, leaving `conn` idle.
+    fn take(&self, conn: &mut Option<PgConnection>) -> Option<Vec<Queued>> {
+        let mut queue = self.lock();
+        let mut batch: Vec<Queued> = Vec::new();
+        let mut at = 0;
+        while at < queue.waiting.len() && batch.len() < MAX_BATCH {
+            let next = &queue.waiting[at];
+            if next.reply.is_closed() {
+                queue.waiting.remove(at);
+                continue;
+            }
+            let meets = |taken: &Queued| {
+                taken.item.key() == next.item.key()
+                    || (next.item.intent.is_some() && taken.item.intent == next.item.intent)
+            };
+            if batch.iter().any(meets) {
+                at += 1;
+                continue;
+            }
+            batch.extend(queue.waiting.remove(at));
+        }
+        if batch.is_empty() {
+            queue.lanes -= 1;
+            if let Some(conn) = conn.take().filter(|_| !queue.closed) {
+                queue.idle.push((conn, Instant::now()));
+            }
+            return None;
+        }
+        Some(batch)
+    }
+}
+
+/// One caller's item being written, from its start to its answer (or the caller's going).
+struct Writing<'b> {
+    batches: &'b Batches,
+    /// No other item was being written as it began.
+    alone: bool,
+}
+
+impl<'b> Writing<'b> {
+    fn begun(batches: &'b Batches) -> Self {
+        let mut queue = batches.lock();
+        queue.writing += 1;
+        Writing {
+            batches,
+            alone: queue.writing == 1,
+        }
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.batches.lock().writing -= 1;
+    }
+}
+
+/// Marks a lane ended if its task ends without taking an empty queue (it panicked).
+struct Lane<'b> {
+    batches: &'b Batches,
+    ended: bool,
+}
+
+impl Drop for Lane<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.batches.lock().lanes -= 1;
+        }
+    }
+}
+
+/// One lane: writes batch after batch on one connection until nothing waits.
+async fn lane(store: Store<Postgres>) {
+    let mut lane = Lane {
+        batches: &store.batches,
+        ended: false,
+    };
+    let mut held: Option<PgConnection> = None;
+    loop {
+        let Some(batch) = lane.batches.take(&mut held) else {
+            lane.ended = true;
+            return;
+        };
+        let conn = match &mut held {
+            Some(conn) => conn,
+            None => match connection(&store).await {
+                Ok(conn) => held.insert(conn),
+                Err(error) => {
+                    for queued in batch {
+                        let _ = queued.reply.send(Err(again(&error).into()));
+                    }
+                    continue;
+                }
+            },
+        };
+        if write_batch(conn, batch).await.lost {
+            store.losses.noticed();
+            held = None;
+            lane.batches.lock().idle.clear();
+        }
+    }
+}
+
+/// A lane's connection: an idle one, checked if it may have died idle, or a new one.
+async fn connection(store: &Store<Postgres>) -> Result<PgConnection, sqlx::Error> {
+    loop {
+        let Some((mut conn, since)) = store.batches.lock().idle.pop() else {
+            break;
+        };
+        let idle_for = since.elapsed();
+        if idle_for < super::IDLE_BEFORE_PING && !store.losses.idle_through_one(idle_for) {
+            return Ok(conn);
+        }
+        if conn.ping().await.is_ok() {
+            return Ok(conn);
+        }
+    }
+    let mut conn = PgConnection::connect_with(&store.pool.connect_options()).await?;
+    sqlx::Executor::execute(
+        &mut conn,
+        "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+         SET plan_cache_mode = force_generic_plan",
+    )
+    .await?;
+    Ok(conn)
+}
+
+/// What writing one batch met.
+#[derive(Debug, Default)]
+struct Batched {
+    /// The connection was found closed.
+    lost: bool,
+    /// A statement failed, and its items were written one by one.
+    split: bool,
+}
+
+/// Writes one batch, a statement per shape, and answers each item's caller.
+async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
+    let mut shapes: Vec<Vec<Queued>> = (0..Shape::COUNT).map(|_| Vec::new()).collect();
+    for queued in batch {
+        shapes[queued.item.shape().index()].push(queued);
+    }
+    let mut met = Batched::default();
+    for mut group in shapes.into_iter().filter(|group| !group.is_empty()) {
+        group.sort_by(|a, b| a.item.order().cmp(&b.item.order()));
+        let items: Vec<&Item> = group.iter().map(|queued| &queued.item).collect();
+        let written = unlocked::write(conn, &items).await;
+        drop(items);
+        match written {
+            Ok(outcomes) => {
+                for (queued, outcome) in group.into_iter().zip(outcomes) {
+                    let _ = queued.reply.send(Ok(outcome));
+                }
+            }
+            // Nothing of it committed: each is written alone, and fails alone.
+            Err(error) if group.len() > 1 => {
+                met.split = true;
+                tracing::debug!(%error, items = group.len(), "a batch of decisions failed; writing them one by one");
+                for queued in group {
+                    let alone = unlocked::write(conn, &[&queued.item]).await;
+                    let alone = alone.map(|mut outcomes| outcomes.remove(0));
+                    met.lost |= alone.as_ref().is_err_and(StoreError::is_lost_connection);
+                    let _ = queued.reply.send(alone);
+                }
+            }
+            Err(error) => {
+                met.lost |= error.is_lost_connection();
+                if let Some(queued) = group.pop() {
+                    let _ = queued.reply.send(Err(error));
+                }
+            }
+        }
+    }
+    met
+}
+
+/// The error a batch's connection could not be made with, again for each of its items.
+fn again(error: &sqlx::Error) -> sqlx::Error {
+    match error {
+        sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sealed::Transactions as _;
+    use crate::{Backend, Decision, Ledger, PgBackend};
+    use once_core::machine::{self, FreshIdGuard};
+    use once_core::*;
+    use once_testdb::{Engine, TestDb};
+
+    const TENANT: &str = "t1";
+
+    fn command(operation_id: &str, fingerprint: u8) -> BeginCommand {
+        BeginCommand {
+            tenant: TENANT.into(),
+            operation_id: OperationId::parse("id", operation_id).unwrap(),
+            tool: "refund".into(),
+            fingerprint: Fingerprint([fingerprint; 32]),
+            attempt_id: "attempt-0123456789".into(),
+            context: AttemptContext::default(),
+            lease_ttl_ms: 60_000,
+            retention_ms: 60_000,
+            new_intent: false,
+            provider: None,
+            lookup_hints: None,
+            actor: Actor::Executor("batches".into()),
+            holder: Some("0123456789ab".into()),
+        }
+    }
+
+    async fn postgres() -> (TestDb, PgBackend) {
+        let db = TestDb::new(Engine::Postgres).await;
+        let settings = crate::postgres::PgSettings::default();
+        let backend = PgBackend::connect(&db.url, &settings).await.unwrap();
+        (db, backend)
+    }
+
+    /// Claims each of `ids` (another intent each) and decides a confirm of it from what is
+    /// stored: one item each, as a caller's read would have made them.
+    async fn confirms(backend: &PgBackend, ids: &[String]) -> Vec<Item> {
+        let ledger = Ledger::new(backend.clone());
+        let mut items = Vec::new();
+        for (n, id) in ids.iter().enumerate() {
+            let cmd = command(id, u8::try_from(n).unwrap());
+            let (decision, _) = ledger.begin(&cmd).await.unwrap();
+            assert!(
+                matches!(decision, BeginDecision::Execute(_)),
+                "{decision:?}"
+            );
+            let (op, now) = backend.read(TENANT, &cmd.operation_id).await.unwrap();
+            let op = op.unwrap();
+            let confirm = ReportCommand {
+                fencing_token: op.fencing_token,
+                holder: op.holder.clone(),
+                report: Report::Confirm {
+                    result: b"done".to_vec(),
+                    provider_ref: None,
+                },
+            };
+            let (_, plan) = machine::report(&op, &confirm, None, now);
+            items.push(Item::of(Decision::new(Some(&op), &plan, now)).unwrap());
+        }
+        items
+    }
+
+    /// `items` queued, and where each one's answer comes.
+    fn queued(
+        items: Vec<Item>,
+    ) -> (
+        Vec<Queued>,
+        Vec<oneshot::Receiver<Result<Unlocked, StoreError>>>,
+    ) {
+        items
+            .into_iter()
+            .map(|item| {
+                let (reply, answer) = oneshot::channel();
+                (Queued { item, reply }, answer)
+            })
+            .unzip()
+    }
+
+    async fn confirmed_events(db: &TestDb, id: &str) -> i64 {
+        db.scalar(&format!(
+            "SELECT count(*) FROM events WHERE operation_id = '{id}' AND kind = 'CONFIRMED'"
+        ))
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_that_fails_is_written_one_by_one_and_never_half_applied() {
+        let (db, backend) = postgres().await;
+        let ids: Vec<String> = ["good-1", "poisoned", "good-2"].map(String::from).into();
+        let mut items = confirms(&backend, &ids).await;
+        // PostgreSQL refuses a NUL in text: this item's statement cannot commit.
+        items[1].poison();
+        let (batch, answers) = queued(items);
+        let mut conn = connection(&backend).await.unwrap();
+        let met = write_batch(&mut conn, batch).await;
+        assert!(met.split && !met.lost, "{met:?}");
+
+        let mut answered = Vec::new();
+        for answer in answers {
+            answered.push(answer.await.unwrap());
+        }
+        // Written alone after the batch failed, the good ones are applied: had the failed
+        // statement written them, they would now be found changed.
+        for (id, answer) in ids.iter().zip(&answered) {
+            let stored = backend
+                .read(TENANT, &OperationId::parse("id", id).unwrap())
+                .await;
+            let state = stored.unwrap().0.unwrap().state;
+            if id == "poisoned" {
+                assert!(answer.is_err(), "{answer:?}");
+                assert_eq!(state, State::InFlight);
+                assert_eq!(confirmed_events(&db, id).await, 0);
+            } else {
+                assert!(
+                    matches!(answer, Ok(Unlocked::Applied { .. })),
+                    "{id}: {answer:?}"
+                );
+                assert_eq!(state, State::Confirmed);
+                assert_eq!(confirmed_events(&db, id).await, 1);
+            }
+        }
+    }
+
+    /// Callers deciding at once, most of them queued for the lanes, are each answered with what
+    /// their own decision did, and each decision is written once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_at_once_are_each_answered_for_their_own_decision() {
+        let (db, backend) = postgres().await;
+        let ids: Vec<String> = (0..48).map(|n| format!("at-once-{n}")).collect();
+        let items = confirms(&backend, &ids).await;
+        let mut calls = tokio::task::JoinSet::new();
+        for item in items {
+            let backend = backend.clone();
+            calls.spawn(async move {
+                let conn = backend.pool.acquire().await.unwrap();
+                let id = item.key().1.to_owned();
+                (id, Batches::write(&backend, conn, item).await)
+            });
+        }
+        let mut answered = 0;
+        while let Some(call) = calls.join_next().await {
+            let (id, outcome) = call.unwrap();
+            assert!(
+                matches!(outcome, Ok(Unlocked::Applied { .. })),
+                "{id}: {outcome:?}"
+            );
+            let stored = backend
+                .read(TENANT, &OperationId::parse("id", &id).unwrap())
+                .await;
+            assert_eq!(stored.unwrap().0.unwrap().state, State::Confirmed, "{id}");
+            assert_eq!(confirmed_events(&db, &id).await, 1, "{id}");
+            answered += 1;
+        }
+        assert_eq!(answered, ids.len());
+        let queue = backend.batches.lock();
+        assert_eq!((queue.writing, queue.waiting.len()), (0, 0));
+    }
+
+    /// A claim decided from a read that found nothing stored, with a token of its own.
+    async fn claim(backend: &PgBackend, cmd: &BeginCommand) -> Item {
+        let mut conn = backend.pool.acquire().await.unwrap();
+        let (_, now, token) = backend
+            .read_claimable(&mut conn, TENANT, &cmd.operation_id)
+            .await
+            .unwrap();
+        let guard = FreshIdGuard::Clear {
+            token: token.unwrap(),
+        };
+        let (_, plan) = machine::claim(None, cmd, guard, now);
+        Item::of(Decision::new(None, &plan, now).guarded(cmd)).unwrap()
+    }
+
+    /// Claims written together are each written with their attempt and event as a lone one
+    /// is; one whose intent another open operation holds is blocked by it, and one whose id
+    /// was stored since its read is found changed; neither writes anything.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_written_together_are_each_checked_as_one_alone() {
+        let (db, backend) = postgres().await;
+        let ledger = Ledger::new(backend.clone());
+        let held = command("holder", 9);
+        ledger.begin(&held).await.unwrap();
+        let taken = command("taken", 8);
+        let cmds = [
+            command("first", 1),
+            command("second", 2),
+            command("third", 3),
+            command("blocked", 9),
+            taken.clone(),
+        ];
+        let mut items = Vec::new();
+        for cmd in &cmds {
+            items.push(claim(&backend, cmd).await);
+        }
+        // Stored by another call after this one read nothing there.
+        ledger.begin(&taken).await.unwrap();
+        let (batch, answers) = queued(items);
+        let mut conn = connection(&backend).await.unwrap();
+        let met = write_batch(&mut conn, batch).await;
+        assert!(!met.split && !met.lost, "{met:?}");
+
+        let mut outcomes = Vec::new();
+        for answer in answers {
+            outcomes.push(answer.await.unwrap().unwrap());
+        }
+        for (cmd, outcome) in cmds.iter().zip(&outcomes).take(3) {
+            let id = cmd.operation_id.as_str();
+            assert!(
+                matches!(outcome, Unlocked::Applied { .. }),
+                "{id}: {outcome:?}"
+            );
+            let op = backend
+                .read(TENANT, &cmd.operation_id)
+                .await
+                .unwrap()
+                .0
+                .unwrap();
+            assert_eq!((op.state, op.attempt), (State::InFlight, 1), "{id}");
+            let (attempts, _) = backend
+                .history(TENANT, &cmd.operation_id, op.life)
+                .await
+                .unwrap();
+            assert_eq!(attempts.len(), 1, "{id}");
+            let claimed = db
+                .scalar(&format!(
+                    "SELECT count(*) FROM events WHERE operation_id = '{id}' AND kind = 'CLAIMED'"
+                ))
+                .await;
+            assert_eq!(claimed, 1, "{id}");
+        }
+        match &outcomes[3] {
+            Unlocked::Blocked(by) => assert_eq!(by.operation_id, held.operation_id),
+            other => panic!("{other:?}"),
+        }
+        assert!(backend
+            .read(TENANT, &cmds[3].operation_id)
+            .await
+            .unwrap()
+            .0
+            .is_none());
+        assert_eq!(outcomes[4], Unlocked::Changed);
+        let taken_claims = db
+            .scalar("SELECT count(*) FROM events WHERE operation_id = 'taken' AND kind = 'CLAIMED'")
+            .await;
+        assert_eq!(taken_claims, 1);
+    }
+
+    /// Two lanes (or replicas) writing decisions about the same operations, queued in opposite
+    /// orders, lock them in one order: neither statement fails for a deadlock, and each
+    /// operation is confirmed once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_over_the_same_operations_lock_them_in_one_order() {
+        let (db, backend) = postgres().await;
+        // Enough rows that the statements find each by its index, one after another.
+        db.execute(
+            "INSERT INTO operations (tenant, operation_id, tool, fingerprint, state, source, \
+             attempt, fencing_token, life, attempt_id, executor, provider_key, retention_ms, \
+             lease_started_at, lease_deadline, created_at, updated_at, expires_at) SELECT 'other', 'op-' || n, 'refund', \
+             '\\x00', 'CONFIRMED', 'EXECUTOR', 1, n, n, 'a', 'e', 'k', 1, 0, 0, 0, 0, 0 \
+             FROM generate_series(1, 20000) AS n",
+        )
+        .await;
+        db.execute("ANALYZE operations").await;
+        for round in 0..20 {
+            let ids: Vec<String> = (0..8).map(|n| format!("r{round}-op{n}")).collect();
+            let forward = confirms(&backend, &ids).await;
+            let mut backward = forward.clone();
+            backward.reverse();
+            let (forward, forward_answers) = queued(forward);
+            let (backward, backward_answers) = queued(backward);
+            let mut one = connection(&backend).await.unwrap();
+            let mut other = connection(&backend).await.unwrap();
+            let (a, b) = tokio::join!(
+                write_batch(&mut one, forward),
+                write_batch(&mut other, backward)
+            );
+            assert!(!a.split && !b.split, "round {round}: {a:?} {b:?}");
+            let mut applied = 0;
+            for answer in forward_answers.into_iter().chain(backward_answers) {
+                match answer.await.unwrap().unwrap() {
+                    Unlocked::Applied { .. } => applied += 1,
+                    Unlocked::Changed => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(applied, ids.len(), "round {round}");
+            for id in &ids {
+                assert_eq!(confirmed_events(&db, id).await, 1, "{id}");
+            }
+        }
+    }
+
+    /// A batch holds one item per operation and one claim per intent; the rest wait for the
+    /// next, in the order they came. An item whose caller stopped waiting is dropped.
+    #[test]
+    fn a_batch_holds_one_item_per_operation_and_one_claim_per_intent() {
+        let now = 1_000;
+        let claim = |id: &str, fingerprint: u8| {
+            let cmd = command(id, fingerprint);
+            let token = FencingToken(7);
+            let (_, plan) = machine::claim(None, &cmd, FreshIdGuard::Clear { token }, now);
+            Item::of(Decision::new(None, &plan, now).guarded(&cmd)).unwrap()
+        };
+        let items = vec![
+            claim("a", 1),
+            claim("a", 2),
+            claim("b", 1),
+            claim("c", 3),
+            claim("gone", 4),
+            claim("d", 1),
+        ];
+        let (queued, mut answers) = queued(items);
+        drop(answers.remove(4));
+        let batches = Batches::default();
+        {
+            let mut queue = batches.lock();
+            queue.waiting.extend(queued);
+            queue.lanes = 1;
+        }
+        let keys = |batch: Vec<Queued>| -> Vec<String> {
+            batch.iter().map(|q| q.item.key().1.to_owned()).collect()
+        };
+        let mut none = None;
+        assert_eq!(keys(batches.take(&mut none).unwrap()), ["a", "c"]);
+        assert_eq!(keys(batches.take(&mut none).unwrap()), ["a", "b"]);
+        assert_eq!(keys(batches.take(&mut none).unwrap()), ["d"]);
+        assert!(batches.take(&mut none).is_none());
+        assert_eq!(batches.lock().lanes, 0);
+    }
+}
