@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, PgConnection, Postgres};
@@ -39,22 +39,44 @@ use crate::{Store, StoreError, Unlocked};
 /// How many lanes may write at once, each with a connection of its own.
 const LANES: usize = 2;
 
+/// How long a lane waits for its connection to open or answer, or for a batch to be written,
+/// before it gives the batch's items up as unavailable (their callers may ask again; each
+/// decision is written only over what it was decided from) and closes the connection.
+const PATIENCE: Duration = Duration::from_secs(5);
+
 /// The items waiting to be written, and the lanes writing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Batches {
     queue: Mutex<Queue>,
+    patience: Duration,
+}
+
+impl Default for Batches {
+    fn default() -> Self {
+        Batches {
+            queue: Mutex::default(),
+            patience: PATIENCE,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Queue {
     waiting: VecDeque<Queued>,
     lanes: usize,
-    /// The connections no lane holds, with when each was left.
-    idle: Vec<(PgConnection, Instant)>,
+    /// The connections no lane holds.
+    idle: Vec<Held>,
     /// The store was closed: a lane's connection is closed as it ends.
     closed: bool,
     /// How many callers' items are being written, alone or queued.
     writing: usize,
+}
+
+/// A lane's connection, and when it last answered.
+#[derive(Debug)]
+struct Held {
+    conn: PgConnection,
+    since: Instant,
 }
 
 #[derive(Debug)]
@@ -74,8 +96,10 @@ impl Batches {
         let writing = Writing::begun(&store.batches);
         if writing.alone {
             let mut outcome = unlocked::write(&mut conn, &[&item]).await?;
-            return outcome.pop().ok_or_else(|| {
-                StoreError::Corrupt("a statement answered no row for its item".into())
+            return outcome.pop().unwrap_or_else(|| {
+                Err(StoreError::Corrupt(
+                    "a statement answered no row for its item".into(),
+                ))
             });
         }
         drop(conn);
@@ -92,8 +116,9 @@ impl Batches {
         if start_a_lane {
             tokio::spawn(lane(store.clone()));
         }
-        // A lane that ended without an answer (it panicked) may have written the item or not:
-        // the call is made again from what is stored.
+        // A lane that ended without an answer (it panicked, or ran out of patience) may have
+        // written the item or not: the caller is told the database is unavailable, and asked
+        // again, is answered from what is stored.
         answer
             .await
             .map_err(|_| StoreError::Unavailable(sqlx::Error::WorkerCrashed))?
@@ -110,14 +135,14 @@ impl Batches {
             queue.closed = true;
             std::mem::take(&mut queue.idle)
         };
-        for (conn, _) in idle {
-            let _ = conn.close().await;
+        for held in idle {
+            let _ = held.conn.close().await;
         }
     }
 
     /// The next batch, taken from the queue in arrival order; `None` when nothing waits, and
     /// then the lane asking has ended, leaving `conn` idle.
-    fn take(&self, conn: &mut Option<PgConnection>) -> Option<Vec<Queued>> {
+    fn take(&self, conn: &mut Option<Held>) -> Option<Vec<Queued>> {
         let mut queue = self.lock();
         let mut batch: Vec<Queued> = Vec::new();
         let mut at = 0;
@@ -139,8 +164,8 @@ impl Batches {
         }
         if batch.is_empty() {
             queue.lanes -= 1;
-            if let Some(conn) = conn.take().filter(|_| !queue.closed) {
-                queue.idle.push((conn, Instant::now()));
+            if let Some(held) = conn.take().filter(|_| !queue.closed) {
+                queue.idle.push(held);
             }
             return None;
         }
@@ -172,16 +197,31 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// Marks a lane ended if its task ends without taking an empty queue (it panicked).
-struct Lane<'b> {
-    batches: &'b Batches,
+/// A lane's task: if it ends without finding the queue empty (it panicked), another lane
+/// takes what waits.
+struct Lane {
+    store: Store<Postgres>,
     ended: bool,
 }
 
-impl Drop for Lane<'_> {
+impl Drop for Lane {
     fn drop(&mut self) {
-        if !self.ended {
-            self.batches.lock().lanes -= 1;
+        if self.ended {
+            return;
+        }
+        let again = {
+            let mut queue = self.store.batches.lock();
+            let again = !queue.waiting.is_empty() && !queue.closed;
+            if !again {
+                queue.lanes -= 1;
+            }
+            again
+        };
+        if again {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(lane(self.store.clone()))),
+                Err(_) => self.store.batches.lock().lanes -= 1,
+            }
         }
     }
 }
@@ -189,39 +229,63 @@ impl Drop for Lane<'_> {
 /// One lane: writes batch after batch on one connection until nothing waits.
 async fn lane(store: Store<Postgres>) {
     let mut lane = Lane {
-        batches: &store.batches,
+        store: store.clone(),
         ended: false,
     };
-    let mut held: Option<PgConnection> = None;
+    let patience = store.batches.patience;
+    let mut held: Option<Held> = None;
     loop {
-        let Some(batch) = lane.batches.take(&mut held) else {
+        let Some(batch) = store.batches.take(&mut held) else {
             lane.ended = true;
             return;
         };
-        let conn = match &mut held {
-            Some(conn) => conn,
-            None => match connection(&store).await {
-                Ok(conn) => held.insert(conn),
-                Err(error) => {
-                    for queued in batch {
-                        let _ = queued.reply.send(Err(again(&error).into()));
-                    }
-                    continue;
+        let conn = match tokio::time::timeout(patience, connection(&store, held.take())).await {
+            Ok(Ok(conn)) => held.insert(Held {
+                conn,
+                since: Instant::now(),
+            }),
+            Ok(Err(error)) => {
+                for queued in batch {
+                    let _ = queued.reply.send(Err(again(&error)));
                 }
-            },
+                continue;
+            }
+            // Its items' callers are told the database is unavailable as the batch is dropped.
+            Err(_) => continue,
         };
-        if write_batch(conn, batch).await.lost {
-            store.losses.noticed();
-            held = None;
-            lane.batches.lock().idle.clear();
+        match tokio::time::timeout(patience, write_batch(&mut conn.conn, batch)).await {
+            Ok(met) if !met.broken => conn.since = Instant::now(),
+            Ok(met) => {
+                if met.lost {
+                    store.losses.noticed();
+                    store.batches.lock().idle.clear();
+                }
+                held = None;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    patience_ms = patience.as_millis(),
+                    "a batch of decisions was not written in time; its callers are told the database is unavailable"
+                );
+                held = None;
+            }
         }
     }
 }
 
-/// A lane's connection: an idle one, checked if it may have died idle, or a new one.
-async fn connection(store: &Store<Postgres>) -> Result<PgConnection, sqlx::Error> {
+/// A lane's connection: the one it holds or an idle one, checked if it may have died since it
+/// last answered, or a new one.
+async fn connection(
+    store: &Store<Postgres>,
+    mut held: Option<Held>,
+) -> Result<PgConnection, StoreError> {
     loop {
-        let Some((mut conn, since)) = store.batches.lock().idle.pop() else {
+        if store.batches.lock().closed {
+            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
+        }
+        let Some(Held { mut conn, since }) =
+            held.take().or_else(|| store.batches.lock().idle.pop())
+        else {
             break;
         };
         let idle_for = since.elapsed();
@@ -245,7 +309,9 @@ async fn connection(store: &Store<Postgres>) -> Result<PgConnection, sqlx::Error
 /// What writing one batch met.
 #[derive(Debug, Default)]
 struct Batched {
-    /// The connection was found closed.
+    /// The connection may no longer be usable: an error not from the database.
+    broken: bool,
+    /// The connection was found closed by the server or the network.
     lost: bool,
     /// A statement failed, and its items were written one by one.
     split: bool,
@@ -258,6 +324,10 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
         shapes[queued.item.shape().index()].push(queued);
     }
     let mut met = Batched::default();
+    let mut met_error = |error: &StoreError| {
+        met.lost |= error.is_lost_connection();
+        met.broken |= error.is_lost_connection() || !from_the_database(error);
+    };
     for mut group in shapes.into_iter().filter(|group| !group.is_empty()) {
         group.sort_by(|a, b| a.item.order().cmp(&b.item.order()));
         let items: Vec<&Item> = group.iter().map(|queued| &queued.item).collect();
@@ -266,22 +336,31 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
         match written {
             Ok(outcomes) => {
                 for (queued, outcome) in group.into_iter().zip(outcomes) {
-                    let _ = queued.reply.send(Ok(outcome));
+                    let _ = queued.reply.send(outcome);
                 }
             }
             // Nothing of it committed: each is written alone, and fails alone.
             Err(error) if group.len() > 1 => {
                 met.split = true;
+                met_error(&error);
                 tracing::debug!(%error, items = group.len(), "a batch of decisions failed; writing them one by one");
                 for queued in group {
-                    let alone = unlocked::write(conn, &[&queued.item]).await;
-                    let alone = alone.map(|mut outcomes| outcomes.remove(0));
-                    met.lost |= alone.as_ref().is_err_and(StoreError::is_lost_connection);
+                    let alone = match unlocked::write(conn, &[&queued.item]).await {
+                        Ok(mut outcomes) => outcomes.pop().unwrap_or_else(|| {
+                            Err(StoreError::Corrupt(
+                                "a statement answered no row for its item".into(),
+                            ))
+                        }),
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = &alone {
+                        met_error(error);
+                    }
                     let _ = queued.reply.send(alone);
                 }
             }
             Err(error) => {
-                met.lost |= error.is_lost_connection();
+                met_error(&error);
                 if let Some(queued) = group.pop() {
                     let _ = queued.reply.send(Err(error));
                 }
@@ -291,13 +370,31 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
     met
 }
 
-/// The error a batch's connection could not be made with, again for each of its items.
-fn again(error: &sqlx::Error) -> sqlx::Error {
+/// Whether `error` is the database's answer to a statement, which leaves the connection as
+/// usable as before.
+fn from_the_database(error: &StoreError) -> bool {
     match error {
+        StoreError::Unavailable(error) | StoreError::Internal(error) => {
+            matches!(error, sqlx::Error::Database(_))
+        }
+        _ => true,
+    }
+}
+
+/// The error a batch's connection could not be made with, again for each of its items: its
+/// kind, and its words.
+fn again(error: &StoreError) -> StoreError {
+    let same = |error: &sqlx::Error| match error {
         sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
         sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
         sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
         other => sqlx::Error::Protocol(other.to_string()),
+    };
+    match error {
+        StoreError::Unavailable(error) => StoreError::Unavailable(same(error)),
+        StoreError::Internal(error) => StoreError::Internal(same(error)),
+        StoreError::ReadOnly => StoreError::ReadOnly,
+        other => StoreError::Corrupt(other.to_string()),
     }
 }
 
@@ -396,7 +493,7 @@ mod tests {
         // PostgreSQL refuses a NUL in text: this item's statement cannot commit.
         items[1].poison();
         let (batch, answers) = queued(items);
-        let mut conn = connection(&backend).await.unwrap();
+        let mut conn = connection(&backend, None).await.unwrap();
         let met = write_batch(&mut conn, batch).await;
         assert!(met.split && !met.lost, "{met:?}");
 
@@ -461,6 +558,65 @@ mod tests {
         assert_eq!((queue.writing, queue.waiting.len()), (0, 0));
     }
 
+    /// A lane that cannot write in time gives its batch up, its callers told the database is
+    /// unavailable, and goes on: what was queued behind it is written, not stranded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lane_that_cannot_write_in_time_gives_its_batch_up_and_goes_on() {
+        let (db, backend) = postgres().await;
+        let store = PgBackend {
+            pool: backend.pool.clone(),
+            losses: backend.losses.clone(),
+            batches: std::sync::Arc::new(Batches {
+                queue: Mutex::default(),
+                patience: Duration::from_millis(300),
+            }),
+        };
+        let free = confirms(&backend, &["free".to_owned()]).await.remove(0);
+        let stuck: Vec<BeginCommand> = (0..3).map(|n| command(&format!("stuck-{n}"), 5)).collect();
+        let mut claims = Vec::new();
+        for cmd in &stuck {
+            claims.push(claim(&backend, cmd).await);
+        }
+        // Another session holds the claims' intent lock.
+        let mut holder = connection(&backend, None).await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(crate::postgres::intent_key(&stuck[0]))
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let write = |item: Item| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let conn = store.pool.acquire().await.unwrap();
+                Batches::write(&store, conn, item).await
+            })
+        };
+        let mut claims = claims.into_iter();
+        // The first is written alone, on its caller's connection, and waits for the lock.
+        let alone = write(claims.next().unwrap());
+        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        while db.scalar(waiting).await < 1 {
+            tokio::task::yield_now().await;
+        }
+        // The others are queued: each lane takes one and waits for the lock too.
+        let given_up: Vec<_> = claims.map(write).collect();
+        while db.scalar(waiting).await < 3 {
+            tokio::task::yield_now().await;
+        }
+        let behind = write(free).await.unwrap();
+        assert!(matches!(behind, Ok(Unlocked::Applied { .. })), "{behind:?}");
+        for claim in given_up {
+            let answer = claim.await.unwrap();
+            assert!(
+                answer.as_ref().is_err_and(StoreError::is_retryable),
+                "{answer:?}"
+            );
+        }
+        holder.close().await.unwrap();
+        let first = alone.await.unwrap();
+        assert!(matches!(first, Ok(Unlocked::Applied { .. })), "{first:?}");
+    }
+
     /// A claim decided from a read that found nothing stored, with a token of its own.
     async fn claim(backend: &PgBackend, cmd: &BeginCommand) -> Item {
         let mut conn = backend.pool.acquire().await.unwrap();
@@ -499,7 +655,7 @@ mod tests {
         // Stored by another call after this one read nothing there.
         ledger.begin(&taken).await.unwrap();
         let (batch, answers) = queued(items);
-        let mut conn = connection(&backend).await.unwrap();
+        let mut conn = connection(&backend, None).await.unwrap();
         let met = write_batch(&mut conn, batch).await;
         assert!(!met.split && !met.lost, "{met:?}");
 
@@ -572,8 +728,8 @@ mod tests {
             backward.reverse();
             let (forward, forward_answers) = queued(forward);
             let (backward, backward_answers) = queued(backward);
-            let mut one = connection(&backend).await.unwrap();
-            let mut other = connection(&backend).await.unwrap();
+            let mut one = connection(&backend, None).await.unwrap();
+            let mut other = connection(&backend, None).await.unwrap();
             let (a, b) = tokio::join!(
                 write_batch(&mut one, forward),
                 write_batch(&mut other, backward)

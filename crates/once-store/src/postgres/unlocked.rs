@@ -253,7 +253,15 @@ fn statement(shape: Shape, many: bool) -> String {
              once_blocking(i.intent, i.tenant, i.tool, i.fingerprint, i.operation_id) AS b)",
             blocking.join(", ")
         ));
-        writable.push_str(" AND NOT EXISTS (SELECT 1 FROM blocking b WHERE b.n = i.n)");
+        // The clock is read again once every item's intent lock is held, which may have been
+        // waited for: a decision is written only while recent then.
+        parts.push(format!(
+            "settled AS (SELECT {now} AS at FROM (SELECT count(*) FROM blocking) AS locked)"
+        ));
+        writable = format!(
+            "s.at - i.decided_at <= {MAX_DECISION_AGE_MS} AND EXISTS (SELECT 1 FROM gate) \
+             AND NOT EXISTS (SELECT 1 FROM blocking b WHERE b.n = i.n)"
+        );
     } else {
         parts.push(
             "blocking AS (SELECT NULL::BIGINT AS n, NULL::TEXT AS operation_id, \
@@ -262,6 +270,10 @@ fn statement(shape: Shape, many: bool) -> String {
                 .to_owned(),
         );
     }
+    let sources = match shape.guarded {
+        true => "items i CROSS JOIN settled s",
+        false => "items i",
+    };
     parts.push(if shape.insert {
         // The claim's token was taken by the read. A life of this id that began since (its
         // tokens larger) and ended with retention has left its events: then the claim would
@@ -272,7 +284,7 @@ fn statement(shape: Shape, many: bool) -> String {
             .map(|column| format!("i.{column}"))
             .collect();
         format!(
-            "op AS (INSERT INTO operations ({}) SELECT {} FROM items i WHERE {writable} \
+            "op AS (INSERT INTO operations ({}) SELECT {} FROM {sources} WHERE {writable} \
              AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = i.tenant \
              AND e.operation_id = i.operation_id AND e.life > i.life) \
              ORDER BY i.n ON CONFLICT DO NOTHING RETURNING tenant, operation_id)",
@@ -286,7 +298,7 @@ fn statement(shape: Shape, many: bool) -> String {
             .map(|column| format!("{column} = i.{column}"))
             .collect();
         format!(
-            "op AS (UPDATE operations o SET {}, version = o.version + 1 FROM items i \
+            "op AS (UPDATE operations o SET {}, version = o.version + 1 FROM {sources} \
              WHERE o.tenant = i.tenant AND o.operation_id = i.operation_id \
              AND o.life = i.read_life AND o.version = i.read_version AND {writable} \
              RETURNING o.tenant, o.operation_id)",
@@ -383,11 +395,13 @@ fn column<'e, T>(items: &[&'e Item], of: impl Fn(&'e NewEvent) -> T) -> Vec<T> {
 }
 
 /// Writes `items`, all of one shape, each about another operation and (claims) another
-/// intent, in one statement that commits them; what it did for each, in their order.
+/// intent, in one statement that commits them; what it did for each, in their order. An error
+/// of the statement's own is of a statement that committed nothing (or whose commit's answer
+/// was lost); an item's own error is of an answer read after the commit.
 pub(crate) async fn write(
     conn: &mut PgConnection,
     items: &[&Item],
-) -> Result<Vec<Unlocked>, StoreError> {
+) -> Result<Vec<Result<Unlocked, StoreError>>, StoreError> {
     let Some(first) = items.first() else {
         return Ok(Vec::new());
     };
@@ -434,17 +448,20 @@ pub(crate) async fn write(
 
     let rows = query.fetch_all(conn).await?;
     if rows.len() != items.len() {
-        return Err(StoreError::Corrupt(format!(
-            "{} rows answered {} items written in one statement",
-            rows.len(),
-            items.len()
-        )));
+        let miscounted = || {
+            StoreError::Corrupt(format!(
+                "{} rows answered {} items written in one statement",
+                rows.len(),
+                items.len()
+            ))
+        };
+        return Ok(items.iter().map(|_| Err(miscounted())).collect());
     }
-    items
+    Ok(items
         .iter()
         .zip(&rows)
         .map(|(item, row)| item.outcome(row))
-        .collect()
+        .collect())
 }
 
 #[cfg(test)]
