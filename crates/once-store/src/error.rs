@@ -80,9 +80,19 @@ impl StoreError {
     }
 
     /// The same error for another caller it befell (every write of a batch whose commit
-    /// failed): the same variant, so the same answer, with the database's text.
+    /// failed): the same variant, so the same answer, with the database's text; a lost
+    /// connection is still one, and the pool's own errors stay what they are.
     pub fn again(&self) -> StoreError {
-        let text = |error: &sqlx::Error| sqlx::Error::Protocol(error.to_string());
+        if self.is_lost_connection() {
+            let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, self.to_string());
+            return StoreError::Unavailable(sqlx::Error::Io(lost));
+        }
+        let text = |error: &sqlx::Error| match error {
+            sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+            sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+            other => sqlx::Error::Protocol(other.to_string()),
+        };
         match self {
             StoreError::Unavailable(error) => StoreError::Unavailable(text(error)),
             StoreError::ReadOnly => StoreError::ReadOnly,

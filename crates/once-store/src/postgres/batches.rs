@@ -41,7 +41,9 @@ const LANES: usize = 2;
 
 /// How long a lane waits for its connection to open or answer, or for a batch to be written,
 /// before it gives the batch's items up as unavailable (their callers may ask again; each
-/// decision is written only over what it was decided from) and closes the connection.
+/// decision is written only over what it was decided from) and closes the connection. The
+/// server gives a lane's statement up at four fifths of it (`statement_timeout`), so none is
+/// left waiting for a lock, to commit later.
 const PATIENCE: Duration = Duration::from_secs(5);
 
 /// The items waiting to be written, and the lanes writing.
@@ -197,8 +199,9 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// A lane's task: if it ends without finding the queue empty (it panicked), another lane
-/// takes what waits.
+/// A lane's task: if it ends without finding the queue empty (it panicked, or its runtime
+/// went), it gives its place back, and when no other lane runs, the callers still queued are
+/// told the database is unavailable rather than left waiting.
 struct Lane {
     store: Store<Postgres>,
     ended: bool,
@@ -209,20 +212,15 @@ impl Drop for Lane {
         if self.ended {
             return;
         }
-        let again = {
+        let stranded = {
             let mut queue = self.store.batches.lock();
-            let again = !queue.waiting.is_empty() && !queue.closed;
-            if !again {
-                queue.lanes -= 1;
+            queue.lanes -= 1;
+            match queue.lanes {
+                0 => std::mem::take(&mut queue.waiting),
+                _ => VecDeque::new(),
             }
-            again
         };
-        if again {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(lane(self.store.clone()))),
-                Err(_) => self.store.batches.lock().lanes -= 1,
-            }
-        }
+        drop(stranded);
     }
 }
 
@@ -246,7 +244,7 @@ async fn lane(store: Store<Postgres>) {
             }),
             Ok(Err(error)) => {
                 for queued in batch {
-                    let _ = queued.reply.send(Err(again(&error)));
+                    let _ = queued.reply.send(Err(error.again()));
                 }
                 continue;
             }
@@ -297,12 +295,14 @@ async fn connection(
         }
     }
     let mut conn = PgConnection::connect_with(&store.pool.connect_options()).await?;
-    sqlx::Executor::execute(
-        &mut conn,
+    // The server gives a statement up before the lane does, so a batch given up leaves no
+    // statement behind, still waiting for a lock, that could commit later.
+    let limit = store.batches.patience.as_millis() * 4 / 5;
+    let settings = format!(
         "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-         SET plan_cache_mode = force_generic_plan",
-    )
-    .await?;
+         SET plan_cache_mode = force_generic_plan; SET statement_timeout = {limit}"
+    );
+    sqlx::Executor::execute(&mut conn, settings.as_str()).await?;
     Ok(conn)
 }
 
@@ -339,8 +339,9 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
                     let _ = queued.reply.send(outcome);
                 }
             }
-            // Nothing of it committed: each is written alone, and fails alone.
-            Err(error) if group.len() > 1 => {
+            // The database refused the statement, which committed nothing: each is written
+            // alone, and fails alone.
+            Err(error) if group.len() > 1 && refused(&error) => {
                 met.split = true;
                 met_error(&error);
                 tracing::debug!(%error, items = group.len(), "a batch of decisions failed; writing them one by one");
@@ -359,15 +360,30 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
                     let _ = queued.reply.send(alone);
                 }
             }
+            // No answer, or it ran out of time: each is told so.
             Err(error) => {
                 met_error(&error);
-                if let Some(queued) = group.pop() {
-                    let _ = queued.reply.send(Err(error));
+                for queued in group {
+                    let _ = queued.reply.send(Err(error.again()));
                 }
             }
         }
     }
     met
+}
+
+/// Whether `error` is the database refusing a statement (a constraint, a deadlock, a value it
+/// cannot take), which then committed nothing: not a statement it gave up for time, which
+/// would only wait again.
+fn refused(error: &StoreError) -> bool {
+    match error {
+        StoreError::Unavailable(sqlx::Error::Database(db))
+        | StoreError::Internal(sqlx::Error::Database(db)) => {
+            !matches!(db.code().as_deref(), Some("57014" | "55P03"))
+        }
+        StoreError::Duplicate => true,
+        _ => false,
+    }
 }
 
 /// Whether `error` is the database's answer to a statement, which leaves the connection as
@@ -378,23 +394,6 @@ fn from_the_database(error: &StoreError) -> bool {
             matches!(error, sqlx::Error::Database(_))
         }
         _ => true,
-    }
-}
-
-/// The error a batch's connection could not be made with, again for each of its items: its
-/// kind, and its words.
-fn again(error: &StoreError) -> StoreError {
-    let same = |error: &sqlx::Error| match error {
-        sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
-        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
-        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
-        other => sqlx::Error::Protocol(other.to_string()),
-    };
-    match error {
-        StoreError::Unavailable(error) => StoreError::Unavailable(same(error)),
-        StoreError::Internal(error) => StoreError::Internal(same(error)),
-        StoreError::ReadOnly => StoreError::ReadOnly,
-        other => StoreError::Corrupt(other.to_string()),
     }
 }
 
