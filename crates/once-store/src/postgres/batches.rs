@@ -20,7 +20,8 @@
 //! The lanes' connections are their own, not the pool's: a lane never waits behind the calls
 //! queued for the pool, and its connections plan the statements once, generically
 //! (`plan_cache_mode = force_generic_plan`), as their arrays' lengths change from one batch to
-//! the next and every plan finds each item's rows by their keys. A connection that sat idle
+//! the next and every plan finds each item's rows by their keys (`enable_seqscan = off`: a
+//! plan made over a new database's empty tables would otherwise read them whole for good). A connection that sat idle
 //! for a second or more, or through a loss another call noticed, is pinged before it writes;
 //! one found closed is dropped, with every idle one, as the server ends sessions together.
 
@@ -76,7 +77,7 @@ struct Queue {
 
 /// A lane's connection, and when it last answered.
 #[derive(Debug)]
-struct Held {
+pub(super) struct Held {
     conn: PgConnection,
     since: Instant,
 }
@@ -273,7 +274,7 @@ async fn lane(store: Store<Postgres>) {
 
 /// A lane's connection: the one it holds or an idle one, checked if it may have died since it
 /// last answered, or a new one.
-async fn connection(
+pub(super) async fn connection(
     store: &Store<Postgres>,
     mut held: Option<Held>,
 ) -> Result<PgConnection, StoreError> {
@@ -296,11 +297,14 @@ async fn connection(
     }
     let mut conn = PgConnection::connect_with(&store.pool.connect_options()).await?;
     // The server gives a statement up before the lane does, so a batch given up leaves no
-    // statement behind, still waiting for a lock, that could commit later.
+    // statement behind, still waiting for a lock, that could commit later. The plans are made
+    // once, whatever the tables hold then (a new database's are empty): they may not read a
+    // table whole where a key finds the rows.
     let limit = store.batches.patience.as_millis() * 4 / 5;
     let settings = format!(
         "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-         SET plan_cache_mode = force_generic_plan; SET statement_timeout = {limit}"
+         SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
+         SET statement_timeout = {limit}"
     );
     sqlx::Executor::execute(&mut conn, settings.as_str()).await?;
     Ok(conn)

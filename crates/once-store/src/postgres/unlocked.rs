@@ -467,6 +467,89 @@ pub(crate) async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use once_testdb::{Engine, TestDb};
+    use serde_json::Value;
+
+    /// Every node of a plan, its subplans' too.
+    fn nodes<'p>(plan: &'p Value, into: &mut Vec<&'p Value>) {
+        into.push(plan);
+        for child in plan["Plans"].as_array().into_iter().flatten() {
+            nodes(child, into);
+        }
+    }
+
+    /// Planned once, generically, over empty tables, as a lane's new connection plans it, every
+    /// statement finds each item's rows by their keys: no table is read whole, however many
+    /// rows it holds later, while the plan is kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_statement_planned_over_empty_tables_finds_rows_by_their_keys() {
+        let db = TestDb::new(Engine::Postgres).await;
+        let settings = crate::postgres::PgSettings::default();
+        let backend = crate::PgBackend::connect(&db.url, &settings).await.unwrap();
+        let mut conn = super::super::batches::connection(&backend, None)
+            .await
+            .unwrap();
+        let columns: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT table_name::TEXT, column_name::TEXT, data_type::TEXT \
+             FROM information_schema.columns WHERE table_name IN ('operations', 'attempts')",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let type_of = |table: &str, column: &str| -> String {
+            columns
+                .iter()
+                .find(|(t, c, _)| t == table && c == column)
+                .map(|(_, _, ty)| ty.clone())
+                .unwrap_or_else(|| panic!("{table}.{column}"))
+        };
+        for (index, both) in STATEMENTS.iter().enumerate() {
+            let shape = Shape::of_index(index);
+            for (many, sql) in [false, true].into_iter().zip(both) {
+                let mut types: Vec<String> = WRITTEN_OPERATION_COLUMNS
+                    .iter()
+                    .map(|column| type_of("operations", column))
+                    .collect();
+                let item = 2 * usize::from(!shape.insert) + 1 + usize::from(shape.guarded);
+                types.extend((0..item).map(|_| "bigint".to_owned()));
+                if shape.attempt {
+                    types.extend(
+                        ATTEMPT_COLUMNS
+                            .split(", ")
+                            .map(|column| type_of("attempts", column)),
+                    );
+                }
+                let mut types: Vec<String> = types
+                    .into_iter()
+                    .map(|ty| if many { format!("{ty}[]") } else { ty })
+                    .collect();
+                types.push("bigint[]".to_owned());
+                types.extend(EVENT_ARRAYS.iter().map(|(_, ty)| format!("{ty}[]")));
+                let nulls = vec!["NULL"; types.len()].join(", ");
+                sqlx::raw_sql(&format!("PREPARE checked ({}) AS {sql}", types.join(", ")))
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                let plan: Value =
+                    sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE checked ({nulls})"))
+                        .fetch_one(&mut conn)
+                        .await
+                        .unwrap();
+                sqlx::raw_sql("DEALLOCATE checked")
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                let mut all = Vec::new();
+                nodes(&plan[0]["Plan"], &mut all);
+                for node in all {
+                    assert!(
+                        node["Node Type"] != "Seq Scan" || node["Relation Name"].is_null(),
+                        "shape {index}, many {many}: {plan:#}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Every shape's statement names each of its binds, from `$1` on with none skipped: what
     /// `write` binds, in order.
