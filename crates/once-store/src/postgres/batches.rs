@@ -14,16 +14,19 @@
 //! A batch holds one item per operation, and one claim per intent: a second one waits for the
 //! next batch, as the first one's write must be seen by the second's decision or guard. Items
 //! are ordered by intent and then by operation, so two batches (of two lanes or two replicas)
-//! take intent locks and rows in one order. A statement that fails commits nothing; its items
-//! are then written one by one, so one item that cannot be written fails alone.
+//! take intent locks and rows in one order. A statement the database refuses commits nothing;
+//! its items are then written one by one, so one item that cannot be written fails alone. A
+//! statement with no answer, or given up for time (see [`PATIENCE`]), is answered unavailable
+//! to each of its items' callers.
 //!
 //! The lanes' connections are their own, not the pool's: a lane never waits behind the calls
 //! queued for the pool, and its connections plan the statements once, generically
 //! (`plan_cache_mode = force_generic_plan`), as their arrays' lengths change from one batch to
 //! the next and every plan finds each item's rows by their keys (`enable_seqscan = off`: a
-//! plan made over a new database's empty tables would otherwise read them whole for good). A connection that sat idle
-//! for a second or more, or through a loss another call noticed, is pinged before it writes;
-//! one found closed is dropped, with every idle one, as the server ends sessions together.
+//! plan made over a new database's empty tables would otherwise read them whole for good). A
+//! connection that sat idle for a second or more, or through a loss another call noticed, is
+//! pinged before it writes; one found closed is dropped, with every idle one, as the server
+//! ends sessions together.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
@@ -98,12 +101,7 @@ impl Batches {
     ) -> Result<Unlocked, StoreError> {
         let writing = Writing::begun(&store.batches);
         if writing.alone {
-            let mut outcome = unlocked::write(&mut conn, &[&item]).await?;
-            return outcome.pop().unwrap_or_else(|| {
-                Err(StoreError::Corrupt(
-                    "a statement answered no row for its item".into(),
-                ))
-            });
+            return unlocked::write_one(&mut conn, &item).await;
         }
         drop(conn);
         let (reply, answer) = oneshot::channel();
@@ -350,14 +348,7 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
                 met_error(&error);
                 tracing::debug!(%error, items = group.len(), "a batch of decisions failed; writing them one by one");
                 for queued in group {
-                    let alone = match unlocked::write(conn, &[&queued.item]).await {
-                        Ok(mut outcomes) => outcomes.pop().unwrap_or_else(|| {
-                            Err(StoreError::Corrupt(
-                                "a statement answered no row for its item".into(),
-                            ))
-                        }),
-                        Err(error) => Err(error),
-                    };
+                    let alone = unlocked::write_one(conn, &queued.item).await;
                     if let Err(error) = &alone {
                         met_error(error);
                     }

@@ -394,6 +394,19 @@ fn column<'e, T>(items: &[&'e Item], of: impl Fn(&'e NewEvent) -> T) -> Vec<T> {
         .collect()
 }
 
+/// Writes one item alone in one statement; what it did, once committed.
+pub(crate) async fn write_one(
+    conn: &mut PgConnection,
+    item: &Item,
+) -> Result<Unlocked, StoreError> {
+    let mut outcomes = write(conn, &[item]).await?;
+    outcomes.pop().unwrap_or_else(|| {
+        Err(StoreError::Corrupt(
+            "a statement answered no row for its item".into(),
+        ))
+    })
+}
+
 /// Writes `items`, all of one shape, each about another operation and (claims) another
 /// intent, in one statement that commits them; what it did for each, in their order. An error
 /// of the statement's own is of a statement that committed nothing (or whose commit's answer
@@ -470,6 +483,24 @@ mod tests {
     use once_testdb::{Engine, TestDb};
     use serde_json::Value;
 
+    /// The plan `conn` makes of `sql`, its parameters of `types`.
+    async fn generic_plan(conn: &mut sqlx::PgConnection, sql: &str, types: &[String]) -> Value {
+        let nulls = vec!["NULL"; types.len()].join(", ");
+        sqlx::raw_sql(&format!("PREPARE checked ({}) AS {sql}", types.join(", ")))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan = sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE checked ({nulls})"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::raw_sql("DEALLOCATE checked")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        plan
+    }
+
     /// Every node of a plan, its subplans' too.
     fn nodes<'p>(plan: &'p Value, into: &mut Vec<&'p Value>) {
         into.push(plan);
@@ -480,20 +511,26 @@ mod tests {
 
     /// Planned once, generically, over empty tables, as a lane's new connection plans it, every
     /// statement finds each item's rows by their keys: no table is read whole, however many
-    /// rows it holds later, while the plan is kept.
+    /// rows it holds later, while the plan is kept. So does a lone item's statement on a pooled
+    /// connection, where its caller writes it, as that connection may keep a generic plan too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_statement_planned_over_empty_tables_finds_rows_by_their_keys() {
         let db = TestDb::new(Engine::Postgres).await;
         let settings = crate::postgres::PgSettings::default();
         let backend = crate::PgBackend::connect(&db.url, &settings).await.unwrap();
-        let mut conn = super::super::batches::connection(&backend, None)
+        let mut lane = super::super::batches::connection(&backend, None)
+            .await
+            .unwrap();
+        let mut pooled = backend.pool.acquire().await.unwrap().detach();
+        sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+            .execute(&mut pooled)
             .await
             .unwrap();
         let columns: Vec<(String, String, String)> = sqlx::query_as(
             "SELECT table_name::TEXT, column_name::TEXT, data_type::TEXT \
              FROM information_schema.columns WHERE table_name IN ('operations', 'attempts')",
         )
-        .fetch_all(&mut conn)
+        .fetch_all(&mut lane)
         .await
         .unwrap();
         let type_of = |table: &str, column: &str| -> String {
@@ -525,27 +562,20 @@ mod tests {
                     .collect();
                 types.push("bigint[]".to_owned());
                 types.extend(EVENT_ARRAYS.iter().map(|(_, ty)| format!("{ty}[]")));
-                let nulls = vec!["NULL"; types.len()].join(", ");
-                sqlx::raw_sql(&format!("PREPARE checked ({}) AS {sql}", types.join(", ")))
-                    .execute(&mut conn)
-                    .await
-                    .unwrap();
-                let plan: Value =
-                    sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE checked ({nulls})"))
-                        .fetch_one(&mut conn)
-                        .await
-                        .unwrap();
-                sqlx::raw_sql("DEALLOCATE checked")
-                    .execute(&mut conn)
-                    .await
-                    .unwrap();
-                let mut all = Vec::new();
-                nodes(&plan[0]["Plan"], &mut all);
-                for node in all {
-                    assert!(
-                        node["Node Type"] != "Seq Scan" || node["Relation Name"].is_null(),
-                        "shape {index}, many {many}: {plan:#}"
-                    );
+                let conns = match many {
+                    true => vec![&mut lane],
+                    false => vec![&mut lane, &mut pooled],
+                };
+                for conn in conns {
+                    let plan = generic_plan(conn, sql, &types).await;
+                    let mut all = Vec::new();
+                    nodes(&plan[0]["Plan"], &mut all);
+                    for node in all {
+                        assert!(
+                            node["Node Type"] != "Seq Scan" || node["Relation Name"].is_null(),
+                            "shape {index}, many {many}: {plan:#}"
+                        );
+                    }
                 }
             }
         }
