@@ -32,6 +32,8 @@
 
 mod attempt;
 mod bulk;
+#[cfg(feature = "cli")]
+mod cli;
 mod client;
 mod config;
 mod decision;
@@ -49,6 +51,8 @@ pub mod mcp;
 
 pub use attempt::Attempt;
 pub use bulk::{Done, Selection, Target, BULK_LIMIT};
+#[cfg(feature = "cli")]
+pub use cli::{LedgerArgs, UnreadableFile};
 pub use client::LedgerClient;
 pub use config::ClientConfig;
 pub use decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Replay, Unknown};

@@ -95,7 +95,7 @@ impl Unreachable {
                 "the certificate of {at} is signed by an authority this client does not trust: give that CA's PEM file (oncectl --ca, once-proxy --ledger-ca, refund-mcp --ledger-ca)"
             ),
             Cause::ClientCertificate => format!(
-                "{at} asks for a client certificate this client did not present, or refused the one it did: give one the ledger knows (oncectl --cert and --cert-key, once-proxy --ledger-cert and --ledger-cert-key, refund-mcp --ledger-client-cert and --ledger-client-key)"
+                "{at} asks for a client certificate this client did not present, or refused the one it did: give one the ledger knows (oncectl --cert and --cert-key, once-proxy --ledger-cert and --ledger-cert-key, refund-mcp --ledger-cert and --ledger-cert-key)"
             ),
             Cause::Certificate(why) => format!("the certificate of {at} was refused: {why}"),
             Cause::NotALedger => format!(

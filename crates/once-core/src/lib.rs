@@ -7,6 +7,8 @@
 //! `now`, and get back a decision plus the [`Plan`] of writes that must commit together.
 
 pub mod access;
+#[cfg(feature = "clap")]
+pub mod cli;
 pub mod error;
 pub mod forensics;
 pub mod identity;

@@ -41,22 +41,8 @@ struct Args {
     /// The policy: which tools are guarded and how their calls are named (TOML).
     #[arg(long, env = "ONCE_PROXY_POLICY", required = true)]
     policy: Option<PathBuf>,
-    /// The once-ledger endpoint.
-    #[arg(long, env = "ONCE_LEDGER", default_value = "http://127.0.0.1:50051")]
-    ledger: String,
-    /// The API key the proxy presents to the ledger; it names the tenant.
-    #[arg(long, env = "ONCE_LEDGER_KEY")]
-    ledger_key: Option<String>,
-    /// A PEM file of certificate authorities to trust for an `https://` ledger.
-    #[arg(long, env = "ONCE_LEDGER_CA")]
-    ledger_ca: Option<PathBuf>,
-    /// For a ledger that verifies client certificates (mTLS): the proxy's PEM certificate
-    /// (with --ledger-cert-key).
-    #[arg(long, env = "ONCE_LEDGER_CERT", requires = "ledger_cert_key")]
-    ledger_cert: Option<PathBuf>,
-    /// The PEM private key of --ledger-cert.
-    #[arg(long, env = "ONCE_LEDGER_CERT_KEY", requires = "ledger_cert")]
-    ledger_cert_key: Option<PathBuf>,
+    #[command(flatten)]
+    ledger: once_client::LedgerArgs,
     /// How log lines are written: text for people, or json (one object a line).
     #[arg(long, env = "ONCE_LOG_FORMAT", default_value = "text")]
     log_format: once_telemetry::LogFormat,
@@ -214,10 +200,10 @@ impl std::fmt::Debug for Args {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Args")
             .field("policy", &self.policy)
-            .field("ledger", &redacted(&self.ledger))
+            .field("ledger", &redacted(&self.ledger.ledger))
             .field(
                 "ledger_key",
-                &self.ledger_key.as_ref().map(|_| "<redacted>"),
+                &self.ledger.ledger_key.as_ref().map(|_| "<redacted>"),
             )
             .field("command", &self.command)
             .finish_non_exhaustive()
@@ -312,31 +298,14 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
     }
     let path = args.policy.clone().expect("required without a subcommand");
     let policy = policy::Policy::load(&path)?;
-    let mut config = ClientConfig::new(args.ledger.clone());
-    config.client_name = args.name.clone();
-    config.token = args.ledger_key.clone();
+    let mut config = args.ledger.config(&args.name)?;
     config.rpc_timeout = args.ledger_timeout;
-    if let Some(path) = &args.ledger_ca {
-        config.tls_ca_pem = Some(
-            std::fs::read(path)
-                .map_err(|e| anyhow::anyhow!("--ledger-ca {}: {e}", path.display()))?,
-        );
-    }
-    if let (Some(cert), Some(key)) = (&args.ledger_cert, &args.ledger_cert_key) {
-        let read = |flag: &str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
-        };
-        config.tls_identity_pem = Some((
-            read("--ledger-cert", cert)?,
-            read("--ledger-cert-key", key)?,
-        ));
-    }
     if let Err(refused) = check_ledger(&config).await {
-        tracing::error!(ledger = %redacted(&args.ledger), reason = %refused, "once-proxy cannot use this ledger; stopping");
+        tracing::error!(ledger = %redacted(&args.ledger.ledger), reason = %refused, "once-proxy cannot use this ledger; stopping");
         return Ok(1);
     }
     let ledger = LedgerClient::connect(config)?;
-    tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %redacted(&args.ledger), "once-proxy starting");
+    tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %redacted(&args.ledger.ledger), "once-proxy starting");
     let guard = guard::Guard::new(policy, ledger);
     let code = match (args.listen, args.upstream.clone()) {
         (Some(address), Some(upstream)) => http_proxy(guard, address, upstream, args).await,

@@ -85,7 +85,13 @@ pub fn command<T: clap::CommandFactory>() -> clap::Command {
 /// Parses the process's arguments as [`command`] declares them; on a usage error, or for
 /// `--help` and `--version`, prints and exits as clap does.
 pub fn parse_args<T: clap::Parser>() -> T {
-    let mut command = command::<T>();
+    parse_args_with::<T>(|command| command)
+}
+
+/// [`parse_args`] of the command line `T` declares as `adjust` changes it: a binary's own
+/// environment variables or aliases for arguments it shares with others.
+pub fn parse_args_with<T: clap::Parser>(adjust: impl FnOnce(clap::Command) -> clap::Command) -> T {
+    let mut command = adjust(command::<T>());
     let mut matches = command.get_matches_mut();
     T::from_arg_matches_mut(&mut matches).unwrap_or_else(|error| error.format(&mut command).exit())
 }

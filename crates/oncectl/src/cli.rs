@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use once_core::access::Role;
+use once_core::cli::NewCredential;
 
 use crate::bulk::Filter;
 
@@ -296,19 +296,7 @@ pub struct WatchArgs {
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
     /// Create an API key, shown this once; or register a client certificate.
-    Create {
-        #[arg(long)]
-        tenant: String,
-        /// Who the key is for; recorded as the actor of its calls.
-        #[arg(long)]
-        name: String,
-        /// executor, reader, operator or admin; repeat or separate with commas.
-        #[arg(long = "role", required = true, value_delimiter = ',')]
-        roles: Vec<Role>,
-        /// Register this PEM client certificate instead of creating a key.
-        #[arg(long)]
-        certificate: Option<PathBuf>,
-    },
+    Create(NewCredential),
     /// List credentials (never a secret).
     List {
         #[arg(long)]

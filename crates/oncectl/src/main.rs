@@ -19,7 +19,7 @@ use once_client::{
     ClientError, LedgerClient, ListFilter, OperationView, Resolution, Truth, WatchRequest, Watched,
     WatchedEvent,
 };
-use once_core::access::{Credential, Roles};
+use once_core::access::Credential;
 use once_core::{EventKind, State};
 
 use crate::bulk::Action;
@@ -663,20 +663,10 @@ impl Operations {
 
 async fn keys(ledger: &LedgerClient, out: &Out, command: KeysCommand) -> Result<(), Failure> {
     match command {
-        KeysCommand::Create {
-            tenant,
-            name,
-            roles,
-            certificate,
-        } => {
-            let pem = certificate
-                .map(|path| {
-                    std::fs::read_to_string(&path)
-                        .map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))
-                })
-                .transpose()?;
+        KeysCommand::Create(new) => {
+            let pem = new.certificate_pem().map_err(Failure::Usage)?;
             let (key, secret) = ledger
-                .create_key(&tenant, &name, &Roles::of(roles), pem.as_deref())
+                .create_key(&new.tenant, &new.name, &new.roles(), pem.as_deref())
                 .await?;
             if out.json {
                 let mut shown = key.to_json();

@@ -2,10 +2,9 @@
 //! first tenants and keys and for when no admin key is at hand. Changes reach running replicas
 //! within their credential TTL.
 
-use std::path::PathBuf;
-
 use clap::Subcommand;
-use once_core::access::{Credential, Role, Roles, Tenant};
+use once_core::access::{Credential, Tenant};
+use once_core::cli::NewCredential;
 use once_store::Backend;
 
 use crate::admin::Admin;
@@ -44,17 +43,8 @@ pub enum TenantsCommand {
 pub enum KeysCommand {
     /// Creates an API key and prints it, this once; or registers a client certificate.
     Create {
-        #[arg(long)]
-        tenant: String,
-        /// Who the key is for (e.g. refund-mcp-prod); recorded as the actor of its calls.
-        #[arg(long)]
-        name: String,
-        /// executor, reader, operator or admin; repeat or separate with commas.
-        #[arg(long = "role", required = true, value_delimiter = ',')]
-        roles: Vec<Role>,
-        /// Register this PEM client certificate (mTLS) instead of generating a key.
-        #[arg(long)]
-        certificate: Option<PathBuf>,
+        #[command(flatten)]
+        new: NewCredential,
         #[arg(long)]
         json: bool,
     },
@@ -90,24 +80,13 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
         Command::Tenants(TenantsCommand::List { json }) => {
             print_tenants(&admin.tenants().await?, json);
         }
-        Command::Keys(KeysCommand::Create {
-            tenant,
-            name,
-            roles,
-            certificate,
-            json,
-        }) => {
-            let pem = certificate
-                .map(|path| {
-                    std::fs::read_to_string(&path)
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-                })
-                .transpose()?;
+        Command::Keys(KeysCommand::Create { new, json }) => {
+            let pem = new.certificate_pem().map_err(anyhow::Error::msg)?;
             let (credential, key) = admin
                 .create_key(
-                    &tenant,
-                    &name,
-                    Roles::of(roles),
+                    &new.tenant,
+                    &new.name,
+                    new.roles(),
                     pem.as_deref(),
                     crate::admin::Authority::Operator,
                 )

@@ -9,7 +9,7 @@ mod tools;
 use std::time::Duration;
 
 use clap::Parser;
-use once_client::{ClientConfig, LedgerClient};
+use once_client::LedgerClient;
 use rmcp::ServiceExt;
 
 /// The demo refund MCP server.
@@ -17,35 +17,8 @@ use rmcp::ServiceExt;
 #[derive(Clone, Parser)]
 #[command(name = "refund-mcp", version = once_telemetry::version())]
 pub struct Args {
-    /// The once-ledger endpoint.
-    #[arg(
-        long,
-        env = "REFUND_MCP_LEDGER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    ledger: String,
-    /// The API key this server presents to the ledger; it names the tenant whose operations
-    /// the server sees. Needed when the ledger requires credentials.
-    #[arg(long, env = "ONCE_LEDGER_KEY")]
-    ledger_key: Option<String>,
-    /// A PEM file of certificate authorities to trust for an `https://` ledger (a private CA).
-    #[arg(long, env = "REFUND_MCP_LEDGER_CA")]
-    ledger_ca: Option<std::path::PathBuf>,
-    /// For a ledger that verifies client certificates (mTLS): this server's PEM certificate
-    /// (with --ledger-client-key).
-    #[arg(
-        long,
-        env = "REFUND_MCP_LEDGER_CLIENT_CERT",
-        requires = "ledger_client_key"
-    )]
-    ledger_client_cert: Option<std::path::PathBuf>,
-    /// The PEM private key of --ledger-client-cert.
-    #[arg(
-        long,
-        env = "REFUND_MCP_LEDGER_CLIENT_KEY",
-        requires = "ledger_client_cert"
-    )]
-    ledger_client_key: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    ledger: once_client::LedgerArgs,
     /// The payment provider's base URL.
     #[arg(
         long,
@@ -78,11 +51,6 @@ impl std::fmt::Debug for Args {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Args")
             .field("ledger", &self.ledger)
-            .field(
-                "ledger_key",
-                &self.ledger_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("ledger_ca", &self.ledger_ca)
             .field("provider", &self.provider)
             .field("http", &self.http)
             .field("instance", &self.instance)
@@ -90,9 +58,25 @@ impl std::fmt::Debug for Args {
     }
 }
 
+/// The names refund-mcp's deployments already give the ledger's flags: its own environment
+/// variables, and the certificate flags' earlier names.
+fn own_names(command: clap::Command) -> clap::Command {
+    command
+        .mut_arg("ledger", |arg| arg.env("REFUND_MCP_LEDGER"))
+        .mut_arg("ledger_ca", |arg| arg.env("REFUND_MCP_LEDGER_CA"))
+        .mut_arg("ledger_cert", |arg| {
+            arg.env("REFUND_MCP_LEDGER_CLIENT_CERT")
+                .visible_alias("ledger-client-cert")
+        })
+        .mut_arg("ledger_cert_key", |arg| {
+            arg.env("REFUND_MCP_LEDGER_CLIENT_KEY")
+                .visible_alias("ledger-client-key")
+        })
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args: Args = once_telemetry::parse_args();
+    let args: Args = once_telemetry::parse_args_with::<Args>(own_names);
     // stdout carries the MCP protocol in stdio mode: logs go to stderr.
     let telemetry = match once_telemetry::Telemetry::init(once_telemetry::Process {
         name: "refund-mcp",
@@ -119,22 +103,8 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
-    tracing::info!(instance = %args.instance, ledger = %args.ledger, provider = %args.provider, "refund-mcp starting");
-    let mut config = ClientConfig::new(args.ledger.clone());
-    config.client_name = args.instance.clone();
-    config.token = args.ledger_key.clone();
-    if let (Some(cert), Some(key)) = (&args.ledger_client_cert, &args.ledger_client_key) {
-        let read = |path: &std::path::PathBuf| {
-            std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-        };
-        config.tls_identity_pem = Some((read(cert)?, read(key)?));
-    }
-    if let Some(path) = &args.ledger_ca {
-        config.tls_ca_pem = Some(
-            std::fs::read(path)
-                .map_err(|e| anyhow::anyhow!("--ledger-ca {}: {e}", path.display()))?,
-        );
-    }
+    tracing::info!(instance = %args.instance, ledger = %args.ledger.ledger, provider = %args.provider, "refund-mcp starting");
+    let config = args.ledger.config(&args.instance)?;
     let ledger = LedgerClient::connect(config)?;
     let provider = provider::Provider::new(&args.provider, args.provider_timeout)?;
     let server = tools::RefundServer::new(ledger, provider, &args);
@@ -194,4 +164,42 @@ async fn ended_sessions_answer_no_content(
         *response.body_mut() = axum::body::Body::empty();
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::FromArgMatches;
+
+    use super::*;
+
+    #[test]
+    fn the_ledger_flags_keep_refund_mcps_own_names() {
+        let command = own_names(once_telemetry::command::<Args>());
+        let env = |id: &str| {
+            let arg = command.get_arguments().find(|arg| arg.get_id() == id);
+            arg.and_then(|arg| arg.get_env())
+                .map(|env| env.to_string_lossy().into_owned())
+        };
+        assert_eq!(env("ledger").as_deref(), Some("REFUND_MCP_LEDGER"));
+        assert_eq!(env("ledger_key").as_deref(), Some("ONCE_LEDGER_KEY"));
+        assert_eq!(env("ledger_ca").as_deref(), Some("REFUND_MCP_LEDGER_CA"));
+        assert_eq!(
+            env("ledger_cert").as_deref(),
+            Some("REFUND_MCP_LEDGER_CLIENT_CERT")
+        );
+        assert_eq!(
+            env("ledger_cert_key").as_deref(),
+            Some("REFUND_MCP_LEDGER_CLIENT_KEY")
+        );
+        for (cert, key) in [
+            ("--ledger-client-cert", "--ledger-client-key"),
+            ("--ledger-cert", "--ledger-cert-key"),
+        ] {
+            let line = ["refund-mcp", cert, "c.pem", key, "k.pem"];
+            let matches = command.clone().try_get_matches_from(line).unwrap();
+            let args = Args::from_arg_matches(&matches).unwrap();
+            assert_eq!(args.ledger.ledger_cert, Some("c.pem".into()));
+            assert_eq!(args.ledger.ledger_cert_key, Some("k.pem".into()));
+        }
+    }
 }

@@ -481,33 +481,6 @@ pub(crate) async fn write(
 mod tests {
     use super::*;
     use once_testdb::{Engine, TestDb};
-    use serde_json::Value;
-
-    /// The plan `conn` makes of `sql`, its parameters of `types`.
-    async fn generic_plan(conn: &mut sqlx::PgConnection, sql: &str, types: &[String]) -> Value {
-        let nulls = vec!["NULL"; types.len()].join(", ");
-        sqlx::raw_sql(&format!("PREPARE checked ({}) AS {sql}", types.join(", ")))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        let plan = sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE checked ({nulls})"))
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        sqlx::raw_sql("DEALLOCATE checked")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        plan
-    }
-
-    /// Every node of a plan, its subplans' too.
-    fn nodes<'p>(plan: &'p Value, into: &mut Vec<&'p Value>) {
-        into.push(plan);
-        for child in plan["Plans"].as_array().into_iter().flatten() {
-            nodes(child, into);
-        }
-    }
 
     /// Planned once, generically, over empty tables, as a lane's new connection plans it, every
     /// statement finds each item's rows by their keys: no table is read whole, however many
@@ -567,10 +540,11 @@ mod tests {
                     false => vec![&mut lane, &mut pooled],
                 };
                 for conn in conns {
-                    let plan = generic_plan(conn, sql, &types).await;
-                    let mut all = Vec::new();
-                    nodes(&plan[0]["Plan"], &mut all);
-                    for node in all {
+                    let nulls = vec!["NULL"; types.len()].join(", ");
+                    let types = format!("({})", types.join(", "));
+                    let plan =
+                        crate::tests::prepared_plan(conn, &types, sql, &format!("({nulls})")).await;
+                    for node in crate::tests::plan_nodes(&plan) {
                         assert!(
                             node["Node Type"] != "Seq Scan" || node["Relation Name"].is_null(),
                             "shape {index}, many {many}: {plan:#}"

@@ -6,6 +6,7 @@ mod conformance;
 mod plans;
 
 use once_testdb::{Engine, TestDb};
+use serde_json::Value;
 
 /// Makes the ledger's schema in `db`, as a replica does when it first opens it.
 async fn schema(db: &TestDb) {
@@ -20,4 +21,43 @@ async fn schema(db: &TestDb) {
             crate::Backend::close(&backend).await;
         }
     }
+}
+
+/// The plan `conn` makes of `sql` prepared with the parameter types `types` (`""` lets
+/// PostgreSQL infer them) and executed with `arguments` (`""` for none, else `"(…)"`): the plan
+/// a connection keeps for a statement it prepared, when it keeps a generic one.
+pub(crate) async fn prepared_plan(
+    conn: &mut sqlx::PgConnection,
+    types: &str,
+    sql: &str,
+    arguments: &str,
+) -> Value {
+    sqlx::raw_sql(&format!("PREPARE checked {types} AS {sql}"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let plan = sqlx::query_scalar(&format!(
+        "EXPLAIN (FORMAT JSON) EXECUTE checked {arguments}"
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::raw_sql("DEALLOCATE checked")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    plan
+}
+
+/// Every node of an EXPLAIN (FORMAT JSON) answer, its subplans' too.
+pub(crate) fn plan_nodes(explained: &Value) -> Vec<&Value> {
+    fn walk<'a>(node: &'a Value, into: &mut Vec<&'a Value>) {
+        into.push(node);
+        for child in node["Plans"].as_array().into_iter().flatten() {
+            walk(child, into);
+        }
+    }
+    let mut nodes = Vec::new();
+    walk(&explained[0]["Plan"], &mut nodes);
+    nodes
 }

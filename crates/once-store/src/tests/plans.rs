@@ -159,8 +159,7 @@ async fn postgres_lookups_by_operation(db: &TestDb, statements: Vec<Statement>) 
         .unwrap();
     for (name, sql, binds) in statements {
         let plan = postgres_generic_plan(&mut conn, &sql, &binds).await;
-        let mut nodes = Vec::new();
-        walk(&plan[0]["Plan"], &mut nodes);
+        let nodes = super::plan_nodes(&plan);
         // Each of these statements reads a table, so it reads some index (a seq scan fails).
         assert!(
             nodes.iter().any(|node| node["Index Name"].is_string()),
@@ -312,8 +311,7 @@ async fn postgres_plans(db: &TestDb, statements: Vec<Statement>, rows: i64) {
         }
         let plan = query.fetch_one(&mut *tx).await.unwrap();
         tx.rollback().await.unwrap();
-        let mut nodes = Vec::new();
-        walk(&plan[0]["Plan"], &mut nodes);
+        let nodes = super::plan_nodes(&plan);
         let filtered: i64 = nodes
             .iter()
             .map(|n| n["Rows Removed by Filter"].as_i64().unwrap_or(0))
@@ -350,33 +348,13 @@ async fn postgres_generic_plan(conn: &mut sqlx::PgConnection, sql: &str, binds: 
     } else {
         format!("({})", values.join(", "))
     };
-    sqlx::raw_sql(&format!(
-        "SET plan_cache_mode = force_generic_plan; PREPARE checked AS {sql}"
-    ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    let plan: Value =
-        sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE checked{arguments}"))
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-    sqlx::raw_sql("DEALLOCATE checked")
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
         .execute(&mut *conn)
         .await
         .unwrap();
-    plan
+    super::prepared_plan(conn, "", sql, &arguments).await
 }
 
-fn walk<'a>(node: &'a Value, into: &mut Vec<&'a Value>) {
-    into.push(node);
-    for child in node["Plans"].as_array().into_iter().flatten() {
-        walk(child, into);
-    }
-}
-
-/// SQLite's plan for each statement must search the tables it reads by an index, never scan
-/// them.
 async fn sqlite_plans(db: &TestDb, statements: Vec<Statement>) {
     for (name, plan) in sqlite_explained(db, statements).await {
         let scans: Vec<&String> = plan
