@@ -9,7 +9,7 @@
 
 use std::future::Future;
 
-use once_core::{BeginCommand, Blocking};
+use once_core::{BeginCommand, Blocking, FencingToken, Millis, Operation, OperationId};
 use sqlx::{Database, Pool, Transaction};
 
 use crate::Decision;
@@ -91,10 +91,27 @@ pub trait Dialect: Database {
     /// check a decision in the statement that writes it.
     fn apply_unlocked(
         _store: &crate::Store<Self>,
-        _conn: sqlx::pool::PoolConnection<Self>,
+        _call: crate::store::Call<Self>,
         _decision: Decision<'_>,
     ) -> impl Future<Output = Result<Option<Unlocked>, StoreError>> + Send {
         async { Ok(None) }
+    }
+
+    /// A lock-free read of a call that took no connection (see [`crate::store::Call`]), made
+    /// with other calls' reads; a fresh token with it when `claim` and nothing is stored. Only
+    /// where [`Dialect::UNLOCKED_WRITES`]: every other dialect's calls take a connection.
+    fn read_with_others(
+        _store: &crate::Store<Self>,
+        _tenant: &str,
+        _id: &OperationId,
+        _claim: bool,
+    ) -> impl Future<Output = Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError>> + Send
+    {
+        async {
+            Err(StoreError::Corrupt(
+                "a call without a connection where reads are not made together".into(),
+            ))
+        }
     }
 
     /// Tells the other replicas that events were committed; nothing where they cannot be told

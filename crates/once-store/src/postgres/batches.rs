@@ -2,6 +2,15 @@
 //! together, up to [`MAX_BATCH`] of one shape in one statement ([`unlocked::write`]), and each
 //! caller is answered after that statement commits.
 //!
+//! Their reads go together too. A call begun while another is under way ([`UnderWay`]) takes no
+//! connection from the pool: its lock-free read is queued, and the reading lane (a lane reads or
+//! writes, never both, so a read never waits behind a write waiting for a lock) makes every
+//! queued read in one statement ([`READ_MANY`]), each as the call's own read would (the
+//! operation, the clock, a fresh token for a claim of an operation not stored). A statement that
+//! starts after the read was queued sees every commit answered before the call began. Its write
+//! then joins the queue, or, when no other is being written, goes out alone on a pooled
+//! connection taken then.
+//!
 //! An item begun while no other is being written is written at once, alone, on the connection
 //! its caller read on: a lone caller never waits for a batch, nor for a hop to another task.
 //! Any other joins a queue. While fewer than [`LANES`] lanes run, it starts one: a task with a
@@ -29,19 +38,25 @@
 //! ends sessions together.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use once_core::{FencingToken, Millis, Operation, OperationId};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, PgConnection, Postgres};
 use tokio::sync::oneshot;
 
 use super::unlocked::{self, Item, Shape};
+use crate::rows::{self, OPERATION_COLUMNS};
 use crate::writer::MAX_BATCH;
 use crate::{Store, StoreError, Unlocked};
 
 /// How many lanes may write at once, each with a connection of its own.
 const LANES: usize = 2;
+
+/// How many lanes read, each with a connection of its own. A lane reads or writes, never both:
+/// a read never waits behind a write waiting for a lock.
+const READING_LANES: usize = 1;
 
 /// How long a lane waits for its connection to open or answer, or for a batch to be written,
 /// before it gives the batch's items up as unavailable (their callers may ask again; each
@@ -69,13 +84,20 @@ impl Default for Batches {
 #[derive(Debug, Default)]
 struct Queue {
     waiting: VecDeque<Queued>,
+    /// The reads of calls begun while others were under way.
+    reading: VecDeque<QueuedRead>,
+    /// The lanes writing.
     lanes: usize,
+    /// The lanes reading.
+    readers: usize,
     /// The connections no lane holds.
     idle: Vec<Held>,
     /// The store was closed: a lane's connection is closed as it ends.
     closed: bool,
     /// How many callers' items are being written, alone or queued.
     writing: usize,
+    /// How many calls are under way ([`UnderWay`]).
+    calls: usize,
 }
 
 /// A lane's connection, and when it last answered.
@@ -91,38 +113,135 @@ struct Queued {
     reply: oneshot::Sender<Result<Unlocked, StoreError>>,
 }
 
+/// What a lock-free read finds: the operation, the store's clock, and for a claim of an
+/// operation not stored, a fencing token never issued before.
+pub(crate) type Found = (Option<Operation>, Millis, Option<FencingToken>);
+
+/// A lock-free read of one operation, to be made with others in one statement.
+#[derive(Debug, Clone)]
+pub(crate) struct Read {
+    pub(crate) tenant: String,
+    pub(crate) id: OperationId,
+    /// A token is taken when no operation is stored (a first claim may follow).
+    pub(crate) claim: bool,
+}
+
+#[derive(Debug)]
+struct QueuedRead {
+    read: Read,
+    reply: oneshot::Sender<Result<Found, StoreError>>,
+}
+
+/// What a lane does: read or write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Reads,
+    Writes,
+}
+
+/// What a lane takes from the queue at once.
+#[derive(Debug)]
+enum Batch {
+    Reads(Vec<QueuedRead>),
+    Writes(Vec<Queued>),
+}
+
+impl Queue {
+    /// How many lanes of `kind` run.
+    fn lanes(&mut self, kind: Kind) -> &mut usize {
+        match kind {
+            Kind::Reads => &mut self.readers,
+            Kind::Writes => &mut self.lanes,
+        }
+    }
+}
+
+/// One call under way, from when it asks for a connection to when it has been answered: while
+/// any other is, a call takes no connection from the pool and its read and write go with others'
+/// in a lane's statements.
+#[derive(Debug)]
+pub(crate) struct UnderWay {
+    batches: Arc<Batches>,
+}
+
+impl UnderWay {
+    /// A call begun, and whether no other was under way as it began.
+    pub(crate) fn begun(batches: &Arc<Batches>) -> (UnderWay, bool) {
+        let mut queue = batches.lock();
+        queue.calls += 1;
+        let alone = queue.calls == 1;
+        drop(queue);
+        let batches = batches.clone();
+        (UnderWay { batches }, alone)
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.batches.lock().calls -= 1;
+    }
+}
+
 impl Batches {
-    /// Writes `item`, decided from a read on `conn`, with whatever other items are waiting;
-    /// what it did, once committed.
+    /// Writes `item`, decided from a read on `conn` (a call's pooled connection, if it took
+    /// one), with whatever other items are waiting; what it did, once committed.
     pub(crate) async fn write(
         store: &Store<Postgres>,
-        mut conn: PoolConnection<Postgres>,
+        conn: Option<PoolConnection<Postgres>>,
         item: Item,
     ) -> Result<Unlocked, StoreError> {
         let writing = Writing::begun(&store.batches);
         if writing.alone {
+            let mut conn = match conn {
+                Some(conn) => conn,
+                None => store.pool.acquire().await?,
+            };
             return unlocked::write_one(&mut conn, &item).await;
         }
         drop(conn);
         let (reply, answer) = oneshot::channel();
-        let start_a_lane = {
-            let mut queue = store.batches.lock();
-            queue.waiting.push_back(Queued { item, reply });
-            let start = queue.lanes < LANES;
-            if start {
-                queue.lanes += 1;
-            }
-            start
-        };
-        if start_a_lane {
-            tokio::spawn(lane(store.clone()));
-        }
+        store.batches.queue(store, Kind::Writes, |queue| {
+            queue.waiting.push_back(Queued { item, reply })
+        });
         // A lane that ended without an answer (it panicked, or ran out of patience) may have
         // written the item or not: the caller is told the database is unavailable, and asked
         // again, is answered from what is stored.
         answer
             .await
             .map_err(|_| StoreError::Unavailable(sqlx::Error::WorkerCrashed))?
+    }
+
+    /// Reads what `read` names with whatever other reads are waiting, in a lane's statement.
+    pub(crate) async fn read(store: &Store<Postgres>, read: Read) -> Result<Found, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        store.batches.queue(store, Kind::Reads, |queue| {
+            queue.reading.push_back(QueuedRead { read, reply })
+        });
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable(sqlx::Error::WorkerCrashed))?
+    }
+
+    /// Queues work of `kind` as `push` does, and starts a lane of that kind if fewer than
+    /// [`LANES`] or [`READING_LANES`] run.
+    fn queue(&self, store: &Store<Postgres>, kind: Kind, push: impl FnOnce(&mut Queue)) {
+        let most = match kind {
+            Kind::Reads => READING_LANES,
+            Kind::Writes => LANES,
+        };
+        let start_a_lane = {
+            let mut queue = self.lock();
+            push(&mut queue);
+            let lanes = queue.lanes(kind);
+            let start = *lanes < most;
+            if start {
+                *lanes += 1;
+            }
+            start
+        };
+        if start_a_lane {
+            tokio::spawn(lane(store.clone(), kind));
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -141,10 +260,38 @@ impl Batches {
         }
     }
 
-    /// The next batch, taken from the queue in arrival order; `None` when nothing waits, and
-    /// then the lane asking has ended, leaving `conn` idle.
-    fn take(&self, conn: &mut Option<Held>) -> Option<Vec<Queued>> {
+    /// The next batch of `kind`, taken from the queue in arrival order; `None` when nothing
+    /// of it waits, and then the lane asking has ended, leaving `conn` idle.
+    fn take(&self, kind: Kind, conn: &mut Option<Held>) -> Option<Batch> {
         let mut queue = self.lock();
+        let batch = match kind {
+            Kind::Reads => {
+                let mut reads = Vec::new();
+                while reads.len() < MAX_BATCH {
+                    match queue.reading.pop_front() {
+                        Some(queued) if queued.reply.is_closed() => {}
+                        Some(queued) => reads.push(queued),
+                        None => break,
+                    }
+                }
+                (!reads.is_empty()).then_some(Batch::Reads(reads))
+            }
+            Kind::Writes => queue.writes().map(Batch::Writes),
+        };
+        if batch.is_none() {
+            *queue.lanes(kind) -= 1;
+            if let Some(held) = conn.take().filter(|_| !queue.closed) {
+                queue.idle.push(held);
+            }
+        }
+        batch
+    }
+}
+
+impl Queue {
+    /// The next batch of writes: one item per operation, one claim per intent.
+    fn writes(&mut self) -> Option<Vec<Queued>> {
+        let queue = self;
         let mut batch: Vec<Queued> = Vec::new();
         let mut at = 0;
         while at < queue.waiting.len() && batch.len() < MAX_BATCH {
@@ -163,14 +310,7 @@ impl Batches {
             }
             batch.extend(queue.waiting.remove(at));
         }
-        if batch.is_empty() {
-            queue.lanes -= 1;
-            if let Some(held) = conn.take().filter(|_| !queue.closed) {
-                queue.idle.push(held);
-            }
-            return None;
-        }
-        Some(batch)
+        (!batch.is_empty()).then_some(batch)
     }
 }
 
@@ -203,6 +343,7 @@ impl Drop for Writing<'_> {
 /// told the database is unavailable rather than left waiting.
 struct Lane {
     store: Store<Postgres>,
+    kind: Kind,
     ended: bool,
 }
 
@@ -213,26 +354,30 @@ impl Drop for Lane {
         }
         let stranded = {
             let mut queue = self.store.batches.lock();
-            queue.lanes -= 1;
-            match queue.lanes {
-                0 => std::mem::take(&mut queue.waiting),
-                _ => VecDeque::new(),
+            let lanes = queue.lanes(self.kind);
+            *lanes -= 1;
+            match (*lanes, self.kind) {
+                (0, Kind::Reads) => (VecDeque::new(), std::mem::take(&mut queue.reading)),
+                (0, Kind::Writes) => (std::mem::take(&mut queue.waiting), VecDeque::new()),
+                _ => Default::default(),
             }
         };
         drop(stranded);
     }
 }
 
-/// One lane: writes batch after batch on one connection until nothing waits.
-async fn lane(store: Store<Postgres>) {
+/// One lane: reads or writes batch after batch on one connection until nothing of its kind
+/// waits.
+async fn lane(store: Store<Postgres>, kind: Kind) {
     let mut lane = Lane {
         store: store.clone(),
+        kind,
         ended: false,
     };
     let patience = store.batches.patience;
     let mut held: Option<Held> = None;
     loop {
-        let Some(batch) = store.batches.take(&mut held) else {
+        let Some(batch) = store.batches.take(kind, &mut held) else {
             lane.ended = true;
             return;
         };
@@ -242,15 +387,26 @@ async fn lane(store: Store<Postgres>) {
                 since: Instant::now(),
             }),
             Ok(Err(error)) => {
-                for queued in batch {
-                    let _ = queued.reply.send(Err(error.again()));
+                match batch {
+                    Batch::Reads(reads) => reads
+                        .into_iter()
+                        .for_each(|queued| drop(queued.reply.send(Err(error.again())))),
+                    Batch::Writes(writes) => writes
+                        .into_iter()
+                        .for_each(|queued| drop(queued.reply.send(Err(error.again())))),
                 }
                 continue;
             }
             // Its items' callers are told the database is unavailable as the batch is dropped.
             Err(_) => continue,
         };
-        match tokio::time::timeout(patience, write_batch(&mut conn.conn, batch)).await {
+        let done = async {
+            match batch {
+                Batch::Reads(reads) => read_batch(&mut conn.conn, reads).await,
+                Batch::Writes(writes) => write_batch(&mut conn.conn, writes).await,
+            }
+        };
+        match tokio::time::timeout(patience, done).await {
             Ok(met) if !met.broken => conn.since = Instant::now(),
             Ok(met) => {
                 if met.lost {
@@ -262,7 +418,7 @@ async fn lane(store: Store<Postgres>) {
             Err(_) => {
                 tracing::warn!(
                     patience_ms = patience.as_millis(),
-                    "a batch of decisions was not written in time; its callers are told the database is unavailable"
+                    "a lane's batch was not done in time; its callers are told the database is unavailable"
                 );
                 held = None;
             }
@@ -319,8 +475,103 @@ struct Batched {
     split: bool,
 }
 
+/// Many reads in one statement: `$1` tenants, `$2` ids, `$3` whether each claims; a row per
+/// read, in their order, as a call's own read answers (`Statements::read_claimable`).
+static READ_MANY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} AS now_ms, \
+         CASE WHEN o.tenant IS NULL AND r.claim THEN nextval('fencing_tokens') END AS fresh_token, \
+         o.* FROM unnest($1::TEXT[], $2::TEXT[], $3::BOOLEAN[]) WITH ORDINALITY \
+         AS r(tenant, operation_id, claim, n) \
+         LEFT JOIN LATERAL (SELECT {} FROM operations \
+         WHERE tenant = r.tenant AND operation_id = r.operation_id) AS o ON TRUE ORDER BY r.n",
+        <Postgres as crate::Dialect>::NOW,
+        OPERATION_COLUMNS.as_str()
+    )
+});
+
+/// Makes `reads` in one statement (each alone when the database refuses it) and answers each
+/// one's caller.
+async fn read_batch(conn: &mut PgConnection, reads: Vec<QueuedRead>) -> Batched {
+    let mut met = Batched::default();
+    if reads.is_empty() {
+        return met;
+    }
+    let asked: Vec<&Read> = reads.iter().map(|queued| &queued.read).collect();
+    let found = read_many(conn, &asked).await;
+    drop(asked);
+    let mut met_error = |error: &StoreError| {
+        met.lost |= error.is_lost_connection();
+        met.broken |= error.is_lost_connection() || !from_the_database(error);
+    };
+    match found {
+        Ok(found) => {
+            for (queued, found) in reads.into_iter().zip(found) {
+                let _ = queued.reply.send(found);
+            }
+        }
+        Err(error) if reads.len() > 1 && refused(&error) => {
+            met.split = true;
+            met_error(&error);
+            for queued in reads {
+                let alone = read_many(conn, &[&queued.read]).await;
+                let alone = alone.and_then(|mut found| {
+                    found.pop().unwrap_or_else(|| {
+                        Err(StoreError::Corrupt("a read answered no row".into()))
+                    })
+                });
+                if let Err(error) = &alone {
+                    met_error(error);
+                }
+                let _ = queued.reply.send(alone);
+            }
+        }
+        Err(error) => {
+            met_error(&error);
+            for queued in reads {
+                let _ = queued.reply.send(Err(error.again()));
+            }
+        }
+    }
+    met
+}
+
+/// What [`READ_MANY`] finds for each of `reads`, in their order.
+pub(super) async fn read_many(
+    conn: &mut PgConnection,
+    reads: &[&Read],
+) -> Result<Vec<Result<Found, StoreError>>, StoreError> {
+    let rows = sqlx::query(&READ_MANY)
+        .bind(reads.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>())
+        .bind(reads.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+        .bind(reads.iter().map(|r| r.claim).collect::<Vec<_>>())
+        .fetch_all(conn)
+        .await?;
+    if rows.len() != reads.len() {
+        let miscounted = || {
+            StoreError::Corrupt(format!(
+                "{} rows answered {} reads made in one statement",
+                rows.len(),
+                reads.len()
+            ))
+        };
+        return Ok(reads.iter().map(|_| Err(miscounted())).collect());
+    }
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let (op, now) = crate::store::clocked(row)?;
+            let token: Option<i64> = sqlx::Row::try_get(row, "fresh_token")?;
+            Ok((op, now, token.map(rows::token).transpose()?))
+        })
+        .collect())
+}
+
 /// Writes one batch, a statement per shape, and answers each item's caller.
 async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
+    if batch.is_empty() {
+        return Batched::default();
+    }
     let mut shapes: Vec<Vec<Queued>> = (0..Shape::COUNT).map(|_| Vec::new()).collect();
     for queued in batch {
         shapes[queued.item.shape().index()].push(queued);
@@ -371,6 +622,9 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
 /// cannot take), which then committed nothing: not a statement it gave up for time, which
 /// would only wait again.
 fn refused(error: &StoreError) -> bool {
+    if error.is_lost_connection() {
+        return false;
+    }
     match error {
         StoreError::Unavailable(sqlx::Error::Database(db))
         | StoreError::Internal(sqlx::Error::Database(db)) => {
@@ -530,7 +784,7 @@ mod tests {
             calls.spawn(async move {
                 let conn = backend.pool.acquire().await.unwrap();
                 let id = item.key().1.to_owned();
-                (id, Batches::write(&backend, conn, item).await)
+                (id, Batches::write(&backend, Some(conn), item).await)
             });
         }
         let mut answered = 0;
@@ -582,7 +836,7 @@ mod tests {
             let store = store.clone();
             tokio::spawn(async move {
                 let conn = store.pool.acquire().await.unwrap();
-                Batches::write(&store, conn, item).await
+                Batches::write(&store, Some(conn), item).await
             })
         };
         let mut claims = claims.into_iter();
@@ -613,7 +867,7 @@ mod tests {
 
     /// A claim decided from a read that found nothing stored, with a token of its own.
     async fn claim(backend: &PgBackend, cmd: &BeginCommand) -> Item {
-        let mut conn = backend.pool.acquire().await.unwrap();
+        let (mut conn, _) = backend.connection().await.unwrap();
         let (_, now, token) = backend
             .read_claimable(&mut conn, TENANT, &cmd.operation_id)
             .await
@@ -771,14 +1025,230 @@ mod tests {
             queue.waiting.extend(queued);
             queue.lanes = 1;
         }
-        let keys = |batch: Vec<Queued>| -> Vec<String> {
-            batch.iter().map(|q| q.item.key().1.to_owned()).collect()
+        let keys = |batch: Batch| -> Vec<String> {
+            let Batch::Writes(writes) = batch else {
+                panic!("reads taken for a writing lane")
+            };
+            writes.iter().map(|q| q.item.key().1.to_owned()).collect()
         };
         let mut none = None;
-        assert_eq!(keys(batches.take(&mut none).unwrap()), ["a", "c"]);
-        assert_eq!(keys(batches.take(&mut none).unwrap()), ["a", "b"]);
-        assert_eq!(keys(batches.take(&mut none).unwrap()), ["d"]);
-        assert!(batches.take(&mut none).is_none());
+        assert_eq!(
+            keys(batches.take(Kind::Writes, &mut none).unwrap()),
+            ["a", "c"]
+        );
+        assert_eq!(
+            keys(batches.take(Kind::Writes, &mut none).unwrap()),
+            ["a", "b"]
+        );
+        assert_eq!(keys(batches.take(Kind::Writes, &mut none).unwrap()), ["d"]);
+        assert!(batches.take(Kind::Writes, &mut none).is_none());
         assert_eq!(batches.lock().lanes, 0);
+    }
+
+    /// Calls begun while another is under way take no connection from the pool: their reads
+    /// are made together in a lane's statement, and each is answered with its own operation,
+    /// the stored ones as stored and each new one with a token of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_begun_together_read_together_each_its_own_operation() {
+        let (_db, backend) = postgres().await;
+        let stored: Vec<String> = (0..8).map(|n| format!("stored-{n}")).collect();
+        confirms(&backend, &stored).await;
+        let (first, _) = backend.connection().await.unwrap();
+        assert!(
+            first.pooled.is_some(),
+            "a call begun alone reads on its own connection"
+        );
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..32 {
+            let id = match n % 2 {
+                0 => stored[n / 4].clone(),
+                _ => format!("new-{n}"),
+            };
+            let backend = backend.clone();
+            calls.spawn(async move {
+                let (mut call, _) = backend.connection().await.unwrap();
+                assert!(call.pooled.is_none());
+                let id = OperationId::parse("id", &id).unwrap();
+                let found = backend.read_claimable(&mut call, TENANT, &id).await;
+                (id, found.unwrap())
+            });
+        }
+        let mut tokens = std::collections::HashSet::new();
+        while let Some(call) = calls.join_next().await {
+            let (id, (op, _, token)) = call.unwrap();
+            match id.as_str().strip_prefix("new-") {
+                Some(_) => {
+                    assert!(op.is_none(), "{id}");
+                    assert!(tokens.insert(token.unwrap()), "{id}: a token twice");
+                }
+                None => {
+                    assert_eq!(op.unwrap().operation_id, id);
+                    assert_eq!(token, None, "{id}");
+                }
+            }
+        }
+        drop(first);
+        let queue = backend.batches.lock();
+        assert_eq!((queue.calls, queue.reading.len()), (0, 0));
+    }
+
+    /// A statement of reads the database refuses answers none of them: each is read alone, and
+    /// only the one it cannot read fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_refused_together_are_read_one_by_one() {
+        let (_db, backend) = postgres().await;
+        confirms(&backend, &["kept".to_owned()]).await;
+        let mut answers = Vec::new();
+        let reads: Vec<QueuedRead> = ["kept", "poisoned", "new"]
+            .into_iter()
+            .map(|id| {
+                let (reply, answer) = oneshot::channel();
+                answers.push(answer);
+                let tenant = match id {
+                    // PostgreSQL refuses a NUL in text.
+                    "poisoned" => "t\0",
+                    _ => TENANT,
+                };
+                let read = Read {
+                    tenant: tenant.to_owned(),
+                    id: OperationId::parse("id", id).unwrap(),
+                    claim: true,
+                };
+                QueuedRead { read, reply }
+            })
+            .collect();
+        let mut conn = connection(&backend, None).await.unwrap();
+        let met = read_batch(&mut conn, reads).await;
+        assert!(met.split && !met.broken, "{met:?}");
+        let mut answered = Vec::new();
+        for answer in answers {
+            answered.push(answer.await.unwrap());
+        }
+        let kept = answered[0].as_ref().unwrap();
+        assert_eq!(kept.0.as_ref().unwrap().operation_id.as_str(), "kept");
+        assert!(answered[1].is_err(), "{:?}", answered[1]);
+        let new = answered[2].as_ref().unwrap();
+        assert!(new.0.is_none() && new.2.is_some(), "{new:?}");
+    }
+
+    /// Planned once, generically, over empty tables, as a lane's new connection plans it, the
+    /// reads' statement finds each operation by its key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_planned_over_empty_tables_find_each_operation_by_its_key() {
+        let (_db, backend) = postgres().await;
+        let mut lane = connection(&backend, None).await.unwrap();
+        let types = "(TEXT[], TEXT[], BOOLEAN[])";
+        let plan =
+            crate::tests::prepared_plan(&mut lane, types, &READ_MANY, "(NULL, NULL, NULL)").await;
+        let nodes = crate::tests::plan_nodes(&plan);
+        assert!(
+            nodes
+                .iter()
+                .any(|node| node["Index Name"] == "operations_pkey"),
+            "{plan:#}"
+        );
+        for node in nodes {
+            assert!(
+                node["Node Type"] != "Seq Scan" || node["Relation Name"].is_null(),
+                "{plan:#}"
+            );
+        }
+    }
+
+    /// Reads made in one statement are each answered as the read alone would be: the stored
+    /// operation as stored, and a token only for a claim of an operation not stored.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_made_together_are_each_answered_as_alone() {
+        let (_db, backend) = postgres().await;
+        confirms(&backend, &["kept".to_owned()]).await;
+        let asked = [
+            ("kept", true),
+            ("new", true),
+            ("kept", false),
+            ("other", false),
+        ];
+        let mut answers = Vec::new();
+        let reads: Vec<QueuedRead> = asked
+            .iter()
+            .map(|&(id, claim)| {
+                let (reply, answer) = oneshot::channel();
+                answers.push(answer);
+                let read = Read {
+                    tenant: TENANT.to_owned(),
+                    id: OperationId::parse("id", id).unwrap(),
+                    claim,
+                };
+                QueuedRead { read, reply }
+            })
+            .collect();
+        let mut conn = connection(&backend, None).await.unwrap();
+        let met = read_batch(&mut conn, reads).await;
+        assert!(!met.split && !met.broken, "{met:?}");
+        for ((id, claim), answer) in asked.into_iter().zip(answers) {
+            let (op, _, token) = answer.await.unwrap().unwrap();
+            match id {
+                "kept" => assert_eq!(op.unwrap().operation_id.as_str(), "kept"),
+                _ => assert!(op.is_none(), "{id}"),
+            }
+            assert_eq!(
+                token.is_some(),
+                claim && id != "kept",
+                "{id}, claim {claim}"
+            );
+        }
+    }
+
+    /// A read made with others never waits for a write waiting for a lock: the lanes that
+    /// write are not the lane that reads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_never_waits_for_a_write_waiting_for_a_lock() {
+        let (db, backend) = postgres().await;
+        confirms(&backend, &["kept".to_owned()]).await;
+        let stuck: Vec<BeginCommand> = (0..3).map(|n| command(&format!("stuck-{n}"), 5)).collect();
+        let mut claims = Vec::new();
+        for cmd in &stuck {
+            claims.push(claim(&backend, cmd).await);
+        }
+        let mut holder = connection(&backend, None).await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(crate::postgres::intent_key(&stuck[0]))
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        // One claim written alone, two by the writing lanes: all three wait for the lock.
+        let writes: Vec<_> = claims
+            .into_iter()
+            .map(|item| {
+                let backend = backend.clone();
+                tokio::spawn(async move { Batches::write(&backend, None, item).await })
+            })
+            .collect();
+        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        while db.scalar(waiting).await < 3 {
+            tokio::task::yield_now().await;
+        }
+        // A call begun while another is under way reads through the reading lane.
+        let (_first, _) = backend.connection().await.unwrap();
+        let (mut call, _) = backend.connection().await.unwrap();
+        assert!(call.pooled.is_none());
+        let id = OperationId::parse("id", "kept").unwrap();
+        let read = backend.read_claimable(&mut call, TENANT, &id);
+        let (op, _, _) = tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("the read waited for the writes")
+            .unwrap();
+        assert_eq!(op.unwrap().state, State::InFlight);
+        assert_eq!(db.scalar(waiting).await, 3, "the writes still wait");
+        holder.close().await.unwrap();
+        // One claim of the intent is written; the others find it blocking them.
+        let mut applied = 0;
+        for write in writes {
+            match write.await.unwrap() {
+                Ok(Unlocked::Applied { .. }) => applied += 1,
+                Ok(Unlocked::Blocked(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(applied, 1);
     }
 }

@@ -17,21 +17,20 @@
 //! call for the dead connections the pool still held.
 
 mod batches;
-pub(crate) use batches::Batches;
+pub(crate) use batches::{Batches, UnderWay};
 mod unlocked;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use once_core::{BeginCommand, Blocking};
-use sqlx::pool::PoolConnection;
+use once_core::{BeginCommand, Blocking, FencingToken, Millis, Operation, OperationId};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Pool, Postgres, Transaction};
 
 use std::sync::LazyLock;
 
 use crate::rows::{self, BlockingRow, BLOCKING_COLUMNS};
-use crate::store::{Losses, Statements};
+use crate::store::{Call, Losses, Statements};
 use crate::Decision;
 use crate::{Announcements, Dialect, Store, StoreError, Unlocked};
 
@@ -177,16 +176,33 @@ impl Dialect for Postgres {
 
     const UNLOCKED_WRITES: bool = true;
 
-    /// Written alone on `conn`, or with other callers' decisions by a lane ([`batches`]).
+    /// Written alone on the call's connection (or one from the pool), or with other callers'
+    /// decisions by a lane ([`batches`]).
     async fn apply_unlocked(
         store: &Store<Postgres>,
-        conn: PoolConnection<Postgres>,
+        call: Call<Postgres>,
         decision: Decision<'_>,
     ) -> Result<Option<Unlocked>, StoreError> {
         match unlocked::Item::of(decision) {
-            Some(item) => batches::Batches::write(store, conn, item).await.map(Some),
+            Some(item) => batches::Batches::write(store, call.pooled, item)
+                .await
+                .map(Some),
             None => Ok(None),
         }
+    }
+
+    async fn read_with_others(
+        store: &Store<Postgres>,
+        tenant: &str,
+        id: &OperationId,
+        claim: bool,
+    ) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
+        let read = batches::Read {
+            tenant: tenant.to_owned(),
+            id: id.clone(),
+            claim,
+        };
+        batches::Batches::read(store, read).await
     }
 
     async fn announce_events(pool: &Pool<Self>) -> Result<(), StoreError> {

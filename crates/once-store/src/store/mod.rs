@@ -19,6 +19,7 @@ mod transactions;
 
 #[cfg(test)]
 pub(crate) use sweeps::{sweep_statements, SweepBinds};
+pub(crate) use transactions::clocked;
 #[cfg(test)]
 pub(crate) use transactions::{call_statements, CallBinds};
 
@@ -30,6 +31,7 @@ use once_core::stats::{Gauges, LookupRow, Stats, UNKNOWN_AGE_THRESHOLDS};
 use once_core::{
     Attempt, Event, EventKind, FencingToken, ListQuery, Listed, Millis, OperationId, Scope,
 };
+use sqlx::pool::PoolConnection;
 use sqlx::{Arguments, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use crate::backend::sealed::Transactions;
@@ -48,6 +50,17 @@ pub struct Store<D: Database> {
     pub(crate) losses: Arc<Losses>,
     /// The decisions waiting to be written in one statement with others' (PostgreSQL).
     pub(crate) batches: Arc<crate::postgres::Batches>,
+}
+
+/// One call's way to the database, for its lock-free read and the one-statement write decided
+/// from it: a connection from the pool, or — on PostgreSQL, for a call begun while others were
+/// under way — none, its read and its write then made with other calls' in a lane's statements
+/// ([`crate::postgres::Batches`]), which spares a connection's round trips for each.
+#[derive(Debug)]
+pub struct Call<D: Database> {
+    pub(crate) pooled: Option<PoolConnection<D>>,
+    /// While the call holds it, others know it is under way.
+    _under_way: Option<crate::postgres::UnderWay>,
 }
 
 impl<D: Database> Clone for Store<D> {

@@ -8,12 +8,11 @@ use once_core::machine::{self, FreshIdGuard, Write};
 use once_core::{
     Attempt, BeginCommand, FencingToken, Millis, Operation, OperationId, Plan, PriorResolution,
 };
-use sqlx::pool::PoolConnection;
 use sqlx::{
     ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row, Transaction, Type,
 };
 
-use super::Store;
+use super::{Call, Store};
 use crate::backend::sealed::Transactions;
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, One, OperationRow, INSERT_ATTEMPT,
@@ -102,7 +101,7 @@ where
     for<'n> &'n str: ColumnIndex<D::Row>,
 {
     type Tx = Transaction<'static, D>;
-    type Conn = PoolConnection<D>;
+    type Conn = Call<D>;
 
     async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
         D::begin_write(&self.pool).await
@@ -119,9 +118,28 @@ where
     }
 
     async fn connection(&self) -> Result<(Self::Conn, Duration), StoreError> {
+        // Where the lanes are, a call begun while others are under way reads and writes there.
+        let (under_way, alone) = match D::UNLOCKED_WRITES {
+            true => {
+                let (under_way, alone) = crate::postgres::UnderWay::begun(&self.batches);
+                (Some(under_way), alone)
+            }
+            false => (None, true),
+        };
+        if !alone {
+            let call = Call {
+                pooled: None,
+                _under_way: under_way,
+            };
+            return Ok((call, Duration::ZERO));
+        }
         let asked = Instant::now();
         let conn = self.pool.acquire().await?;
-        Ok((conn, asked.elapsed()))
+        let call = Call {
+            pooled: Some(conn),
+            _under_way: under_way,
+        };
+        Ok((call, asked.elapsed()))
     }
 
     async fn read_held(
@@ -130,7 +148,11 @@ where
         tenant: &str,
         id: &OperationId,
     ) -> Result<Clocked, StoreError> {
-        let row = by_operation::<D>(&mut **conn, &D::statements().read, tenant, id).await?;
+        let Some(pooled) = &mut conn.pooled else {
+            let (op, now, _) = D::read_with_others(self, tenant, id, false).await?;
+            return Ok((op, now));
+        };
+        let row = by_operation::<D>(&mut **pooled, &D::statements().read, tenant, id).await?;
         clocked(&row)
     }
 
@@ -140,8 +162,11 @@ where
         tenant: &str,
         id: &OperationId,
     ) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
+        let Some(pooled) = &mut conn.pooled else {
+            return D::read_with_others(self, tenant, id, true).await;
+        };
         let statement = &D::statements().read_claimable;
-        let row = by_operation::<D>(&mut **conn, statement, tenant, id).await?;
+        let row = by_operation::<D>(&mut **pooled, statement, tenant, id).await?;
         let (op, now) = clocked(&row)?;
         let token: Option<i64> = row.try_get("fresh_token")?;
         Ok((op, now, token.map(rows::token).transpose()?))
@@ -339,7 +364,7 @@ where
 }
 
 /// Reads a row of [`Statements::read`]: the operation's columns are all NULL when there is none.
-fn clocked<R>(row: &R) -> Result<Clocked, StoreError>
+pub(crate) fn clocked<R>(row: &R) -> Result<Clocked, StoreError>
 where
     R: Row,
     for<'r> OperationRow: FromRow<'r, R>,
