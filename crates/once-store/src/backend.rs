@@ -397,6 +397,11 @@ pub(crate) mod sealed {
             Output = Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError>,
         > + Send;
 
+        /// How long the call's read on `conn` waited to be made with other calls' (its queue and
+        /// the read), where a call that took no connection from the pool reads so (see
+        /// [`Transactions::connection`]); nothing for a read on the call's own connection.
+        fn read_waited(&self, conn: &Self::Conn) -> Duration;
+
         /// Whether [`Transactions::apply_unlocked`] can write anything here.
         fn writes_unlocked(&self) -> bool;
 

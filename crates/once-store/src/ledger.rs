@@ -76,7 +76,8 @@ async fn apply<B: Backend>(
 /// on the writing task: it must be quick and must not block.
 pub trait Observer: Send + Sync + std::fmt::Debug {
     /// A write transaction started `waited` after it was asked for: the wait for a pooled
-    /// connection, then BEGIN (where writes are batched, the wait in the writer's queue too).
+    /// connection, then BEGIN (where writes are batched, the wait in the writer's queue too; for
+    /// a call that took no connection, the wait for its read, made with others').
     fn transaction_started(&self, waited: Duration);
     /// `plan` was committed over `before` (none for an operation it created), at `now`;
     /// `written` says which of its events were (an anomaly already recorded is not again).
@@ -182,6 +183,7 @@ impl<B: Backend> Ledger<B> {
         plan: Plan,
         now: Millis,
     ) -> Result<bool, StoreError> {
+        let waited = waited + self.backend.read_waited(&conn);
         let unlocked = self
             .backend
             .apply_unlocked(

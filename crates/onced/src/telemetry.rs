@@ -262,7 +262,7 @@ impl Metrics {
             ),
             transaction_start: latency(
                 "once.db.transaction.start.duration",
-                "How long a write transaction waited to start: for a pooled connection, then BEGIN",
+                "How long a write transaction waited to start: for a pooled connection (or for its call's read, made with others'), then BEGIN",
             ),
             read,
             _gauges: gauges,

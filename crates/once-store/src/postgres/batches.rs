@@ -842,7 +842,8 @@ mod tests {
         let mut claims = claims.into_iter();
         // The first is written alone, on its caller's connection, and waits for the lock.
         let alone = write(claims.next().unwrap());
-        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
         while db.scalar(waiting).await < 1 {
             tokio::task::yield_now().await;
         }
@@ -1070,6 +1071,8 @@ mod tests {
                 assert!(call.pooled.is_none());
                 let id = OperationId::parse("id", &id).unwrap();
                 let found = backend.read_claimable(&mut call, TENANT, &id).await;
+                // What it waited for counts as the wait for its write's start.
+                assert!(backend.read_waited(&call) > Duration::ZERO);
                 (id, found.unwrap())
             });
         }
@@ -1223,7 +1226,8 @@ mod tests {
                 tokio::spawn(async move { Batches::write(&backend, None, item).await })
             })
             .collect();
-        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
         while db.scalar(waiting).await < 3 {
             tokio::task::yield_now().await;
         }

@@ -59,6 +59,8 @@ pub struct Store<D: Database> {
 #[derive(Debug)]
 pub struct Call<D: Database> {
     pub(crate) pooled: Option<PoolConnection<D>>,
+    /// How long its read, made with others', took from being asked to being answered.
+    pub(crate) read_waited: Duration,
     /// While the call holds it, others know it is under way.
     _under_way: Option<crate::postgres::UnderWay>,
 }

@@ -129,6 +129,7 @@ where
         if !alone {
             let call = Call {
                 pooled: None,
+                read_waited: Duration::ZERO,
                 _under_way: under_way,
             };
             return Ok((call, Duration::ZERO));
@@ -137,6 +138,7 @@ where
         let conn = self.pool.acquire().await?;
         let call = Call {
             pooled: Some(conn),
+            read_waited: Duration::ZERO,
             _under_way: under_way,
         };
         Ok((call, asked.elapsed()))
@@ -149,7 +151,9 @@ where
         id: &OperationId,
     ) -> Result<Clocked, StoreError> {
         let Some(pooled) = &mut conn.pooled else {
+            let asked = Instant::now();
             let (op, now, _) = D::read_with_others(self, tenant, id, false).await?;
+            conn.read_waited = asked.elapsed();
             return Ok((op, now));
         };
         let row = by_operation::<D>(&mut **pooled, &D::statements().read, tenant, id).await?;
@@ -163,7 +167,10 @@ where
         id: &OperationId,
     ) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
         let Some(pooled) = &mut conn.pooled else {
-            return D::read_with_others(self, tenant, id, true).await;
+            let asked = Instant::now();
+            let found = D::read_with_others(self, tenant, id, true).await?;
+            conn.read_waited = asked.elapsed();
+            return Ok(found);
         };
         let statement = &D::statements().read_claimable;
         let row = by_operation::<D>(&mut **pooled, statement, tenant, id).await?;
@@ -174,6 +181,10 @@ where
 
     fn writes_unlocked(&self) -> bool {
         D::UNLOCKED_WRITES
+    }
+
+    fn read_waited(&self, conn: &Self::Conn) -> Duration {
+        conn.read_waited
     }
 
     async fn apply_unlocked(
