@@ -188,8 +188,8 @@ pub struct Config {
     #[arg(long, env = "ONCE_CONSOLE_SESSION_LIFETIME", default_value = "12h", value_parser = humantime::parse_duration)]
     pub console_session_lifetime: Duration,
 
-    /// PostgreSQL connections per replica in its pool (it also opens up to three of its own
-    /// that read and write for concurrent callers together).
+    /// PostgreSQL connections per replica in its pool (it also opens up to two of its own that
+    /// read and write for concurrent callers together).
     #[arg(long, env = "ONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
 
