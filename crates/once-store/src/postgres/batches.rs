@@ -38,6 +38,7 @@
 //! ends sessions together.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,9 @@ const PATIENCE: Duration = Duration::from_secs(5);
 pub(crate) struct Batches {
     queue: Mutex<Queue>,
     patience: Duration,
+    /// How many calls are under way ([`UnderWay`]): counted apart from the queue, as every
+    /// call counts itself in and out.
+    calls: AtomicUsize,
 }
 
 impl Default for Batches {
@@ -79,6 +83,7 @@ impl Default for Batches {
         Batches {
             queue: Mutex::default(),
             patience: PATIENCE,
+            calls: AtomicUsize::new(0),
         }
     }
 }
@@ -98,8 +103,6 @@ struct Queue {
     closed: bool,
     /// How many callers' items are being written, alone or queued.
     writing: usize,
-    /// How many calls are under way ([`UnderWay`]).
-    calls: usize,
 }
 
 /// A lane's connection, and when it last answered.
@@ -169,10 +172,7 @@ pub(crate) struct UnderWay {
 impl UnderWay {
     /// A call begun, and whether no other was under way as it began.
     pub(crate) fn begun(batches: &Arc<Batches>) -> (UnderWay, bool) {
-        let mut queue = batches.lock();
-        queue.calls += 1;
-        let alone = queue.calls == 1;
-        drop(queue);
+        let alone = batches.calls.fetch_add(1, Ordering::Relaxed) == 0;
         let batches = batches.clone();
         (UnderWay { batches }, alone)
     }
@@ -180,7 +180,7 @@ impl UnderWay {
 
 impl Drop for UnderWay {
     fn drop(&mut self) {
-        self.batches.lock().calls -= 1;
+        self.batches.calls.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -477,6 +477,14 @@ struct Batched {
     split: bool,
 }
 
+impl Batched {
+    /// Notes what an error says of the connection it came over.
+    fn met(&mut self, error: &StoreError) {
+        self.lost |= error.is_lost_connection();
+        self.broken |= error.is_lost_connection() || !from_the_database(error);
+    }
+}
+
 /// Many reads in one statement: `$1` tenants, `$2` ids, `$3` whether each claims; a row per
 /// read, in their order, as a call's own read answers (`Statements::read_claimable`).
 static READ_MANY: LazyLock<String> = LazyLock::new(|| {
@@ -502,10 +510,6 @@ async fn read_batch(conn: &mut PgConnection, reads: Vec<QueuedRead>) -> Batched 
     let asked: Vec<&Read> = reads.iter().map(|queued| &queued.read).collect();
     let found = read_many(conn, &asked).await;
     drop(asked);
-    let mut met_error = |error: &StoreError| {
-        met.lost |= error.is_lost_connection();
-        met.broken |= error.is_lost_connection() || !from_the_database(error);
-    };
     match found {
         Ok(found) => {
             for (queued, found) in reads.into_iter().zip(found) {
@@ -514,7 +518,7 @@ async fn read_batch(conn: &mut PgConnection, reads: Vec<QueuedRead>) -> Batched 
         }
         Err(error) if reads.len() > 1 && refused(&error) => {
             met.split = true;
-            met_error(&error);
+            met.met(&error);
             for queued in reads {
                 let alone = read_many(conn, &[&queued.read]).await;
                 let alone = alone.and_then(|mut found| {
@@ -523,13 +527,13 @@ async fn read_batch(conn: &mut PgConnection, reads: Vec<QueuedRead>) -> Batched 
                     })
                 });
                 if let Err(error) = &alone {
-                    met_error(error);
+                    met.met(error);
                 }
                 let _ = queued.reply.send(alone);
             }
         }
         Err(error) => {
-            met_error(&error);
+            met.met(&error);
             for queued in reads {
                 let _ = queued.reply.send(Err(error.again()));
             }
@@ -579,10 +583,6 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
         shapes[queued.item.shape().index()].push(queued);
     }
     let mut met = Batched::default();
-    let mut met_error = |error: &StoreError| {
-        met.lost |= error.is_lost_connection();
-        met.broken |= error.is_lost_connection() || !from_the_database(error);
-    };
     for mut group in shapes.into_iter().filter(|group| !group.is_empty()) {
         group.sort_by(|a, b| a.item.order().cmp(&b.item.order()));
         let items: Vec<&Item> = group.iter().map(|queued| &queued.item).collect();
@@ -598,19 +598,19 @@ async fn write_batch(conn: &mut PgConnection, batch: Vec<Queued>) -> Batched {
             // alone, and fails alone.
             Err(error) if group.len() > 1 && refused(&error) => {
                 met.split = true;
-                met_error(&error);
+                met.met(&error);
                 tracing::debug!(%error, items = group.len(), "a batch of decisions failed; writing them one by one");
                 for queued in group {
                     let alone = unlocked::write_one(conn, &queued.item).await;
                     if let Err(error) = &alone {
-                        met_error(error);
+                        met.met(error);
                     }
                     let _ = queued.reply.send(alone);
                 }
             }
             // No answer, or it ran out of time: each is told so.
             Err(error) => {
-                met_error(&error);
+                met.met(&error);
                 for queued in group {
                     let _ = queued.reply.send(Err(error.again()));
                 }
@@ -819,6 +819,7 @@ mod tests {
             batches: std::sync::Arc::new(Batches {
                 queue: Mutex::default(),
                 patience: Duration::from_millis(300),
+                calls: AtomicUsize::new(0),
             }),
         };
         let free = confirms(&backend, &["free".to_owned()]).await.remove(0);
@@ -1095,7 +1096,8 @@ mod tests {
         }
         drop(first);
         let queue = backend.batches.lock();
-        assert_eq!((queue.calls, queue.reading.len()), (0, 0));
+        assert_eq!(backend.batches.calls.load(Ordering::Relaxed), 0);
+        assert_eq!(queue.reading.len(), 0);
     }
 
     /// A statement of reads the database refuses answers none of them: each is read alone, and
