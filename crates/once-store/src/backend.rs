@@ -482,13 +482,14 @@ pub(crate) mod sealed {
             tx: &mut Self::Tx,
         ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-        /// Keeps what was written since the savepoint.
-        fn release_savepoint(
+        /// Keeps what was written since the savepoint, and marks where the next write starts:
+        /// one round trip.
+        fn savepoint_again(
             &self,
             tx: &mut Self::Tx,
         ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-        /// Undoes what was written since the savepoint, and releases it.
+        /// Undoes what was written since the savepoint, and releases it: one round trip.
         fn rollback_to_savepoint(
             &self,
             tx: &mut Self::Tx,

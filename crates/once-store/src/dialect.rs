@@ -55,6 +55,10 @@ pub trait Dialect: Database {
     /// ([`crate::writer`]).
     const GROUP_COMMIT: bool;
 
+    /// Whether one query may hold several statements bound from one list of values, run in
+    /// one round trip (a plan's writes are then sent together).
+    const STATEMENT_LISTS: bool;
+
     /// The text of `field` of the JSON object in the text column `column` (NULL when absent).
     fn json_text(column: &str, field: &str) -> String;
 
@@ -78,6 +82,14 @@ pub trait Dialect: Database {
         tx: &mut Self::Connection,
         cmd: &BeginCommand,
     ) -> impl Future<Output = Result<Option<Blocking>, StoreError>> + Send;
+
+    /// A statement that takes a token as [`Dialect::NEXT_TOKEN`] does, but only where nothing
+    /// blocks the intent it is bound with (as [`Dialect::blocking`] reads it): the guard and
+    /// the token in one round trip, where the guard needs no lock of its own. It answers no row
+    /// when something blocks. `None` where the guard takes a lock first.
+    fn clear_token() -> Option<&'static str> {
+        None
+    }
 
     /// The guard's query as a write transaction sends it, for the tests of its plan; `None`
     /// where it runs inside a function whose plan is tested there.

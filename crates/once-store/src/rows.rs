@@ -748,6 +748,34 @@ where
         .bind(cmd.operation_id.as_str())
 }
 
+/// Binds an event's own values to an [`INSERT_EVENT`] whose tenant and operation id are bound:
+/// its life, the time, and the rest of the event.
+pub(crate) fn event_values<'q, D>(
+    query: Bound<'q, D>,
+    event: &'q once_core::NewEvent,
+    now: Millis,
+) -> Bound<'q, D>
+where
+    D: Database,
+    for<'a> &'a str: Encode<'a, D> + Type<D>,
+    for<'a> Option<&'a str>: Encode<'a, D> + Type<D>,
+    for<'a> i64: Encode<'a, D> + Type<D>,
+    for<'a> Option<i64>: Encode<'a, D> + Type<D>,
+    for<'a> String: Encode<'a, D> + Type<D>,
+{
+    query
+        .bind(token_column(event.life))
+        .bind(now)
+        .bind(event.kind.as_str())
+        .bind(event.from.map(|s| s.as_str()))
+        .bind(event.to.map(|s| s.as_str()))
+        .bind(event.attempt.map(i64::from))
+        .bind(event.actor.to_string())
+        .bind(event.reason.as_deref())
+        .bind(event.details.as_deref())
+        .bind(event.dedupe_key.as_deref())
+}
+
 /// Binds an attempt's columns, in the order of [`ATTEMPT_COLUMNS`].
 pub(crate) fn attempt_columns<'q, S>(columns: S) -> S
 where

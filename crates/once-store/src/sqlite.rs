@@ -37,13 +37,25 @@ const MIGRATION_TRIES: u64 = 5;
 /// How often opening is retried while another process holds a new file's exclusive lock.
 const OPEN_TRIES: u64 = 10;
 
+/// What blocks a claim: an open operation of the same intent (`$1` tenant, `$2` tool, `$3`
+/// fingerprint) under another id (`$4`).
+const BLOCKS: &str = "tenant = $1 AND tool = $2 AND fingerprint = $3 \
+     AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4";
+
 /// The fresh-id guard: an open operation of the same intent under another id. UNKNOWN ones
 /// come first: they block whatever their lease says.
 static FIND_BLOCKING: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {BLOCKING_COLUMNS} FROM operations WHERE tenant = $1 AND tool = $2 \
-         AND fingerprint = $3 AND state IN ('UNKNOWN', 'IN_FLIGHT') AND operation_id <> $4 \
+        "SELECT {BLOCKING_COLUMNS} FROM operations WHERE {BLOCKS} \
          ORDER BY state DESC, created_at LIMIT 1"
+    )
+});
+
+/// A fresh token, taken only when nothing blocks the intent (bound as [`FIND_BLOCKING`]).
+static CLEAR_TOKEN: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} AND NOT EXISTS (SELECT 1 FROM operations WHERE {BLOCKS}) RETURNING last",
+        Sqlite::NEXT_TOKEN.trim_end_matches(" RETURNING last")
     )
 });
 
@@ -79,6 +91,18 @@ impl Dialect for Sqlite {
     /// SQLite takes one writer at a time: writes queued for it share one transaction and one
     /// flush to disk.
     const GROUP_COMMIT: bool = true;
+
+    /// The driver runs a query's statements one after another on the connection's thread, each
+    /// bound from the query's one list of values by number. (sqlx documents this as a behaviour
+    /// of its SQLite driver it may drop; every write of a plan goes through it, so the store's
+    /// tests would fail at once.)
+    const STATEMENT_LISTS: bool = true;
+
+    /// Under the one write lock the guard needs no lock of its own: the token is taken in the
+    /// statement that finds the way clear.
+    fn clear_token() -> Option<&'static str> {
+        Some(&CLEAR_TOKEN)
+    }
 
     fn frontier() -> &'static str {
         "SELECT COALESCE(MAX(sequence), 0) AS newest, '' AS writing FROM events"

@@ -226,30 +226,35 @@ async fn write_batch<B: Backend>(
             return;
         }
     };
-    // Alone, a failed write is undone by not committing; shared, by its savepoint.
+    // Alone, a failed write is undone by not committing; shared, by its savepoint. The
+    // savepoint of a write that succeeded stays open until the next write's is marked, in the
+    // same round trip, or until the commit: one round trip a write.
     let shared = batch.len() > 1;
     let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(batch.len());
     let mut broken: Option<StoreError> = None;
+    let mut open = false;
     for job in batch {
         if let Some(error) = &broken {
             job.fail(error.again());
             continue;
         }
         if shared {
-            if let Err(error) = backend.savepoint(&mut tx).await {
+            let marked = match open {
+                true => backend.savepoint_again(&mut tx).await,
+                false => backend.savepoint(&mut tx).await,
+            };
+            if let Err(error) = marked {
+                // Releasing the last write's savepoint failed, or marking this one: the
+                // database may have rolled the whole transaction back itself.
                 job.fail(error.again());
                 broken = Some(error);
                 continue;
             }
         }
         let outcome = job.run(&mut tx).await;
-        if shared {
-            let closed = if outcome.error().is_some() {
-                backend.rollback_to_savepoint(&mut tx).await
-            } else {
-                backend.release_savepoint(&mut tx).await
-            };
-            if let Err(error) = closed {
+        open = shared && outcome.error().is_none();
+        if shared && !open {
+            if let Err(error) = backend.rollback_to_savepoint(&mut tx).await {
                 // The database rolled the whole transaction back itself (a full disk, an I/O
                 // error) and took the savepoint with it: nothing of the batch is applied, and
                 // the write's own error says why.
@@ -376,20 +381,21 @@ mod tests {
         let (_dir, store) = store().await;
         let writer = Writer::spawn(store.clone());
         let (release, held) = hold(&writer).await;
-        // Two failures in a row: each is undone to its own savepoint.
-        let writes: Vec<_> = [(1, false), (2, true), (3, true), (4, false)]
+        // Two failures in a row, each undone to its own savepoint; then two successes, the
+        // first's savepoint released as the second's is marked.
+        let writes: Vec<_> = [(1, false), (2, true), (3, true), (4, false), (5, false)]
             .into_iter()
             .map(|(id, fail)| inserting(&writer, id, fail))
             .collect();
-        queued(&writer, 4).await;
+        queued(&writer, 5).await;
         drop(release);
         held.await.unwrap();
         let mut answers = Vec::new();
         for write in writes {
             answers.push(write.await.unwrap().ok());
         }
-        assert_eq!(answers, [Some(1), None, None, Some(4)]);
-        assert_eq!(parents(&store).await, [1, 4]);
+        assert_eq!(answers, [Some(1), None, None, Some(4), Some(5)]);
+        assert_eq!(parents(&store).await, [1, 4, 5]);
     }
 
     #[tokio::test]

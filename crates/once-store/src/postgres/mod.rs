@@ -122,6 +122,9 @@ impl Dialect for Postgres {
     /// Writers run side by side, each in its own transaction, locking only what they write.
     const GROUP_COMMIT: bool = false;
 
+    /// A prepared statement holds one statement.
+    const STATEMENT_LISTS: bool = false;
+
     fn one_of(subquery: &str) -> String {
         // `IN (subquery)` is a join, which the planner may make a scan of the whole table.
         format!("= ANY(ARRAY({subquery}))")

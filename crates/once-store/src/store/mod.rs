@@ -14,6 +14,7 @@
 mod credentials;
 mod events;
 mod forensics;
+mod listed;
 mod sweeps;
 mod transactions;
 

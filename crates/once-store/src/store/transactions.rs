@@ -12,7 +12,7 @@ use sqlx::{
     ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row, Transaction, Type,
 };
 
-use super::{Call, Store};
+use super::{listed, Call, Store};
 use crate::backend::sealed::Transactions;
 use crate::rows::{
     self, AttemptRow, BlockingRow, Clocked, EventRow, KeyRow, One, OperationRow, INSERT_ATTEMPT,
@@ -55,6 +55,13 @@ pub enum CallBinds {
 pub(crate) fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBinds)> {
     let statements = D::statements();
     let guard = D::guard_statement().map(|sql| ("fresh-id guard", sql, CallBinds::Intent));
+    let clear = D::clear_token().map(|sql| {
+        (
+            "fresh-id guard taking a token",
+            sql.to_owned(),
+            CallBinds::Intent,
+        )
+    });
     let mut listed = vec![
         ("read", statements.read.clone(), CallBinds::Operation),
         (
@@ -71,6 +78,7 @@ pub(crate) fn call_statements<D: Dialect>() -> Vec<(&'static str, String, CallBi
         ),
     ];
     listed.extend(guard);
+    listed.extend(clear);
     listed
 }
 
@@ -207,6 +215,16 @@ where
             let token = self.next_token(tx).await?;
             return Ok(FreshIdGuard::Clear { token });
         }
+        if let Some(sql) = D::clear_token() {
+            let clear: Option<(i64,)> = rows::bind_intent(sqlx::query_as(sql), cmd)
+                .fetch_optional(&mut **tx)
+                .await?;
+            if let Some((token,)) = clear {
+                return Ok(FreshIdGuard::Clear {
+                    token: rows::token(token)?,
+                });
+            }
+        }
         if let Some(blocking) = D::blocking(&mut **tx, cmd).await? {
             return Ok(FreshIdGuard::Blocked(blocking));
         }
@@ -264,6 +282,12 @@ where
         plan: &Plan,
         now: Millis,
     ) -> Result<crate::backend::Written, StoreError> {
+        if let Some(list) = D::STATEMENT_LISTS
+            .then(|| listed::statements(plan))
+            .flatten()
+        {
+            return listed::apply::<D>(tx, list, (tenant, id), plan, now).await;
+        }
         let mut written_events = Vec::with_capacity(plan.events.len());
         if let Some(write) = &plan.operation {
             let (sql, op) = match write {
@@ -283,7 +307,7 @@ where
             }
         }
         if plan.forgets_attempts {
-            sqlx::query("DELETE FROM attempts WHERE tenant = $1 AND operation_id = $2")
+            sqlx::query(listed::FORGET_ATTEMPTS)
                 .bind(tenant)
                 .bind(id.as_str())
                 .execute(&mut **tx)
@@ -303,19 +327,8 @@ where
             // Anomalies carry a dedupe key so a repeated cause is recorded once. The tool and
             // the state are the operation row's as this plan left it (written above), for
             // watchers' filters.
-            let inserted = sqlx::query(&INSERT_EVENT)
-                .bind(tenant)
-                .bind(id.as_str())
-                .bind(rows::token_column(event.life))
-                .bind(now)
-                .bind(event.kind.as_str())
-                .bind(event.from.map(|s| s.as_str()))
-                .bind(event.to.map(|s| s.as_str()))
-                .bind(event.attempt.map(i64::from))
-                .bind(event.actor.to_string())
-                .bind(event.reason.as_deref())
-                .bind(event.details.as_deref())
-                .bind(event.dedupe_key.as_deref())
+            let query = sqlx::query(&INSERT_EVENT).bind(tenant).bind(id.as_str());
+            let inserted = rows::event_values(query, event, now)
                 .execute(&mut **tx)
                 .await?;
             written_events.push(D::rows_affected(&inserted) == 1);
@@ -339,18 +352,18 @@ where
         Ok(())
     }
 
-    async fn release_savepoint(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
-        sqlx::query("RELEASE SAVEPOINT write")
-            .execute(&mut **tx)
+    async fn savepoint_again(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
+        (&mut **tx)
+            .execute("RELEASE SAVEPOINT write; SAVEPOINT write")
             .await?;
         Ok(())
     }
 
     async fn rollback_to_savepoint(&self, tx: &mut Self::Tx) -> Result<(), StoreError> {
-        sqlx::query("ROLLBACK TO SAVEPOINT write")
-            .execute(&mut **tx)
+        (&mut **tx)
+            .execute("ROLLBACK TO SAVEPOINT write; RELEASE SAVEPOINT write")
             .await?;
-        self.release_savepoint(tx).await
+        Ok(())
     }
 }
 

@@ -268,6 +268,23 @@ async fn every_update_bumps_the_version_and_needs_the_row<B: Backend>(backend: B
         )
         .await;
     assert!(matches!(updated, Err(StoreError::NotFound)), "{updated:?}");
+    drop(tx);
+
+    // With an attempt and an event written after the row, as a claim writes them (SQLite sends
+    // them in one list): still for want of the row.
+    let cmd = command("version-missing", "refund", 1);
+    let mut tx = backend.begin_write().await.unwrap();
+    let token = backend.next_token(&mut tx).await.unwrap();
+    let (_, mut plan) = machine::claim(None, &cmd, FreshIdGuard::Clear { token }, op.updated_at);
+    let Some(Write::Insert(row)) = plan.operation.take() else {
+        panic!("a first claim inserts its row");
+    };
+    plan.operation = Some(Write::Update(row));
+    assert!(plan.attempt.is_some() && !plan.events.is_empty());
+    let updated = backend
+        .apply(&mut tx, TENANT, &cmd.operation_id, &plan, op.updated_at)
+        .await;
+    assert!(matches!(updated, Err(StoreError::NotFound)), "{updated:?}");
 }
 
 async fn the_guard_finds_only_open_operations_of_the_same_intent<B: Backend>(backend: B) {

@@ -1,0 +1,276 @@
+//! A plan's writes sent as one list of statements, in one round trip, where the dialect takes
+//! several statements in one query ([`Dialect::STATEMENT_LISTS`]): on SQLite each statement is
+//! one more hand-over to the connection's thread and back, which costs more than the statement.
+//! The statements share one list of values: `$1` the tenant and `$2` the operation id (the
+//! operation's first two columns when it writes the row), then each statement's own values.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, PoisonError};
+
+use futures::TryStreamExt as _;
+use once_core::machine::Write;
+use once_core::{Millis, OperationId, Plan};
+use sqlx::{Either, Encode, Executor, IntoArguments, Type};
+
+use crate::rows::{
+    self, One, INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION, UPDATE_OPERATION,
+    WRITTEN_OPERATION_COLUMNS,
+};
+use crate::{Dialect, StoreError};
+
+/// Clears an operation's attempt log: `$1` the tenant, `$2` the operation id.
+pub(crate) const FORGET_ATTEMPTS: &str =
+    "DELETE FROM attempts WHERE tenant = $1 AND operation_id = $2";
+
+/// The most events a plan written as one list has; a plan with more (none the state
+/// machine makes today) is written statement by statement.
+const MOST_EVENTS: usize = 8;
+
+/// What a plan writes: the key of its list of statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Writes {
+    /// The operation row: inserted (`true`) or updated.
+    operation: Option<bool>,
+    forgets_attempts: bool,
+    attempt: bool,
+    events: usize,
+}
+
+/// The list of statements writing `plan`, built once for each kind of plan (a few dozen at
+/// most); `None` for a plan with more events than a list holds.
+pub(crate) fn statements(plan: &Plan) -> Option<&'static str> {
+    let writes = Writes {
+        operation: plan
+            .operation
+            .as_ref()
+            .map(|write| matches!(write, Write::Insert(_))),
+        forgets_attempts: plan.forgets_attempts,
+        attempt: plan.attempt.is_some(),
+        events: plan.events.len(),
+    };
+    if writes.events > MOST_EVENTS {
+        return None;
+    }
+    static LISTS: LazyLock<Mutex<HashMap<Writes, &'static str>>> = LazyLock::new(Mutex::default);
+    let mut lists = LISTS.lock().unwrap_or_else(PoisonError::into_inner);
+    Some(
+        lists
+            .entry(writes)
+            .or_insert_with(|| Box::leak(list(writes).into_boxed_str())),
+    )
+}
+
+fn list(writes: Writes) -> String {
+    let mut statements = Vec::new();
+    // After the shared tenant and operation id, or the operation's columns.
+    let mut next = 3;
+    if let Some(insert) = writes.operation {
+        statements.push(match insert {
+            true => INSERT_OPERATION.clone(),
+            false => UPDATE_OPERATION.clone(),
+        });
+        next = WRITTEN_OPERATION_COLUMNS.len() + 1;
+    }
+    if writes.forgets_attempts {
+        statements.push(FORGET_ATTEMPTS.to_owned());
+    }
+    if writes.attempt {
+        statements.push(renumbered(&INSERT_ATTEMPT, &mut next));
+    }
+    for _ in 0..writes.events {
+        statements.push(renumbered(&INSERT_EVENT, &mut next));
+    }
+    statements.join("; ")
+}
+
+/// `sql`, bound from `$1` on, with each placeholder from `$3` on moved to `next` and after
+/// (`$1` and `$2`, the tenant and the operation id, stay); `next` is moved past them.
+fn renumbered(sql: &str, next: &mut usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut highest = 2;
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..=at]);
+        rest = &rest[at + 1..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        // A `$` that is not a placeholder (a JSON path) stays as it is.
+        let Ok(n) = rest[..digits].parse::<usize>() else {
+            continue;
+        };
+        out.push_str(&match n {
+            1 | 2 => n.to_string(),
+            n => (*next + n - 3).to_string(),
+        });
+        highest = highest.max(n);
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    *next += highest - 2;
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::{list, Writes};
+
+    /// Every kind of list: whether it writes the operation row, an attempt, how many
+    /// events, and its statements.
+    pub(super) fn every_list() -> Vec<(bool, bool, usize, String)> {
+        let mut lists = Vec::new();
+        for operation in [None, Some(true), Some(false)] {
+            for forgets_attempts in [false, true] {
+                for attempt in [false, true] {
+                    for events in 0..=super::MOST_EVENTS {
+                        let writes = Writes {
+                            operation,
+                            forgets_attempts,
+                            attempt,
+                            events,
+                        };
+                        let sql = list(writes);
+                        // A plan that writes nothing is not applied.
+                        if !sql.is_empty() {
+                            lists.push((operation.is_some(), attempt, events, sql));
+                        }
+                    }
+                }
+            }
+        }
+        lists
+    }
+}
+
+/// Writes `plan` with its `list` in one round trip: see [`crate::backend::sealed::Transactions::apply`].
+pub(crate) async fn apply<D>(
+    tx: &mut sqlx::Transaction<'static, D>,
+    list: &'static str,
+    (tenant, id): (&str, &OperationId),
+    plan: &Plan,
+    now: Millis,
+) -> Result<crate::backend::Written, StoreError>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
+    for<'q> &'q [u8]: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q [u8]>: Encode<'q, D> + Type<D>,
+    for<'q> i64: Encode<'q, D> + Type<D>,
+    for<'q> Option<i64>: Encode<'q, D> + Type<D>,
+    for<'q> String: Encode<'q, D> + Type<D>,
+{
+    let query = sqlx::query(list);
+    let mut query = match &plan.operation {
+        // The row's key is the `$1` and `$2` every statement after it names.
+        Some(Write::Insert(op) | Write::Update(op))
+            if (op.tenant.as_str(), &op.operation_id) == (tenant, id) =>
+        {
+            rows::operation_columns(One { query, row: op }).query
+        }
+        Some(_) => {
+            return Err(StoreError::Corrupt(
+                "a plan writing another operation's row".into(),
+            ))
+        }
+        None => query.bind(tenant).bind(id.as_str()),
+    };
+    if let Some(attempt) = &plan.attempt {
+        query = rows::attempt_columns(One {
+            query,
+            row: attempt,
+        })
+        .query;
+    }
+    for event in &plan.events {
+        query = rows::event_values(query, event, now);
+    }
+    // What each statement wrote, in their order.
+    let mut wrote = Vec::with_capacity(4 + plan.events.len());
+    let updates = matches!(plan.operation, Some(Write::Update(_)));
+    let mut steps = (&mut **tx).fetch_many(query);
+    loop {
+        match steps.try_next().await {
+            Ok(Some(Either::Left(done))) => wrote.push(D::rows_affected(&done)),
+            Ok(Some(Either::Right(_))) => {}
+            Ok(None) => break,
+            // An update that met no row fails the statements after it (an attempt of no
+            // operation): the write fails as it would have alone, for want of its row.
+            Err(_) if updates && wrote.first() == Some(&0) => return Err(StoreError::NotFound),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    drop(steps);
+    let listed = usize::from(plan.operation.is_some())
+        + usize::from(plan.forgets_attempts)
+        + usize::from(plan.attempt.is_some())
+        + plan.events.len();
+    if wrote.len() != listed {
+        return Err(StoreError::Corrupt(format!(
+            "{} statements answered a list of {listed}",
+            wrote.len()
+        )));
+    }
+    if updates && wrote[0] != 1 {
+        return Err(StoreError::NotFound);
+    }
+    Ok(crate::backend::Written {
+        events: wrote[listed - plan.events.len()..]
+            .iter()
+            .map(|&rows| rows == 1)
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{tests_support::every_list, FORGET_ATTEMPTS};
+    use crate::rows::{ATTEMPT_COLUMNS, WRITTEN_OPERATION_COLUMNS};
+
+    /// Every list of statements names each value it is bound with, from `$1` on with none
+    /// skipped, as many as `listed::apply` binds; each statement after the first shares only
+    /// the tenant (`$1`) and the operation id (`$2`) with the others.
+    #[test]
+    fn every_list_of_statements_names_each_of_its_values_once() {
+        for (operation, attempt, events, sql) in every_list() {
+            let statements: Vec<&str> = sql.split("; ").collect();
+            let numbers = |sql: &str| -> Vec<usize> {
+                let mut named: Vec<usize> = sql
+                    .split('$')
+                    .skip(1)
+                    .map(|rest| {
+                        let digits: String =
+                            rest.chars().take_while(char::is_ascii_digit).collect();
+                        digits.parse().unwrap()
+                    })
+                    .collect();
+                named.sort_unstable();
+                named.dedup();
+                named
+            };
+            let mut all: Vec<usize> = statements.iter().flat_map(|s| numbers(s)).collect();
+            all.sort_unstable();
+            all.dedup();
+            // The row's columns (or its key), the attempt's, and each event's own.
+            let row = if operation {
+                WRITTEN_OPERATION_COLUMNS.len()
+            } else {
+                2
+            };
+            let attempt_values = ATTEMPT_COLUMNS.split(", ").count();
+            let event_values = 10;
+            let bound = row + attempt_values * usize::from(attempt) + event_values * events;
+            assert_eq!(all, (1..=bound).collect::<Vec<_>>(), "{sql}");
+            for (i, one) in statements.iter().enumerate() {
+                for other in &statements[i + 1..] {
+                    let shared: Vec<usize> = numbers(one)
+                        .into_iter()
+                        .filter(|n| numbers(other).contains(n))
+                        .collect();
+                    assert!(shared.iter().all(|n| *n <= 2), "{one} / {other}");
+                }
+            }
+            assert!(!sql.contains(FORGET_ATTEMPTS) || statements.contains(&FORGET_ATTEMPTS));
+        }
+    }
+}
