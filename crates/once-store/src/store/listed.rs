@@ -1,22 +1,21 @@
 //! A plan's writes sent as one list of statements, in one round trip, where the dialect takes
-//! several statements in one query ([`Dialect::STATEMENT_LISTS`]): on SQLite each statement is
-//! one more hand-over to the connection's thread and back, which costs more than the statement.
+//! several statements in one query ([`crate::Dialect::STATEMENT_LISTS`]): on SQLite each
+//! statement is one more hand-over to the connection's thread and back, which costs more than
+//! the statement. `Transactions::apply` binds and sends the list; this builds it and reads what
+//! it wrote.
 //! The statements share one list of values: `$1` the tenant and `$2` the operation id (the
 //! operation's first two columns when it writes the row), then each statement's own values.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
-use futures::TryStreamExt as _;
 use once_core::machine::Write;
-use once_core::{Millis, OperationId, Plan};
-use sqlx::{Either, Encode, Executor, IntoArguments, Type};
+use once_core::{Operation, OperationId, Plan};
 
 use crate::rows::{
-    self, One, INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION, UPDATE_OPERATION,
-    WRITTEN_OPERATION_COLUMNS,
+    INSERT_ATTEMPT, INSERT_EVENT, INSERT_OPERATION, UPDATE_OPERATION, WRITTEN_OPERATION_COLUMNS,
 };
-use crate::{Dialect, StoreError};
+use crate::StoreError;
 
 /// Clears an operation's attempt log: `$1` the tenant, `$2` the operation id.
 pub(crate) const FORGET_ATTEMPTS: &str =
@@ -140,67 +139,36 @@ pub(crate) mod tests_support {
     }
 }
 
-/// Writes `plan` with its `list` in one round trip: see [`crate::backend::sealed::Transactions::apply`].
-pub(crate) async fn apply<D>(
-    tx: &mut sqlx::Transaction<'static, D>,
-    list: &'static str,
+/// Checks that the row a plan writes is the operation's whose key the statements after it
+/// name as `$1` and `$2`.
+pub(crate) fn same_key(
+    op: &Operation,
     (tenant, id): (&str, &OperationId),
+) -> Result<(), StoreError> {
+    match (op.tenant.as_str(), &op.operation_id) == (tenant, id) {
+        true => Ok(()),
+        false => Err(StoreError::Corrupt(
+            "a plan writing another operation's row".into(),
+        )),
+    }
+}
+
+/// What a list's statements wrote for `plan`: `wrote` holds each statement's rows affected, in
+/// their order, up to `failed`, the error that stopped the list (see
+/// [`crate::backend::sealed::Transactions::apply`]).
+pub(crate) fn written(
     plan: &Plan,
-    now: Millis,
-) -> Result<crate::backend::Written, StoreError>
-where
-    D: Dialect,
-    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
-    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
-    for<'q> &'q str: Encode<'q, D> + Type<D>,
-    for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
-    for<'q> &'q [u8]: Encode<'q, D> + Type<D>,
-    for<'q> Option<&'q [u8]>: Encode<'q, D> + Type<D>,
-    for<'q> i64: Encode<'q, D> + Type<D>,
-    for<'q> Option<i64>: Encode<'q, D> + Type<D>,
-    for<'q> String: Encode<'q, D> + Type<D>,
-{
-    let query = sqlx::query(list);
-    let mut query = match &plan.operation {
-        // The row's key is the `$1` and `$2` every statement after it names.
-        Some(Write::Insert(op) | Write::Update(op))
-            if (op.tenant.as_str(), &op.operation_id) == (tenant, id) =>
-        {
-            rows::operation_columns(One { query, row: op }).query
-        }
-        Some(_) => {
-            return Err(StoreError::Corrupt(
-                "a plan writing another operation's row".into(),
-            ))
-        }
-        None => query.bind(tenant).bind(id.as_str()),
-    };
-    if let Some(attempt) = &plan.attempt {
-        query = rows::attempt_columns(One {
-            query,
-            row: attempt,
-        })
-        .query;
-    }
-    for event in &plan.events {
-        query = rows::event_values(query, event, now);
-    }
-    // What each statement wrote, in their order.
-    let mut wrote = Vec::with_capacity(4 + plan.events.len());
+    wrote: &[u64],
+    failed: Option<sqlx::Error>,
+) -> Result<crate::backend::Written, StoreError> {
     let updates = matches!(plan.operation, Some(Write::Update(_)));
-    let mut steps = (&mut **tx).fetch_many(query);
-    loop {
-        match steps.try_next().await {
-            Ok(Some(Either::Left(done))) => wrote.push(D::rows_affected(&done)),
-            Ok(Some(Either::Right(_))) => {}
-            Ok(None) => break,
-            // An update that met no row fails the statements after it (an attempt of no
-            // operation): the write fails as it would have alone, for want of its row.
-            Err(_) if updates && wrote.first() == Some(&0) => return Err(StoreError::NotFound),
-            Err(error) => return Err(error.into()),
-        }
+    match failed {
+        // An update that met no row fails the statements after it (an attempt of no
+        // operation): the write fails as it would have alone, for want of its row.
+        Some(_) if updates && wrote.first() == Some(&0) => return Err(StoreError::NotFound),
+        Some(error) => return Err(error.into()),
+        None => {}
     }
-    drop(steps);
     let listed = usize::from(plan.operation.is_some())
         + usize::from(plan.forgets_attempts)
         + usize::from(plan.attempt.is_some())

@@ -4,12 +4,14 @@
 
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt as _;
 use once_core::machine::{self, FreshIdGuard, Write};
 use once_core::{
     Attempt, BeginCommand, FencingToken, Millis, Operation, OperationId, Plan, PriorResolution,
 };
 use sqlx::{
-    ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row, Transaction, Type,
+    ColumnIndex, Database, Decode, Either, Encode, Executor, FromRow, IntoArguments, Row,
+    Transaction, Type,
 };
 
 use super::{listed, Call, Store};
@@ -282,11 +284,45 @@ where
         plan: &Plan,
         now: Millis,
     ) -> Result<crate::backend::Written, StoreError> {
+        // Where the driver takes a list of statements, all of them in one round trip, sharing
+        // one list of values: the row's (its key `$1` and `$2`), the attempt's, each event's.
         if let Some(list) = D::STATEMENT_LISTS
             .then(|| listed::statements(plan))
             .flatten()
         {
-            return listed::apply::<D>(tx, list, (tenant, id), plan, now).await;
+            let mut query = match &plan.operation {
+                Some(Write::Insert(op) | Write::Update(op)) => {
+                    listed::same_key(op, (tenant, id))?;
+                    rows::operation_columns(One {
+                        query: sqlx::query(list),
+                        row: op,
+                    })
+                    .query
+                }
+                None => sqlx::query(list).bind(tenant).bind(id.as_str()),
+            };
+            if let Some(attempt) = &plan.attempt {
+                query = rows::attempt_columns(One {
+                    query,
+                    row: attempt,
+                })
+                .query;
+            }
+            for event in &plan.events {
+                query = rows::event_values(query, event, now);
+            }
+            let mut wrote = Vec::with_capacity(4 + plan.events.len());
+            let mut steps = (&mut **tx).fetch_many(query);
+            let failed = loop {
+                match steps.try_next().await {
+                    Ok(Some(Either::Left(done))) => wrote.push(D::rows_affected(&done)),
+                    Ok(Some(Either::Right(_))) => {}
+                    Ok(None) => break None,
+                    Err(error) => break Some(error),
+                }
+            };
+            drop(steps);
+            return listed::written(plan, &wrote, failed);
         }
         let mut written_events = Vec::with_capacity(plan.events.len());
         if let Some(write) = &plan.operation {
