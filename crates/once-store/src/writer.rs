@@ -382,20 +382,65 @@ mod tests {
         let writer = Writer::spawn(store.clone());
         let (release, held) = hold(&writer).await;
         // Two failures in a row, each undone to its own savepoint; then two successes, the
-        // first's savepoint released as the second's is marked.
-        let writes: Vec<_> = [(1, false), (2, true), (3, true), (4, false), (5, false)]
-            .into_iter()
-            .map(|(id, fail)| inserting(&writer, id, fail))
-            .collect();
-        queued(&writer, 5).await;
+        // first's savepoint released as the second's is marked; then a failure last, undone to
+        // the savepoint marked as the one before it was released.
+        let writes: Vec<_> = [
+            (1, false),
+            (2, true),
+            (3, true),
+            (4, false),
+            (5, false),
+            (6, true),
+        ]
+        .into_iter()
+        .map(|(id, fail)| inserting(&writer, id, fail))
+        .collect();
+        queued(&writer, 6).await;
         drop(release);
         held.await.unwrap();
         let mut answers = Vec::new();
         for write in writes {
             answers.push(write.await.unwrap().ok());
         }
-        assert_eq!(answers, [Some(1), None, None, Some(4), Some(5)]);
+        assert_eq!(answers, [Some(1), None, None, Some(4), Some(5), None]);
         assert_eq!(parents(&store).await, [1, 4, 5]);
+    }
+
+    /// What SQLite does itself when a write fails for want of disk, done by hand in the middle
+    /// of a batch: the transaction ends under the writer. Releasing that write's savepoint then
+    /// fails, so no write after it runs outside the transaction (each would commit on its own)
+    /// and no write of the batch is answered as committed.
+    #[tokio::test]
+    async fn a_batch_whose_transaction_the_database_ended_answers_no_write_as_committed() {
+        let (_dir, store) = store().await;
+        let writer = Writer::spawn(store.clone());
+        let (release, held) = hold(&writer).await;
+        let first = inserting(&writer, 1, false);
+        let ending = writer.clone();
+        let ended = tokio::spawn(async move {
+            ending
+                .write(over_tx(|tx: &mut <SqliteBackend as Transactions>::Tx| {
+                    Box::pin(async move {
+                        sqlx::query("ROLLBACK").execute(&mut **tx).await?;
+                        Ok(2)
+                    })
+                }))
+                .await
+        });
+        let after = inserting(&writer, 3, false);
+        queued(&writer, 3).await;
+        drop(release);
+        held.await.unwrap();
+        assert!(first.await.unwrap().is_err(), "a write the rollback undid");
+        assert!(ended.await.unwrap().is_err(), "a write of an ended batch");
+        assert!(
+            after.await.unwrap().is_err(),
+            "a write after the batch ended"
+        );
+        assert!(parents(&store).await.is_empty());
+        // The writer goes on.
+        assert_eq!(writer.write(insert(4, false)).await.unwrap(), 4);
+        assert_eq!(parents(&store).await, [4]);
     }
 
     #[tokio::test]

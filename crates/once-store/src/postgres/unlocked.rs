@@ -564,16 +564,7 @@ mod tests {
             .enumerate()
             .flat_map(|(index, both)| both.iter().map(move |sql| (index, sql)))
         {
-            let mut named: Vec<usize> = sql
-                .split('$')
-                .skip(1)
-                .filter_map(|rest| {
-                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                    digits.parse().ok()
-                })
-                .collect();
-            named.sort_unstable();
-            named.dedup();
+            let named = crate::tests::placeholders(sql);
             let shape = (index & 4 != 0, index & 2 != 0, index & 1 != 0);
             let expected = WRITTEN_OPERATION_COLUMNS.len()
                 + 2 * usize::from(!shape.1)

@@ -97,7 +97,7 @@ fn renumbered(sql: &str, next: &mut usize) -> String {
             continue;
         };
         out.push_str(&match n {
-            1 | 2 => n.to_string(),
+            0..=2 => n.to_string(),
             n => (*next + n - 3).to_string(),
         });
         highest = highest.max(n);
@@ -106,37 +106,6 @@ fn renumbered(sql: &str, next: &mut usize) -> String {
     out.push_str(rest);
     *next += highest - 2;
     out
-}
-
-#[cfg(test)]
-pub(crate) mod tests_support {
-    use super::{list, Writes};
-
-    /// Every kind of list: whether it writes the operation row, an attempt, how many
-    /// events, and its statements.
-    pub(super) fn every_list() -> Vec<(bool, bool, usize, String)> {
-        let mut lists = Vec::new();
-        for operation in [None, Some(true), Some(false)] {
-            for forgets_attempts in [false, true] {
-                for attempt in [false, true] {
-                    for events in 0..=super::MOST_EVENTS {
-                        let writes = Writes {
-                            operation,
-                            forgets_attempts,
-                            attempt,
-                            events,
-                        };
-                        let sql = list(writes);
-                        // A plan that writes nothing is not applied.
-                        if !sql.is_empty() {
-                            lists.push((operation.is_some(), attempt, events, sql));
-                        }
-                    }
-                }
-            }
-        }
-        lists
-    }
 }
 
 /// Checks that the row a plan writes is the operation's whose key the statements after it
@@ -192,53 +161,60 @@ pub(crate) fn written(
 
 #[cfg(test)]
 mod tests {
-    use super::{tests_support::every_list, FORGET_ATTEMPTS};
+    use super::{list, Writes, MOST_EVENTS};
     use crate::rows::{ATTEMPT_COLUMNS, WRITTEN_OPERATION_COLUMNS};
+    use crate::tests::placeholders;
 
-    /// Every list of statements names each value it is bound with, from `$1` on with none
-    /// skipped, as many as `listed::apply` binds; each statement after the first shares only
-    /// the tenant (`$1`) and the operation id (`$2`) with the others.
+    /// Every list of statements holds one statement for each thing its plan writes, and names
+    /// each value it is bound with (the row's columns or its key, the attempt's, each event's
+    /// own), from `$1` on with none skipped; a statement shares only the tenant (`$1`) and the
+    /// operation id (`$2`) with the others.
     #[test]
     fn every_list_of_statements_names_each_of_its_values_once() {
-        for (operation, attempt, events, sql) in every_list() {
-            let statements: Vec<&str> = sql.split("; ").collect();
-            let numbers = |sql: &str| -> Vec<usize> {
-                let mut named: Vec<usize> = sql
-                    .split('$')
-                    .skip(1)
-                    .map(|rest| {
-                        let digits: String =
-                            rest.chars().take_while(char::is_ascii_digit).collect();
-                        digits.parse().unwrap()
-                    })
-                    .collect();
-                named.sort_unstable();
-                named.dedup();
-                named
-            };
-            let mut all: Vec<usize> = statements.iter().flat_map(|s| numbers(s)).collect();
-            all.sort_unstable();
-            all.dedup();
-            // The row's columns (or its key), the attempt's, and each event's own.
-            let row = if operation {
-                WRITTEN_OPERATION_COLUMNS.len()
-            } else {
-                2
-            };
-            let attempt_values = ATTEMPT_COLUMNS.split(", ").count();
-            let event_values = 10;
-            let bound = row + attempt_values * usize::from(attempt) + event_values * events;
-            assert_eq!(all, (1..=bound).collect::<Vec<_>>(), "{sql}");
-            for (i, one) in statements.iter().enumerate() {
-                for other in &statements[i + 1..] {
-                    let shared: Vec<usize> = numbers(one)
-                        .into_iter()
-                        .filter(|n| numbers(other).contains(n))
-                        .collect();
-                    assert!(shared.iter().all(|n| *n <= 2), "{one} / {other}");
+        for operation in [None, Some(true), Some(false)] {
+            for forgets_attempts in [false, true] {
+                for attempt in [false, true] {
+                    for events in 0..=MOST_EVENTS {
+                        let writes = Writes {
+                            operation,
+                            forgets_attempts,
+                            attempt,
+                            events,
+                        };
+                        check(writes, &list(writes));
+                    }
                 }
             }
-            assert!(!sql.contains(FORGET_ATTEMPTS) || statements.contains(&FORGET_ATTEMPTS));
+        }
+    }
+
+    fn check(writes: Writes, sql: &str) {
+        let statements: Vec<&str> = sql.split("; ").filter(|s| !s.is_empty()).collect();
+        let expected = usize::from(writes.operation.is_some())
+            + usize::from(writes.forgets_attempts)
+            + usize::from(writes.attempt)
+            + writes.events;
+        assert_eq!(statements.len(), expected, "{writes:?}: {sql}");
+        if expected == 0 {
+            return;
+        }
+        let row = match writes.operation {
+            Some(_) => WRITTEN_OPERATION_COLUMNS.len(),
+            None => 2,
+        };
+        let attempt = ATTEMPT_COLUMNS.split(", ").count() * usize::from(writes.attempt);
+        let event_values = 10;
+        let bound = row + attempt + event_values * writes.events;
+        assert_eq!(placeholders(sql), (1..=bound).collect::<Vec<_>>(), "{sql}");
+        for (i, one) in statements.iter().enumerate() {
+            for other in &statements[i + 1..] {
+                let theirs = placeholders(other);
+                let shared: Vec<usize> = placeholders(one)
+                    .into_iter()
+                    .filter(|n| theirs.contains(n))
+                    .collect();
+                assert!(shared.iter().all(|n| *n <= 2), "{one} / {other}");
+            }
         }
     }
 }

@@ -161,9 +161,7 @@ where
         id: &OperationId,
     ) -> Result<Clocked, StoreError> {
         let Some(pooled) = &mut conn.pooled else {
-            let asked = Instant::now();
-            let (op, now, _) = D::read_with_others(self, tenant, id, false).await?;
-            conn.read_waited = asked.elapsed();
+            let (op, now, _) = read_with_others(self, conn, tenant, id, false).await?;
             return Ok((op, now));
         };
         let row = by_operation::<D>(&mut **pooled, &D::statements().read, tenant, id).await?;
@@ -177,10 +175,7 @@ where
         id: &OperationId,
     ) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
         let Some(pooled) = &mut conn.pooled else {
-            let asked = Instant::now();
-            let found = D::read_with_others(self, tenant, id, true).await?;
-            conn.read_waited = asked.elapsed();
-            return Ok(found);
+            return read_with_others(self, conn, tenant, id, true).await;
         };
         let statement = &D::statements().read_claimable;
         let row = by_operation::<D>(&mut **pooled, statement, tenant, id).await?;
@@ -401,6 +396,21 @@ where
             .await?;
         Ok(())
     }
+}
+
+/// The read of a call that took no connection, made with others' ([`Dialect::read_with_others`]);
+/// how long it took is kept with the call, for the wait its write's start reports.
+async fn read_with_others<D: Dialect>(
+    store: &Store<D>,
+    call: &mut Call<D>,
+    tenant: &str,
+    id: &OperationId,
+    claim: bool,
+) -> Result<(Option<Operation>, Millis, Option<FencingToken>), StoreError> {
+    let asked = Instant::now();
+    let found = D::read_with_others(store, tenant, id, claim).await?;
+    call.read_waited = asked.elapsed();
+    Ok(found)
 }
 
 /// The one row `sql` returns for an operation, bound with its key (`$1` the tenant, `$2` the id).

@@ -23,6 +23,21 @@ async fn schema(db: &TestDb) {
     }
 }
 
+/// The placeholders `$n` that `sql` names, each once, in order.
+pub(crate) fn placeholders(sql: &str) -> Vec<usize> {
+    let mut named: Vec<usize> = sql
+        .split('$')
+        .skip(1)
+        .filter_map(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    named
+}
+
 /// The plan `conn` makes of `sql` prepared with the parameter types `types` (`""` lets
 /// PostgreSQL infer them) and executed with `arguments` (`""` for none, else `"(…)"`): the plan
 /// a connection keeps for a statement it prepared, when it keeps a generic one.
