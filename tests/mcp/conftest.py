@@ -148,6 +148,8 @@ class Stack:
         self.mcp_port = 0
         self.ledger: Process | None = None
         self.refund_http: Process | None = None
+        # Where refund-mcp keeps the ledger's positions (--state-file); in memory when None.
+        self.state_file: Path | None = None
         # Tenants and an executor key each, made with `onced` on the database before it serves:
         # the ledger then requires a key from every caller.
         self.keys = {tenant: self.create_tenant(tenant) for tenant in tenants}
@@ -205,6 +207,33 @@ class Stack:
         if self.console:
             self.console_port = wait_for("the console", lambda: served_port(log, "console serving", consoles))
 
+    def stop_ledger(self) -> None:
+        self.ledger.stop()
+
+    def back_up(self) -> None:
+        """Copies the ledger's database (its ledger stopped), for `restore`."""
+        if self.pg_name:
+            psql(f"DROP DATABASE IF EXISTS {self.pg_name}_backup")
+            psql(f"CREATE DATABASE {self.pg_name}_backup TEMPLATE {self.pg_name}")
+            return
+        backup = self.tmp / "backup"
+        backup.mkdir(exist_ok=True)
+        for name in ("ledger.db", "ledger.db-wal", "ledger.db-shm"):
+            (backup / name).unlink(missing_ok=True)
+            if (self.tmp / name).exists():
+                shutil.copy(self.tmp / name, backup / name)
+
+    def restore(self) -> None:
+        """Puts the copy `back_up` made in place of the database (its ledger stopped)."""
+        if self.pg_name:
+            psql(f"DROP DATABASE {self.pg_name} WITH (FORCE)")
+            psql(f"CREATE DATABASE {self.pg_name} TEMPLATE {self.pg_name}_backup")
+            return
+        for name in ("ledger.db", "ledger.db-wal", "ledger.db-shm"):
+            (self.tmp / name).unlink(missing_ok=True)
+            if (self.tmp / "backup" / name).exists():
+                shutil.copy(self.tmp / "backup" / name, self.tmp / name)
+
     def create_key(self, tenant: str, name: str, roles: str) -> str:
         """A new API key of `tenant`, made with `onced keys create` on the database."""
         created = json.loads(self.onced_command(
@@ -255,6 +284,7 @@ class Stack:
             "--provider-timeout", "5s",
             # Lets the tests find this stack's refund-mcp processes.
             "--instance", self.instance,
+            *(["--state-file", str(self.state_file)] if self.state_file else []),
         ]
 
     def start_refund_http(self) -> None:
@@ -298,6 +328,7 @@ class Stack:
         keep_logs(self.tmp)
         if self.pg_name:
             psql(f"DROP DATABASE IF EXISTS {self.pg_name} WITH (FORCE)")
+            psql(f"DROP DATABASE IF EXISTS {self.pg_name}_backup WITH (FORCE)")
 
 
 @pytest.fixture

@@ -80,13 +80,13 @@ fn begin_request() -> impl Strategy<Value = pb::BeginRequest> {
             prop::collection::vec(text(), 0..3),
         ),
         (text(), context, duration(), duration(), any::<bool>()),
-        (duration(), text(), text()),
+        (duration(), text(), text(), text()),
     )
         .prop_map(
             |(
                 (tool, identity, effect, volatile_fields),
                 (attempt_id, context, lease_ttl, wait, new_intent),
-                (retention, provider, lookup_hints_json),
+                (retention, provider, lookup_hints_json, seen_position),
             )| pb::BeginRequest {
                 tool,
                 identity,
@@ -100,6 +100,7 @@ fn begin_request() -> impl Strategy<Value = pb::BeginRequest> {
                 retention,
                 provider,
                 lookup_hints_json,
+                seen_position,
             },
         )
 }
@@ -111,6 +112,9 @@ fn convert_all(bytes: &[u8], limits: &Limits) {
     }
     if let Ok(req) = pb::ConfirmRequest::decode(bytes) {
         let _ = convert::report(req, None, limits);
+    }
+    if let Ok(req) = pb::RecoverOperationsRequest::decode(bytes) {
+        let _ = convert::recover_positions(req);
     }
     if let Ok(req) = pb::ReportAbsentRequest::decode(bytes) {
         let _ = convert::report(req, None, limits);

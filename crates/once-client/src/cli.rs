@@ -26,6 +26,11 @@ pub struct LedgerArgs {
     /// The PEM private key of --ledger-cert.
     #[arg(long, env = "ONCE_LEDGER_CERT_KEY", requires = "ledger_cert")]
     pub ledger_cert_key: Option<PathBuf>,
+    /// Keep the positions the ledger hands out in this file (made if missing, readable by its
+    /// owner only; one file per process), so that a ledger restored from an older backup is
+    /// caught even after this process restarts. Kept in memory only when unset.
+    #[arg(long, env = "ONCE_STATE_FILE")]
+    pub state_file: Option<PathBuf>,
 }
 
 /// A file one of [`LedgerArgs`]' flags names that could not be read.
@@ -60,6 +65,27 @@ impl LedgerArgs {
         }
         Ok(config)
     }
+
+    /// A client with `config`, remembering its positions where `--state-file` says.
+    pub fn client_with(
+        &self,
+        config: ClientConfig,
+    ) -> Result<crate::LedgerClient, crate::ClientError> {
+        let positions = match &self.state_file {
+            None => crate::Positions::in_memory(),
+            Some(path) => crate::Positions::open(path).map_err(|source| {
+                crate::ClientError::Invalid(
+                    UnreadableFile {
+                        flag: "state-file",
+                        path: path.clone(),
+                        source,
+                    }
+                    .to_string(),
+                )
+            })?,
+        };
+        Ok(crate::LedgerClient::connect(config)?.remembering(positions))
+    }
 }
 
 impl std::fmt::Debug for LedgerArgs {
@@ -73,6 +99,7 @@ impl std::fmt::Debug for LedgerArgs {
             .field("ledger_ca", &self.ledger_ca)
             .field("ledger_cert", &self.ledger_cert)
             .field("ledger_cert_key", &self.ledger_cert_key)
+            .field("state_file", &self.state_file)
             .finish()
     }
 }

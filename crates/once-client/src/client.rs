@@ -8,6 +8,7 @@ use futures::FutureExt as _;
 
 use crate::attempt::Attempt;
 use crate::config::ClientConfig;
+use crate::continuity::Positions;
 use crate::decision::{Decision, EffectContext, Outcome};
 use crate::effect::{Effect, EffectError, Report};
 use crate::error::ClientError;
@@ -15,6 +16,13 @@ use crate::spec::OperationSpec;
 use crate::transport::{Grpc, Patience, Transport};
 use crate::view::{OperationView, ServerInfo};
 use crate::wire;
+
+/// The reason a ledger refuses to execute while it is behind what a client saw.
+pub const LEDGER_BEHIND: &str = "LEDGER_BEHIND";
+
+/// How many positions one RecoverOperations call reports: at most 8 KiB each, well within the
+/// ledger's request size.
+const RECOVER_CHUNK: usize = 100;
 
 /// A handle on the ledger. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -25,6 +33,8 @@ pub struct LedgerClient {
     /// Its listings, watches and figures cover every tenant (see
     /// [`LedgerClient::reading_all_tenants`]).
     all_tenants: bool,
+    /// What it saw of the ledger, for continuity (see [`LedgerClient::remembering`]).
+    positions: Positions,
 }
 
 impl LedgerClient {
@@ -34,6 +44,7 @@ impl LedgerClient {
             transport: Transport::new(config)?,
             tenant: None,
             all_tenants: false,
+            positions: Positions::in_memory(),
         })
     }
 
@@ -47,7 +58,21 @@ impl LedgerClient {
             transport: Transport::over(channel, config)?,
             tenant: None,
             all_tenants: false,
+            positions: Positions::in_memory(),
         })
+    }
+
+    /// The same client, remembering what it sees of the ledger in `positions` (kept in a file,
+    /// they outlive the process; see [`Positions`]): with every Begin it shows the ledger the
+    /// highest position it saw, so that a ledger restored to an earlier state refuses to execute
+    /// again what it forgot. Every client remembers in memory unless told this.
+    pub fn remembering(self, positions: Positions) -> Self {
+        Self { positions, ..self }
+    }
+
+    /// What this client remembers of the ledger.
+    pub fn positions(&self) -> &Positions {
+        &self.positions
     }
 
     /// The same client, its reads (`get`, listings, watches, figures) naming `tenant`: another
@@ -57,6 +82,7 @@ impl LedgerClient {
             transport: self.transport.clone(),
             tenant: Some(tenant.into()),
             all_tenants: false,
+            positions: self.positions.clone(),
         }
     }
 
@@ -68,6 +94,7 @@ impl LedgerClient {
             transport: self.transport.clone(),
             tenant: None,
             all_tenants: true,
+            positions: self.positions.clone(),
         }
     }
 
@@ -96,10 +123,11 @@ impl LedgerClient {
         }
         // One attempt id for every transport retry of this Begin.
         let attempt_id = uuid::Uuid::new_v4().to_string();
-        let request = wire::begin(spec, operation_id, fingerprint, attempt_id, &context);
+        let seen = self.positions.highest();
+        let request = wire::begin(spec, operation_id, fingerprint, attempt_id, &context, seen);
         // A bounded wait happens on the server: give the call that much longer.
         let extra = spec.wait.unwrap_or_default();
-        let response = self
+        let answered = self
             .transport
             .call(
                 Patience {
@@ -109,7 +137,21 @@ impl LedgerClient {
                 |mut grpc: Grpc, request| async move { grpc.begin(request).await },
                 request,
             )
-            .await?;
+            .await;
+        let response = match answered {
+            Err(ClientError::Refused { reason, message }) if reason == LEDGER_BEHIND => {
+                self.report_kept().await;
+                return Err(ClientError::Refused { reason, message });
+            }
+            answered => answered?,
+        };
+        if let Some(position) = wire::granted_position(&response) {
+            // Kept before the effect runs. A position that cannot be written weakens only the
+            // check of a restore, not this call: the execution goes on, said loudly.
+            if let Err(error) = self.positions.record(position).await {
+                tracing::error!(%error, "the ledger's position could not be kept: a restore of the ledger to before this call would go unnoticed by this client");
+            }
+        }
         Ok(wire::decision(response, |operation_id, grant| {
             Attempt::start(self.transport.clone(), operation_id, grant, spec.lease_ttl)
         }))
@@ -179,6 +221,43 @@ impl LedgerClient {
             )
             .await?;
         Ok(wire::operation(found))
+    }
+
+    /// Reports the positions kept of the ledger the client talks to (at most once a minute),
+    /// after it refused to execute as behind them: each operation it lost comes back UNKNOWN.
+    async fn report_kept(&self) {
+        let Some(ledger) = self.positions.ledger() else {
+            return;
+        };
+        if !self.positions.due_report(&ledger) {
+            return;
+        }
+        let kept = self.positions.latest(&ledger);
+        let mut recovered = 0;
+        for chunk in kept.chunks(RECOVER_CHUNK) {
+            let request = wire::recover_operations(chunk.to_vec());
+            let answered = self
+                .transport
+                .call(
+                    Patience::default(),
+                    |mut grpc: Grpc, request| async move { grpc.recover_operations(request).await },
+                    request,
+                )
+                .await;
+            match answered {
+                Ok(response) => recovered += wire::recovered(&response),
+                Err(error) => {
+                    tracing::warn!(%error, "the positions kept could not be reported to the ledger");
+                    return;
+                }
+            }
+        }
+        tracing::warn!(
+            ledger,
+            reported = kept.len(),
+            recovered,
+            "the ledger is behind what this client saw: the positions kept were reported, and what it had lost is UNKNOWN again"
+        );
     }
 
     /// What the ledger is (its version and database) and who this client is to it (tenant,

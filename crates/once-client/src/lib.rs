@@ -36,6 +36,7 @@ mod bulk;
 mod cli;
 mod client;
 mod config;
+pub mod continuity;
 mod decision;
 mod effect;
 mod error;
@@ -53,8 +54,9 @@ pub use attempt::Attempt;
 pub use bulk::{Done, Selection, Target, BULK_LIMIT};
 #[cfg(feature = "cli")]
 pub use cli::{LedgerArgs, UnreadableFile};
-pub use client::LedgerClient;
+pub use client::{LedgerClient, LEDGER_BEHIND};
 pub use config::ClientConfig;
+pub use continuity::Positions;
 pub use decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Replay, Unknown};
 pub use effect::{Effect, EffectError, Report};
 pub use error::ClientError;

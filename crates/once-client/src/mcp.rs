@@ -195,6 +195,12 @@ pub fn not_performed(failure: &ClientError) -> CallToolResult {
             "The action was NOT performed: the operation ledger is unreachable, so it could not \
              be done safely. Nothing changed. It is safe to retry later.",
         ),
+        ClientError::Refused { reason, .. } if reason == crate::LEDGER_BEHIND => error_text(
+            "The action was NOT performed: the operation ledger was restored from an earlier \
+             state and cannot tell yet whether this action already ran, so it grants no new \
+             action until on-call staff have checked. Nothing changed. Do not try it under a \
+             different identity; it is safe to retry later.",
+        ),
         other => error(format!(
             "The action was NOT performed: {other}. Nothing changed."
         )),
@@ -251,6 +257,26 @@ mod tests {
         assert_eq!(rfc3339(at(0)), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(at(951_782_400_123)), "2000-02-29T00:00:00.123Z");
         assert_eq!(rfc3339(at(1_796_005_265_156)), "2026-11-30T02:21:05.156Z");
+    }
+
+    #[test]
+    fn a_ledger_behind_says_not_performed_and_not_to_change_the_identity() {
+        let refused = ClientError::Refused {
+            reason: crate::LEDGER_BEHIND.into(),
+            message: "the ledger is behind what a client saw: token 1048600".into(),
+        };
+        let result = not_performed(&refused);
+        assert_eq!(result.is_error, Some(true));
+        let body = serde_json::to_value(&result).unwrap().to_string();
+        assert!(body.contains("NOT performed"), "{body}");
+        assert!(
+            body.contains("Do not try it under a different identity"),
+            "{body}"
+        );
+        assert!(
+            !body.contains("1048600"),
+            "the ledger's figures are for on-call, not the model"
+        );
     }
 
     #[test]

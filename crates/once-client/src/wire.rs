@@ -360,6 +360,7 @@ pub(crate) fn begin(
     fingerprint: String,
     attempt_id: String,
     attempt_context: &AttemptContext,
+    seen_position: Option<String>,
 ) -> pb::BeginRequest {
     pb::BeginRequest {
         tool: spec.tool.clone(),
@@ -380,7 +381,27 @@ pub(crate) fn begin(
             .as_ref()
             .map(|h| h.to_string())
             .unwrap_or_default(),
+        seen_position: seen_position.unwrap_or_default(),
     }
+}
+
+/// The sealed position of the execution a Begin granted, if it granted one.
+pub(crate) fn granted_position(response: &pb::BeginResponse) -> Option<&str> {
+    match &response.decision {
+        Some(pb::begin_response::Decision::Execute(execute)) if !execute.position.is_empty() => {
+            Some(&execute.position)
+        }
+        _ => None,
+    }
+}
+
+pub(crate) fn recover_operations(positions: Vec<String>) -> pb::RecoverOperationsRequest {
+    pb::RecoverOperationsRequest { positions }
+}
+
+/// How many operations a RecoverOperations call brought back.
+pub(crate) fn recovered(response: &pb::RecoverOperationsResponse) -> usize {
+    response.operations.iter().filter(|o| o.recovered).count()
 }
 
 pub(crate) fn confirm(

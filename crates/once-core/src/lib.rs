@@ -9,6 +9,7 @@
 pub mod access;
 #[cfg(feature = "clap")]
 pub mod cli;
+pub mod continuity;
 pub mod error;
 pub mod forensics;
 pub mod identity;

@@ -164,7 +164,7 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
     let op = match current {
         Some(op) if !op.is_expired(now) => op,
         // No record, or a settled one past retention: a new life.
-        _ => return BeginStep::Claim,
+        _ => return claim_unless_held(cmd),
     };
     if op.fingerprint != cmd.fingerprint {
         let decision = BeginDecision::Conflict {
@@ -174,7 +174,7 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
         return BeginStep::Decided(decision, Plan::default());
     }
     let (decision, plan) = match op.state {
-        State::Absent => return BeginStep::Claim,
+        State::Absent => return claim_unless_held(cmd),
         State::InFlight if now >= op.lease_deadline => {
             let plan = expire_lease(op, now).expect("lease is IN_FLIGHT and past its deadline");
             let decision = BeginDecision::Unknown {
@@ -219,6 +219,15 @@ pub fn begin(current: Option<&Operation>, cmd: &BeginCommand, now: Millis) -> Be
         }
     };
     BeginStep::Decided(decision, plan)
+}
+
+/// A claim, unless the tenant's executions are held: then nothing is done.
+fn claim_unless_held(cmd: &BeginCommand) -> BeginStep {
+    if cmd.held {
+        BeginStep::Decided(BeginDecision::Held, Plan::default())
+    } else {
+        BeginStep::Claim
+    }
 }
 
 /// Whether a Begin of `cmd` over `current` (as stored at `now`) would start a new execution, if

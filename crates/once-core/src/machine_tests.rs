@@ -26,6 +26,7 @@ fn cmd(attempt_id: &str) -> BeginCommand {
         lookup_hints: None,
         actor: Actor::Executor("test".into()),
         holder: holder(HOLDER),
+        held: false,
     }
 }
 
@@ -1158,4 +1159,36 @@ fn a_begin_starts_an_execution_exactly_when_begin_asks_to_claim() {
         let claims = matches!(super::begin(current, command, now), BeginStep::Claim);
         assert_eq!(claims, starts, "{:?} at {now}", current.map(|op| op.state));
     }
+}
+
+#[test]
+fn held_executions_answer_everything_but_a_new_execution() {
+    let held = BeginCommand {
+        held: true,
+        ..cmd("a2")
+    };
+    // Nothing stored, or a life that ended ABSENT: an execution would start, so none does.
+    let (decision, plan) = begin_with(None, &held, TOKEN, T0);
+    assert_eq!((decision, plan), (BeginDecision::Held, Plan::default()));
+    let ended = with_state(&claimed(), absent(), T0 + 1);
+    let (decision, plan) = begin_with(Some(&ended), &held, TOKEN + 1, T0 + 2);
+    assert_eq!((decision, plan), (BeginDecision::Held, Plan::default()));
+    // A replay, IN_PROGRESS, and the same grant again for a retried Begin go on.
+    let done = confirmed(&claimed(), T0 + 1);
+    let (decision, _) = begin_with(Some(&done), &held, TOKEN + 1, T0 + 2);
+    assert_eq!(decision.name(), "REPLAY");
+    let (decision, _) = begin_with(Some(&claimed()), &held, TOKEN + 1, T0 + 1);
+    assert_eq!(decision.name(), "IN_PROGRESS");
+    let retried = BeginCommand {
+        held: true,
+        ..cmd("a1")
+    };
+    let (decision, _) = begin_with(Some(&claimed()), &retried, TOKEN + 1, T0 + 1);
+    assert!(matches!(
+        decision,
+        BeginDecision::Execute(Grant {
+            regranted: true,
+            ..
+        })
+    ));
 }

@@ -178,6 +178,9 @@ pub enum Source {
     /// The ledger, because a superseded attempt proved an effect while a later attempt may also
     /// have performed it: the operation is held UNKNOWN for an operator.
     Anomaly,
+    /// A client showed the ledger had lost the operation, restored to an earlier state: see
+    /// [`crate::continuity`].
+    Continuity,
 }
 
 impl Source {
@@ -188,6 +191,7 @@ impl Source {
             Source::Reconciler => "reconciler",
             Source::Operator => "operator",
             Source::Anomaly => "anomaly",
+            Source::Continuity => "continuity",
         }
     }
 
@@ -198,6 +202,7 @@ impl Source {
             Source::Reconciler,
             Source::Operator,
             Source::Anomaly,
+            Source::Continuity,
         ]
         .into_iter()
         .find(|source| source.as_str() == s)
@@ -378,10 +383,13 @@ pub enum EventKind {
     LookupInconclusive,
     /// The operation stayed UNKNOWN past the escalation threshold: people must look.
     Escalated,
+    /// A client showed the ledger had lost an attempt it granted (the ledger was restored to an
+    /// earlier state): the operation is UNKNOWN again, with that attempt.
+    Recovered,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::Claimed,
         EventKind::Confirmed,
         EventKind::ReportedAbsent,
@@ -393,6 +401,7 @@ impl EventKind {
         EventKind::Reconciled,
         EventKind::LookupInconclusive,
         EventKind::Escalated,
+        EventKind::Recovered,
     ];
 
     /// Reads a kind as [`EventKind::as_str`] writes it.
@@ -413,6 +422,7 @@ impl EventKind {
             EventKind::Reconciled => "RECONCILED",
             EventKind::LookupInconclusive => "LOOKUP_INCONCLUSIVE",
             EventKind::Escalated => "ESCALATED",
+            EventKind::Recovered => "RECOVERED",
         }
     }
 
@@ -557,11 +567,17 @@ pub struct BeginCommand {
     pub actor: Actor,
     /// The credential the caller presented.
     pub holder: Holder,
+    /// The tenant's executions are held: its ledger was found behind what a client saw (see
+    /// [`crate::continuity`]). A Begin that would start an execution is answered
+    /// [`BeginDecision::Held`]; every other answer is as usual.
+    pub held: bool,
 }
 
 /// The right to perform the effect once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
+    /// The life of the operation it was granted in (see [`Operation::life`]).
+    pub life: FencingToken,
     pub attempt: u32,
     pub fencing_token: FencingToken,
     pub lease_deadline: Millis,
@@ -577,6 +593,7 @@ impl Grant {
     /// it is handed out again to a transport retry of the Begin it was granted to.
     pub fn issued(op: &Operation, lease_ttl_ms: i64, regranted: bool) -> Self {
         Grant {
+            life: op.life,
             attempt: op.attempt,
             fencing_token: op.fencing_token,
             lease_deadline: op.lease_deadline,
@@ -616,6 +633,9 @@ pub enum BeginDecision {
         stored: Fingerprint,
         requested: Fingerprint,
     },
+    /// It would start an execution, and the tenant's executions are held
+    /// ([`BeginCommand::held`]): nothing was done.
+    Held,
 }
 
 impl BeginDecision {
@@ -626,6 +646,7 @@ impl BeginDecision {
             BeginDecision::InProgress { .. } => "IN_PROGRESS",
             BeginDecision::Unknown { .. } => "UNKNOWN",
             BeginDecision::Conflict { .. } => "CONFLICT",
+            BeginDecision::Held => "HELD",
         }
     }
 }

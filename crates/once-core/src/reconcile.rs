@@ -533,6 +533,7 @@ mod tests {
             lookup_hints: Some(r#"{"payment_intent":"pi_1"}"#.into()),
             actor: Actor::Executor("test".into()),
             holder: None,
+            held: false,
         };
         assert_eq!(machine::begin(None, &cmd, T0), BeginStep::Claim);
         let (_, plan) = machine::claim(

@@ -15,7 +15,12 @@
 //! - once a report proving the effect (a confirm by an attempt of this life) was processed, the
 //!   operation is never executable again in this life;
 //! - every exit from UNKNOWN is one of the three doors, recorded with its actor;
-//! - every change of state is recorded by one event saying from what to what.
+//! - every change of state is recorded by one event saying from what to what;
+//! - across backups and restores of the store (a ledger restored to an earlier state), with
+//!   clients that remember the positions of every grant they saw and show the highest with each
+//!   Begin, no attempt the restored store forgot is followed by a second EXECUTE of its
+//!   operation: the client's Begin is refused, its report brings the operation back UNKNOWN,
+//!   and an operator's acceptance opens the next epoch.
 //!
 //! `PROPTEST_CASES` sets how many sequences run (`make model-long` runs many).
 
@@ -23,6 +28,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
 
+use crate::continuity::{self, Check, Position};
 use crate::identity::Fingerprint;
 use crate::machine::{self, BeginStep, FreshIdGuard, Plan, Write};
 use crate::model::*;
@@ -98,6 +104,12 @@ enum Action {
         confirmed: bool,
         resolution: u8,
     },
+    /// A copy of the database as it is now, replacing the one before.
+    Backup,
+    /// The database put back to the last copy: the ledger restored to an earlier state.
+    Restore,
+    /// An operator accepts what the restore lost: the next epoch begins.
+    Accept,
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -135,6 +147,9 @@ fn action() -> impl Strategy<Value = Action> {
         2 => (0..IDS.len(), prop::bool::weighted(0.2), any::<bool>(), 0u8..4).prop_map(
             |(op, stale, confirmed, resolution)| Action::Resolve { op, stale, confirmed, resolution }
         ),
+        1 => Just(Action::Backup),
+        1 => Just(Action::Restore),
+        1 => Just(Action::Accept),
     ]
 }
 
@@ -144,6 +159,8 @@ struct Held {
     op: usize,
     token: FencingToken,
     life: FencingToken,
+    /// Its number in its life.
+    attempt: u32,
     /// The provider key it was granted.
     provider_key: String,
     attempt_id: String,
@@ -162,9 +179,116 @@ struct Store {
     events: Vec<(usize, NewEvent)>,
     last_token: FencingToken,
     lookups: Vec<(usize, Lookup)>,
+    /// The tenant's epoch and whether its executions are held (see `crate::continuity`).
+    epoch: u64,
+    held: bool,
+}
+
+/// A copy of what a database holds, and of what the reference model knows of that timeline.
+#[derive(Debug, Clone)]
+struct Snapshot {
+    rows: BTreeMap<usize, Operation>,
+    attempts: BTreeMap<usize, Vec<Attempt>>,
+    events: Vec<(usize, NewEvent)>,
+    last_token: FencingToken,
+    epoch: u64,
+    held: bool,
+    confirmed: BTreeMap<usize, (FencingToken, Option<Vec<u8>>)>,
+    proven: BTreeMap<usize, FencingToken>,
+    did_not_run: HashSet<FencingToken>,
+}
+
+/// What a Begin showing a position may be answered, as the replica judges it.
+#[derive(Debug, PartialEq, Eq)]
+enum Judged {
+    Free,
+    Held,
+    Behind,
 }
 
 impl Store {
+    /// Whether the history records the attempt a position names (its claim or its recovery).
+    fn recorded(&self, op: usize, position: &Position) -> bool {
+        self.events.iter().any(|(o, e)| {
+            *o == op
+                && matches!(e.kind, EventKind::Claimed | EventKind::Recovered)
+                && e.life == position.life
+                && e.attempt == Some(position.attempt)
+        })
+    }
+
+    /// Whether the history records any event of the life a position names.
+    fn life_recorded(&self, op: usize, position: &Position) -> bool {
+        self.events
+            .iter()
+            .any(|(o, e)| *o == op && e.life == position.life)
+    }
+
+    /// Whether the history records a grant (its claim or its recovery).
+    fn knows(&self, held: &Held) -> bool {
+        self.events.iter().any(|(o, e)| {
+            *o == held.op
+                && matches!(e.kind, EventKind::Claimed | EventKind::Recovered)
+                && e.life == held.life
+                && e.attempt == Some(held.attempt)
+        })
+    }
+
+    /// The replica's judgement of the position a Begin shows (`onced`'s `continuity`).
+    fn judge(&mut self, seen: Option<&Position>) -> Judged {
+        let held = if self.held {
+            Judged::Held
+        } else {
+            Judged::Free
+        };
+        let Some(position) = seen else { return held };
+        let behind = match continuity::check(position, self.epoch, self.last_token) {
+            Check::Fine => false,
+            Check::Behind(_) => true,
+            Check::LookUp => {
+                let op = op_of(position);
+                let recorded = self.recorded(op, position);
+                continuity::after_lookup(
+                    position,
+                    recorded,
+                    (self.epoch, self.last_token),
+                    self.now,
+                    i64::MAX / 4,
+                )
+                .is_some()
+            }
+        };
+        if !behind {
+            return held;
+        }
+        self.held = true;
+        self.last_token = self.last_token.max(position.token);
+        Judged::Behind
+    }
+
+    /// A client's report of the positions it kept: each attempt the history does not record
+    /// comes back UNKNOWN.
+    fn recover(&mut self, positions: &[Position]) {
+        for position in positions {
+            let op = op_of(position);
+            if self.recorded(op, position) {
+                continue;
+            }
+            let current = self.rows.get(&op).cloned();
+            let reporter = (Actor::Executor("mcp-0".into()), None);
+            let life_recorded = self.life_recorded(op, position);
+            if let Some(plan) = continuity::recover(
+                current.as_ref(),
+                (position, life_recorded),
+                (&reporter.0, &reporter.1),
+                self.now,
+            ) {
+                self.last_token = self.last_token.max(position.token);
+                self.apply(op, &plan);
+            }
+        }
+    }
+
     fn apply(&mut self, op: usize, plan: &Plan) {
         let before = self.rows.get(&op).map(|row| row.state);
         match &plan.operation {
@@ -296,6 +420,94 @@ struct Reference {
     /// Tokens whose attempt said by itself, while it held the execution right, that it did not
     /// perform the effect.
     did_not_run: HashSet<FencingToken>,
+    /// The position of every grant the clients saw, in every timeline: they remember them all.
+    positions: Vec<Position>,
+    /// The last backup.
+    backup: Option<Snapshot>,
+}
+
+impl Reference {
+    /// The highest position the clients saw, which they show with every Begin.
+    fn highest(&self) -> Option<&Position> {
+        self.positions.iter().max_by_key(|p| (p.epoch, p.token))
+    }
+
+    /// Records the position of a grant of `op` made for `cmd` in `store`.
+    fn saw(&mut self, store: &Store, cmd: &BeginCommand, grant: &Grant) {
+        self.positions.push(Position {
+            ledger: "sim".into(),
+            epoch: store.epoch,
+            tenant: TENANT.into(),
+            operation_id: cmd.operation_id.clone(),
+            tool: cmd.tool.clone(),
+            fingerprint: cmd.fingerprint,
+            life: grant.life,
+            attempt: grant.attempt,
+            token: grant.fencing_token,
+            provider: cmd.provider.clone(),
+            provider_key: grant.provider_key.clone(),
+            lookup_hints: None,
+            retention_ms: cmd.retention_ms,
+            at: store.now,
+        });
+    }
+
+    /// Whether the store forgot an attempt of `op` the clients saw granted: its history does not
+    /// record it, and its life is not one the history records with no live row left (a life
+    /// that settled past its retention is over, restored or not).
+    fn forgotten(&self, store: &Store, op: usize) -> bool {
+        self.positions.iter().any(|p| {
+            let life_over = store.life_recorded(op, p)
+                && store
+                    .rows
+                    .get(&op)
+                    .is_none_or(|row| row.life != p.life || row.is_expired(store.now));
+            op_of(p) == op && !store.recorded(op, p) && !life_over
+        })
+    }
+}
+
+fn op_of(position: &Position) -> usize {
+    IDS.iter()
+        .position(|id| *id == position.operation_id.as_str())
+        .expect("one of the simulation's ids")
+}
+
+/// A Begin of `op` as the clients make it: showing their highest position; refused when it
+/// shows the store behind or would execute while the tenant is held, and then reporting every
+/// position they kept. `None` when refused.
+fn begin_shown(
+    store: &mut Store,
+    model: &mut Reference,
+    op: usize,
+    cmd: &mut BeginCommand,
+) -> Option<BeginDecision> {
+    let highest = model.highest().cloned();
+    match store.judge(highest.as_ref()) {
+        Judged::Behind => {
+            store.recover(&model.positions);
+            return None;
+        }
+        Judged::Held => cmd.held = true,
+        Judged::Free => {}
+    }
+    let forgotten = model.forgotten(store, op);
+    let decision = store.begin(op, cmd);
+    match &decision {
+        BeginDecision::Held => {
+            store.recover(&model.positions);
+            return None;
+        }
+        BeginDecision::Execute(grant) if !grant.regranted => {
+            assert!(
+                !forgotten,
+                "a second EXECUTE of {op} after the ledger forgot an attempt its clients saw"
+            );
+            model.saw(store, cmd, grant);
+        }
+        _ => {}
+    }
+    Some(decision)
 }
 
 fn command(
@@ -319,6 +531,7 @@ fn command(
         provider: Some("stripe".into()),
         lookup_hints: None,
         holder: None,
+        held: false,
     }
 }
 
@@ -368,14 +581,16 @@ fn run(actions: Vec<Action>) {
                     session_id: Some(format!("session-{step}")),
                     request_id: Some("1".into()),
                 };
-                let cmd = command(
+                let mut cmd = command(
                     op,
                     format!("attempt-{step:012}"),
                     context,
                     fingerprint,
                     new_intent,
                 );
-                let decision = store.begin(op, &cmd);
+                let Some(decision) = begin_shown(&mut store, &mut model, op, &mut cmd) else {
+                    continue;
+                };
                 if let BeginDecision::Execute(grant) = decision {
                     assert!(!grant.regranted);
                     assert!(
@@ -391,6 +606,7 @@ fn run(actions: Vec<Action>) {
                         op,
                         token: grant.fencing_token,
                         life: store.rows[&op].life,
+                        attempt: grant.attempt,
                         provider_key: grant.provider_key,
                         attempt_id: cmd.attempt_id,
                         context: cmd.context,
@@ -409,14 +625,16 @@ fn run(actions: Vec<Action>) {
                 if elsewhere {
                     context.session_id = Some("another-session".into());
                 }
-                let cmd = command(
+                let mut cmd = command(
                     held.op,
                     held.attempt_id.clone(),
                     context,
                     held.fingerprint,
                     held.new_intent,
                 );
-                let decision = store.begin(held.op, &cmd);
+                let Some(decision) = begin_shown(&mut store, &mut model, held.op, &mut cmd) else {
+                    continue;
+                };
                 if let BeginDecision::Execute(grant) = decision {
                     if grant.regranted {
                         // Only to the very attempt that holds the grant: same id, same context.
@@ -438,6 +656,7 @@ fn run(actions: Vec<Action>) {
                         model.held.push(Held {
                             token: grant.fencing_token,
                             life: store.rows[&held.op].life,
+                            attempt: grant.attempt,
                             provider_key: grant.provider_key,
                             context: cmd.context,
                             ..held
@@ -496,7 +715,10 @@ fn run(actions: Vec<Action>) {
                     .as_ref()
                     .is_some_and(|row| row.provider_key == held.provider_key);
                 if current_life == Some(held.life) || shares_key {
-                    if let (true, Some(life)) = (proves, current_life) {
+                    // A confirm by an attempt the store forgot (a restore) it cannot take
+                    // yet: that attempt comes back with the client's report, before any Begin
+                    // of the operation executes (the second-EXECUTE check).
+                    if let (true, Some(life), true) = (proves, current_life, store.knows(&held)) {
                         model.proven.insert(held.op, life);
                     }
                     if says_absent && latest && answer.is_ok() {
@@ -513,10 +735,12 @@ fn run(actions: Vec<Action>) {
                         .get(&held.op)
                         .is_some_and(|row| row.state == State::Confirmed);
                     if proves && !latest && !was_confirmed && now_confirmed {
+                        // Of the later attempts the store knows: one a restore made it forget
+                        // is for continuity to bring back, when a client reports it.
                         for later in model
                             .held
                             .iter()
-                            .filter(|h| h.op == held.op && h.token > held.token)
+                            .filter(|h| h.op == held.op && h.token > held.token && store.knows(h))
                         {
                             assert!(
                                 model.did_not_run.contains(&later.token),
@@ -696,6 +920,41 @@ fn run(actions: Vec<Action>) {
                         );
                     }
                     store.apply(op, &plan);
+                }
+            }
+            Action::Backup => {
+                model.backup = Some(Snapshot {
+                    rows: store.rows.clone(),
+                    attempts: store.attempts.clone(),
+                    events: store.events.clone(),
+                    last_token: store.last_token,
+                    epoch: store.epoch,
+                    held: store.held,
+                    confirmed: model.confirmed.clone(),
+                    proven: model.proven.clone(),
+                    did_not_run: model.did_not_run.clone(),
+                });
+            }
+            Action::Restore => {
+                let Some(backup) = model.backup.clone() else {
+                    continue;
+                };
+                store.rows = backup.rows;
+                store.attempts = backup.attempts;
+                store.events = backup.events;
+                store.last_token = backup.last_token;
+                store.epoch = backup.epoch;
+                store.held = backup.held;
+                // The replicas restart with it: no lookup is in flight.
+                store.lookups.clear();
+                model.confirmed = backup.confirmed;
+                model.proven = backup.proven;
+                model.did_not_run = backup.did_not_run;
+            }
+            Action::Accept => {
+                if store.held {
+                    store.epoch += 1;
+                    store.held = false;
                 }
             }
         }

@@ -304,7 +304,7 @@ async fn proxy(args: Args) -> anyhow::Result<i32> {
         tracing::error!(ledger = %redacted(&args.ledger.ledger), reason = %refused, "once-proxy cannot use this ledger; stopping");
         return Ok(1);
     }
-    let ledger = LedgerClient::connect(config)?;
+    let ledger = args.ledger.client_with(config)?;
     tracing::info!(policy = %path.display(), guarded = ?policy.tools.keys().collect::<Vec<_>>(), ledger = %redacted(&args.ledger.ledger), "once-proxy starting");
     let guard = guard::Guard::new(policy, ledger);
     let code = match (args.listen, args.upstream.clone()) {

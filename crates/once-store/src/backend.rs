@@ -4,13 +4,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
+use once_core::continuity::{Accepted, Behind, Standing};
 use once_core::forensics::Duplicate;
 use once_core::machine::FreshIdGuard;
 use once_core::reconcile::Lookup;
 use once_core::stats::{Gauges, Stats};
 use once_core::{
-    Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Listed, Millis, Operation,
-    OperationEvent, OperationId, Plan, PriorResolution, Scope, WatchFilter,
+    Actor, Attempt, BeginCommand, Blocking, Event, FencingToken, ListQuery, Listed, Millis,
+    Operation, OperationEvent, OperationId, Plan, PriorResolution, Scope, WatchFilter,
 };
 
 use crate::watch::Frontier;
@@ -93,7 +94,16 @@ pub const EARLIER_EVENTS: i64 = 200;
 /// [`crate::Ledger`] writes an operation, through the transaction primitives of its sealed
 /// supertrait, which nothing outside this crate can name or call (see [`sealed::Transactions`]).
 pub trait Backend:
-    sealed::Transactions + Credentials + Events + Forensics + Sweeps + Clone + Send + Sync + 'static
+    sealed::Transactions
+    + Continuity
+    + Credentials
+    + Events
+    + Forensics
+    + Sweeps
+    + Clone
+    + Send
+    + Sync
+    + 'static
 {
     /// A short name for logs: `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
@@ -300,6 +310,65 @@ pub trait Events {
     ) -> impl Future<Output = Result<Option<Announcements>, StoreError>> + Send;
 }
 
+/// What continuity needs of the store (see [`once_core::continuity`]): the ledger's identity,
+/// the highest token issued, claims in the history, and each tenant's epoch and hold.
+pub trait Continuity {
+    /// The ledger's identity and sealing key; `made` is stored as them when none is yet (by
+    /// the first replica to start; the others read its).
+    fn identity(
+        &self,
+        made: (&str, [u8; 32]),
+    ) -> impl Future<Output = Result<(String, [u8; 32]), StoreError>> + Send;
+
+    /// The highest fencing token issued (or skipped).
+    fn issued_through(&self) -> impl Future<Output = Result<FencingToken, StoreError>> + Send;
+
+    /// Whether the history records an attempt, `claim` (its life and number): its claim, or
+    /// its recovery from a client's position.
+    fn claim_recorded(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        claim: (FencingToken, u32),
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Whether the history records any event of `life` of the operation.
+    fn life_recorded(
+        &self,
+        tenant: &str,
+        id: &OperationId,
+        life: FencingToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every tenant that has an epoch or a hold, by name.
+    fn standings(&self) -> impl Future<Output = Result<Vec<Standing>, StoreError>> + Send;
+
+    /// Holds the executions of `tenant`, found `behind` in its epoch `behind.ledger_epoch`, and
+    /// raises the token counter past the token the client saw (none is issued again). Nothing
+    /// changes when the tenant is held already or its epoch moved on. Returns where it stands.
+    fn hold(
+        &self,
+        tenant: &str,
+        behind: &Behind,
+    ) -> impl Future<Output = Result<Standing, StoreError>> + Send;
+
+    /// Accepts the loss of every held tenant, or of `tenant` alone (held or not): each opens
+    /// its next epoch and its executions go on; each acceptance is recorded.
+    fn accept(
+        &self,
+        tenant: Option<&str>,
+        actor: &Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Vec<Accepted>, StoreError>> + Send;
+
+    /// The latest `limit` acceptances (of `tenant`, when given), newest first.
+    fn acceptances(
+        &self,
+        tenant: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Accepted>, StoreError>> + Send;
+}
+
 /// The Begins answered without a new execution right.
 pub trait Forensics {
     /// Records duplicates, all in one statement.
@@ -429,6 +498,14 @@ pub(crate) mod sealed {
             tx: &mut Self::Tx,
             cmd: &BeginCommand,
         ) -> impl Future<Output = Result<FreshIdGuard, StoreError>> + Send;
+
+        /// Makes every fencing token issued from now on larger than `seen`, one a client saw
+        /// granted by this ledger before it was restored to an earlier state.
+        fn raise_tokens(
+            &self,
+            tx: &mut Self::Tx,
+            seen: FencingToken,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
         /// A fencing token never issued before by this store, larger than every one it issued.
         fn next_token(

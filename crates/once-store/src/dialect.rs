@@ -37,6 +37,13 @@ pub trait Dialect: Database {
     /// issued before.
     const NEXT_TOKEN: &'static str;
 
+    /// A query answering the highest token issued (or skipped) so far.
+    const ISSUED_THROUGH: &'static str;
+
+    /// A statement, bound with a token `$1` a client saw, that makes every token issued from
+    /// then on larger than it (nothing when they are already).
+    const RAISE_TOKENS: &'static str;
+
     /// An expression that issues such a token outside any write transaction (a lock-free read
     /// hands it out for a first claim written by [`Dialect::apply_unlocked`]); `None` where a
     /// token is only safe under the write lock.

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use once_core::continuity::{self, Position};
 use once_core::forensics;
 use once_core::machine::{self, FreshIdGuard, Plan};
 use once_core::reconcile;
@@ -491,6 +492,52 @@ impl<B: Backend> Ledger<B> {
             Err(StoreError::NotFound) => Ok(false),
             other => other,
         }
+    }
+
+    /// Brings back an operation a client saw granted and the ledger lost, restored to an
+    /// earlier state ([`continuity::recover`]): UNKNOWN, with the attempt the client saw, and
+    /// every token issued from then on above that attempt's. Whether the operation is UNKNOWN
+    /// again (not when the ledger knows that attempt or a later one, or the life settled and
+    /// retention deleted it; for a CONFIRMED life, the possible second effect is recorded).
+    pub async fn recover(
+        &self,
+        position: &Position,
+        reporter: (Actor, Holder),
+    ) -> Result<bool, StoreError> {
+        // Read before the write: no event of a life whose row is gone can be written meanwhile.
+        let life_recorded = self
+            .backend
+            .life_recorded(&position.tenant, &position.operation_id, position.life)
+            .await?;
+        for _ in 0..CLAIM_RACE_RETRIES {
+            let backend = self.backend.clone();
+            let (position, reporter) = (position.clone(), reporter.clone());
+            let recovered = self
+                .write(move |tx| {
+                    Box::pin(async move {
+                        let key = (position.tenant.as_str(), &position.operation_id);
+                        let (current, now) = backend.lock(tx, key.0, key.1).await?;
+                        let by = (&reporter.0, &reporter.1);
+                        let shown = (&position, life_recorded);
+                        let Some(plan) = continuity::recover(current.as_ref(), shown, by, now)
+                        else {
+                            return Ok((false, None));
+                        };
+                        backend.raise_tokens(tx, position.token).await?;
+                        let unknown_again = plan.operation.is_some();
+                        let wrote = apply(&backend, tx, key, current, plan, now).await?;
+                        Ok((unknown_again, wrote))
+                    })
+                })
+                .instrument(self.span("recover"))
+                .await;
+            match recovered {
+                // A Begin created the row meanwhile: the next round judges it.
+                Err(StoreError::Duplicate) => continue,
+                other => return other,
+            }
+        }
+        Err(StoreError::Duplicate)
     }
 
     /// Locks an existing operation, lets `decide` produce an answer and a plan, and commits the

@@ -25,8 +25,8 @@ pub mod watch;
 pub mod writer;
 
 pub use backend::{
-    Backend, CredentialChanges, Credentials, Decision, Events, Forensics, PoolUse, Probe, Sweeps,
-    Unlocked, Written,
+    Backend, Continuity, CredentialChanges, Credentials, Decision, Events, Forensics, PoolUse,
+    Probe, Sweeps, Unlocked, Written,
 };
 pub use dialect::Dialect;
 pub use error::StoreError;

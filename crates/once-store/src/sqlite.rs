@@ -76,6 +76,12 @@ impl Dialect for Sqlite {
         "UPDATE fencing_tokens SET last = last + 1 WHERE id = 1 RETURNING last";
 
     /// A token taken outside the write lock could be taken again (see above).
+    const ISSUED_THROUGH: &'static str = "SELECT last FROM fencing_tokens WHERE id = 1";
+
+    // One writer at a time: the counter is raised exactly.
+    const RAISE_TOKENS: &'static str =
+        "UPDATE fencing_tokens SET last = $1 WHERE id = 1 AND last < $1";
+
     const FRESH_TOKEN: Option<&'static str> = None;
 
     /// Writers hold the one write lock from their first statement to their commit, so events

@@ -183,6 +183,55 @@ impl TestDb {
         .await
     }
 
+    /// Copies the database as it is now, as a backup [`TestDb::restore`] puts back. Nothing may
+    /// be using it (stop its ledgers first): the SQLite file with its write-ahead log, or a
+    /// PostgreSQL database made from this one as a template.
+    pub async fn back_up(&self) {
+        match self.store {
+            Engine::Sqlite => {
+                let backup = self.dir.path().join("backup");
+                std::fs::create_dir_all(&backup).expect("backup directory");
+                for name in ["ledger.db", "ledger.db-wal", "ledger.db-shm"] {
+                    let from = self.dir.path().join(name);
+                    let _ = std::fs::remove_file(backup.join(name));
+                    if from.exists() {
+                        std::fs::copy(&from, backup.join(name)).expect("copy the database");
+                    }
+                }
+            }
+            Engine::Postgres => {
+                self.end_sessions().await;
+                self.as_server_admin("DROP DATABASE IF EXISTS {db}_backup")
+                    .await;
+                self.as_server_admin("CREATE DATABASE {db}_backup TEMPLATE {db}")
+                    .await;
+            }
+        }
+    }
+
+    /// Puts the backup [`TestDb::back_up`] made in place of the database: a restore to an
+    /// earlier state. Nothing may be using it.
+    pub async fn restore(&self) {
+        match self.store {
+            Engine::Sqlite => {
+                let backup = self.dir.path().join("backup");
+                for name in ["ledger.db", "ledger.db-wal", "ledger.db-shm"] {
+                    let to = self.dir.path().join(name);
+                    let _ = std::fs::remove_file(&to);
+                    if backup.join(name).exists() {
+                        std::fs::copy(backup.join(name), &to).expect("restore the database");
+                    }
+                }
+            }
+            Engine::Postgres => {
+                self.as_server_admin("DROP DATABASE {db} WITH (FORCE)")
+                    .await;
+                self.as_server_admin("CREATE DATABASE {db} TEMPLATE {db}_backup")
+                    .await;
+            }
+        }
+    }
+
     /// Row counts of every table, to show a refused request changed nothing.
     pub async fn snapshot(&self) -> [i64; 3] {
         [
@@ -216,10 +265,13 @@ impl Drop for TestDb {
                     if let Ok(mut conn) =
                         <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
                     {
-                        let _ =
-                            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                                .execute(&mut conn)
-                                .await;
+                        for name in [name.clone(), format!("{name}_backup")] {
+                            let _ = sqlx::query(&format!(
+                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                            ))
+                            .execute(&mut conn)
+                            .await;
+                        }
                     }
                 });
             })

@@ -1,10 +1,13 @@
-//! `onced tenants …` and `onced keys …`: administration straight on the database, for the
-//! first tenants and keys and for when no admin key is at hand. Changes reach running replicas
-//! within their credential TTL.
+//! `onced tenants …`, `onced keys …` and `onced continuity …`: administration straight on the
+//! database, for the first tenants and keys, for when no admin key is at hand, and for accepting
+//! what a restore of the database lost. Keys and tenants reach running replicas within their
+//! credential TTL; an acceptance within a second.
 
 use clap::Subcommand;
 use once_core::access::{Credential, Tenant};
 use once_core::cli::NewCredential;
+use once_core::continuity::{Accepted, Held, Standing};
+use once_core::Actor;
 use once_store::Backend;
 
 use crate::admin::Admin;
@@ -17,6 +20,34 @@ pub enum Command {
     /// API keys and client certificates: create, list, revoke.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Whether the ledger was found behind what its clients saw (restored from an older
+    /// backup), and accepting that loss so executions go on.
+    #[command(subcommand)]
+    Continuity(ContinuityCommand),
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ContinuityCommand {
+    /// Each tenant's epoch, whether its executions are held and why, and the latest
+    /// acceptances.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Accepts that the ledger lost what its clients saw: the held tenants (or the one named,
+    /// held or not) open their next epoch and execute again. Recorded, with the reason. The
+    /// operations clients reported are UNKNOWN for the reconcilers; run this once the database
+    /// is the one to keep.
+    Accept {
+        /// Why (recorded): what was restored, from when.
+        #[arg(long)]
+        reason: String,
+        /// Only this tenant, held or not (default: every held tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -65,8 +96,12 @@ pub enum KeysCommand {
 
 /// Runs one administrative command against `backend`.
 pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()> {
+    if let Command::Continuity(command) = command {
+        return continuity(&backend, command).await;
+    }
     let admin = Admin::new(backend);
     match command {
+        Command::Continuity(_) => unreachable!("handled above"),
         Command::Tenants(TenantsCommand::Put {
             name,
             max_in_flight,
@@ -124,6 +159,137 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
         }
     }
     Ok(())
+}
+
+/// The operator an acceptance made here is recorded as: the account that ran it.
+fn operator() -> Actor {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    Actor::Operator(format!("onced-cli@{user}"))
+}
+
+async fn continuity<B: Backend>(backend: &B, command: ContinuityCommand) -> anyhow::Result<()> {
+    match command {
+        ContinuityCommand::Status { json } => {
+            let standings = backend.standings().await?;
+            let accepted = backend.acceptances(None, 20).await?;
+            if json {
+                let shown = serde_json::json!({
+                    "tenants": standings.iter().map(standing_json).collect::<Vec<_>>(),
+                    "acceptances": accepted.iter().map(accepted_json).collect::<Vec<_>>(),
+                });
+                println!("{shown}");
+                return Ok(());
+            }
+            let held: Vec<&Standing> = standings.iter().filter(|s| s.held.is_some()).collect();
+            if held.is_empty() {
+                println!("No tenant is held: no client has seen more than this ledger holds.");
+            } else {
+                println!(
+                    "{} tenant(s) held: the ledger is behind what their clients saw (restored to an earlier state).",
+                    held.len()
+                );
+            }
+            print_standings(&standings);
+            if !accepted.is_empty() {
+                println!();
+                print_acceptances(&accepted);
+            }
+        }
+        ContinuityCommand::Accept {
+            reason,
+            tenant,
+            json,
+        } => {
+            if reason.trim().is_empty() {
+                anyhow::bail!("--reason must say why the loss is accepted");
+            }
+            let accepted = backend
+                .accept(tenant.as_deref(), &operator(), reason.trim())
+                .await?;
+            if json {
+                let shown: Vec<_> = accepted.iter().map(accepted_json).collect();
+                println!("{}", serde_json::Value::Array(shown));
+            } else if accepted.is_empty() {
+                println!("No tenant is held: nothing to accept.");
+            } else {
+                print_acceptances(&accepted);
+                eprintln!(
+                    "\nExecutions go on within a second on every replica. The operations clients reported \
+                     are UNKNOWN: their reconcilers settle them (oncectl list)."
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn held_json(held: &Held) -> serde_json::Value {
+    let b = &held.behind;
+    serde_json::json!({
+        "since_ms": held.since,
+        "why": b.why.as_str(),
+        "client_epoch": b.client_epoch,
+        "client_token": b.client_token.get(),
+        "operation_id": b.operation_id.as_str(),
+        "ledger_epoch": b.ledger_epoch,
+        "ledger_token": b.ledger_token.get(),
+    })
+}
+
+fn standing_json(s: &Standing) -> serde_json::Value {
+    serde_json::json!({
+        "tenant": s.tenant,
+        "epoch": s.epoch,
+        "held": s.held.as_ref().map(held_json),
+    })
+}
+
+fn accepted_json(a: &Accepted) -> serde_json::Value {
+    serde_json::json!({
+        "tenant": a.tenant,
+        "epoch": a.epoch,
+        "at_ms": a.at,
+        "actor": a.actor.to_string(),
+        "reason": a.reason,
+        "held": a.held.as_ref().map(held_json),
+    })
+}
+
+fn print_standings(standings: &[Standing]) {
+    println!(
+        "{:<24} {:>6}  {:<14} {:>14} {:>14}  OPERATION",
+        "TENANT", "EPOCH", "HELD", "CLIENT TOKEN", "LEDGER TOKEN"
+    );
+    for s in standings {
+        let (why, client, ledger, op) = match &s.held {
+            Some(held) => (
+                held.behind.why.as_str().to_owned(),
+                held.behind.client_token.to_string(),
+                held.behind.ledger_token.to_string(),
+                held.behind.operation_id.to_string(),
+            ),
+            None => ("no".into(), "-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "{:<24} {:>6}  {:<14} {:>14} {:>14}  {op}",
+            s.tenant, s.epoch, why, client, ledger
+        );
+    }
+}
+
+fn print_acceptances(accepted: &[Accepted]) {
+    println!("{:<24} {:>6}  {:<28} REASON", "ACCEPTED FOR", "EPOCH", "BY");
+    for a in accepted {
+        println!(
+            "{:<24} {:>6}  {:<28} {}",
+            a.tenant,
+            a.epoch,
+            a.actor.to_string(),
+            a.reason
+        );
+    }
 }
 
 fn print_tenants(tenants: &[Tenant], json: bool) {

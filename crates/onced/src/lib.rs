@@ -11,6 +11,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 mod console;
+mod continuity;
 mod database;
 mod duplicates;
 mod reconciliation;

@@ -19,6 +19,7 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{Admin, AdminService};
 use crate::config::Settings;
+use crate::continuity::Continuity;
 use crate::service::LedgerService;
 use crate::telemetry::{Metrics, RpcLayer};
 use crate::{access, duplicates, status, sweeper, telemetry, version, watch};
@@ -41,6 +42,7 @@ pub(crate) struct Replica<B: Backend> {
     /// Cancelled as soon as shutdown begins: watch streams never end by themselves, and the
     /// server drains only once every stream has.
     stop_watchers: CancellationToken,
+    continuity: Continuity<B>,
 }
 
 impl<B: Backend> Replica<B> {
@@ -89,14 +91,17 @@ impl<B: Backend> Replica<B> {
             stop_watchers.clone(),
         );
         let (recorder, duplicates) = duplicates::Recorder::new();
+        let continuity = Continuity::open(ledger.clone(), config.event_retention)
+            .await
+            .context("reading the ledger's identity")?;
         let service = LedgerService::new(
             ledger.clone(),
             access.clone(),
             settings.limits.clone(),
             &settings.reconciliation,
-            feed.clone(),
-            recorder,
+            (feed.clone(), recorder),
             metrics.clone(),
+            continuity.clone(),
         );
         let health = HealthReporter::new();
         health
@@ -111,6 +116,7 @@ impl<B: Backend> Replica<B> {
             duplicates: Some(duplicates),
             health,
             stop_watchers,
+            continuity,
         })
     }
 
@@ -145,6 +151,12 @@ impl<B: Backend> Replica<B> {
                 self.health.clone(),
                 self.metrics.clone(),
                 config.health_check_interval,
+                stop.clone(),
+            )),
+            tokio::spawn(crate::continuity::follow(
+                self.continuity.clone(),
+                self.health.clone(),
+                self.metrics.clone(),
                 stop.clone(),
             )),
             tokio::spawn(telemetry::gauges(

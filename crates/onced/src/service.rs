@@ -11,6 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::access::{Access, Allowed, Principal};
+use crate::continuity::{Continuity, Judged};
 use crate::duplicates::Recorder;
 use crate::reconciliation::{Reconciliation, Settled};
 use crate::status;
@@ -31,6 +32,8 @@ pub struct LedgerService<B: Backend> {
     /// Where Begins answered without a new execution right go, for forensics.
     duplicates: Recorder,
     metrics: std::sync::Arc<Metrics>,
+    /// Positions sealed and judged, holds and recoveries.
+    continuity: Continuity<B>,
 }
 
 /// The most operations one GetForensics looks at.
@@ -45,14 +48,16 @@ impl<B: Backend> std::fmt::Debug for LedgerService<B> {
 }
 
 impl<B: Backend> LedgerService<B> {
+    /// The service over `ledger`; `(feed, duplicates)` are where its watches read and its
+    /// duplicate Begins go.
     pub fn new(
         ledger: Ledger<B>,
         access: Access<B>,
         limits: Limits,
         configured: &once_reconcile::config::Reconciliation,
-        feed: Feed,
-        duplicates: Recorder,
+        (feed, duplicates): (Feed, Recorder),
         metrics: std::sync::Arc<Metrics>,
+        continuity: Continuity<B>,
     ) -> Self {
         let settled = Settled::default();
         let reconciliation = Reconciliation::new(
@@ -71,6 +76,7 @@ impl<B: Backend> LedgerService<B> {
             feed,
             duplicates,
             metrics,
+            continuity,
         }
     }
 
@@ -87,7 +93,7 @@ fn decision_attempt(decision: &once_core::BeginDecision) -> Option<u32> {
     match decision {
         Execute(grant) => Some(grant.attempt),
         Replay { attempt, .. } | InProgress { attempt, .. } => Some(*attempt),
-        Unknown { .. } | Conflict { .. } => None,
+        Unknown { .. } | Conflict { .. } | Held => None,
     }
 }
 
@@ -136,7 +142,17 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let caller = caller(&principal, client_name.as_deref());
         let input =
             convert::begin(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
-        let cmd = input.command;
+        let mut cmd = input.command;
+        let held = match self
+            .continuity
+            .judge(&cmd.tenant, input.seen_position.as_deref())
+            .await?
+        {
+            Judged::Free => None,
+            Judged::Held(held) => Some(held),
+            Judged::Behind(held) => return Err(status::ledger_behind(&held)),
+        };
+        cmd.held = held.is_some();
         self.access.check_in_flight(&principal, &cmd).await?;
         let span = tracing::Span::current();
         span.record("once.operation_id", cmd.operation_id.as_str());
@@ -161,10 +177,43 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         if let Some(duplicate) = Duplicate::of(&cmd, &decision, at) {
             self.duplicates.record(duplicate);
         }
-        Ok(Response::new(convert::begin_response(
-            &cmd.operation_id,
-            decision,
-        )))
+        let position = match &decision {
+            once_core::BeginDecision::Execute(grant) => {
+                Some(self.continuity.position(&cmd, grant, at))
+            }
+            _ => None,
+        };
+        match (
+            convert::begin_response(&cmd.operation_id, decision, position),
+            held,
+        ) {
+            (Some(answer), _) => Ok(Response::new(answer)),
+            (None, Some(held)) => Err(status::ledger_behind(&held)),
+            (None, None) => Err(status::internal()),
+        }
+    }
+
+    async fn recover_operations(
+        &self,
+        request: Request<pb::RecoverOperationsRequest>,
+    ) -> Result<Response<pb::RecoverOperationsResponse>, Status> {
+        let principal = self.access.admit(&request, Allowed::EXECUTOR).await?;
+        let positions =
+            convert::recover_positions(request.into_inner()).map_err(status::invalid)?;
+        let reporter = (principal.executor(None), principal.holder());
+        let recovered = self
+            .continuity
+            .recover(&principal.tenant, reporter, positions)
+            .await?;
+        Ok(Response::new(pb::RecoverOperationsResponse {
+            operations: recovered
+                .into_iter()
+                .map(|(id, recovered)| pb::RecoveredOperation {
+                    operation_id: id.to_string(),
+                    recovered,
+                })
+                .collect(),
+        }))
     }
 
     async fn confirm(

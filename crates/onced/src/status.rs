@@ -310,6 +310,31 @@ pub fn exhausted(reason: &str, message: String, retry_after: std::time::Duration
     status
 }
 
+/// The tenant's executions are held: the ledger was found behind what a client saw (it was
+/// restored to an earlier state), and no execution is granted until an operator accepts the loss.
+pub fn ledger_behind(held: &once_core::continuity::Held) -> Status {
+    let behind = &held.behind;
+    status(
+        Code::FailedPrecondition,
+        "LEDGER_BEHIND",
+        format!(
+            "the ledger is behind what a client saw, so it was restored to an earlier state: {behind}. \
+             Nothing was performed. It grants no execution to this tenant until an operator runs \
+             `onced continuity accept --reason …`; replays, reads and reports go on. Report the \
+             positions you kept (RecoverOperations) so that what it lost comes back UNKNOWN"
+        ),
+        vec![
+            ("why".into(), behind.why.as_str().into()),
+            ("client_epoch".into(), behind.client_epoch.to_string()),
+            ("client_token".into(), behind.client_token.to_string()),
+            ("operation_id".into(), behind.operation_id.to_string()),
+            ("ledger_epoch".into(), behind.ledger_epoch.to_string()),
+            ("ledger_token".into(), behind.ledger_token.to_string()),
+            ("held_since_ms".into(), held.since.to_string()),
+        ],
+    )
+}
+
 /// Something an administrative call names does not exist.
 pub fn not_found(reason: &str, message: &str) -> Status {
     status(Code::NotFound, reason, message.to_owned(), vec![])

@@ -78,6 +78,8 @@ struct Read {
     unknown: Vec<TenantUnknown>,
     /// Every tenant seen since the replica started.
     tenants: std::collections::BTreeSet<String>,
+    /// Each tenant with a continuity standing, and whether its executions are held.
+    continuity: Vec<(String, bool)>,
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +182,24 @@ impl Metrics {
                                 (i64::from(pool.idle), vec![KeyValue::new("state", "idle")]),
                                 (used, vec![KeyValue::new("state", "used")]),
                             ]
+                        })
+                        .collect()
+                },
+            ),
+            gauge(
+                "once.continuity.held",
+                "1 while a tenant's executions are held: the ledger is behind what its clients saw (restored to an earlier state)",
+                |read| {
+                    // Every tenant seen, at 0 unless held, so a rule sees each one's first hold.
+                    let mut tenants: std::collections::BTreeMap<&str, bool> =
+                        read.tenants.iter().map(|t| (t.as_str(), false)).collect();
+                    for (tenant, held) in &read.continuity {
+                        tenants.insert(tenant, *held);
+                    }
+                    tenants
+                        .into_iter()
+                        .map(|(tenant, held)| {
+                            (i64::from(held), vec![KeyValue::new("tenant", tenant.to_owned())])
                         })
                         .collect()
                 },
@@ -342,6 +362,14 @@ impl Metrics {
 
     pub fn webhook_failed(&self) {
         self.webhook_failures.add(1, &[]);
+    }
+
+    /// Each tenant's continuity standing, as last read.
+    pub fn continuity(&self, standings: &[once_core::continuity::Standing]) {
+        self.lock().continuity = standings
+            .iter()
+            .map(|s| (s.tenant.clone(), s.held.is_some()))
+            .collect();
     }
 
     pub fn store_up(&self, up: bool) {

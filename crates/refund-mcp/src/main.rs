@@ -9,7 +9,6 @@ mod tools;
 use std::time::Duration;
 
 use clap::Parser;
-use once_client::LedgerClient;
 use rmcp::ServiceExt;
 
 /// The demo refund MCP server.
@@ -105,7 +104,7 @@ async fn main() -> std::process::ExitCode {
 async fn serve(args: Args) -> anyhow::Result<()> {
     tracing::info!(instance = %args.instance, ledger = %args.ledger.ledger, provider = %args.provider, "refund-mcp starting");
     let config = args.ledger.config(&args.instance)?;
-    let ledger = LedgerClient::connect(config)?;
+    let ledger = args.ledger.client_with(config)?;
     let provider = provider::Provider::new(&args.provider, args.provider_timeout)?;
     let server = tools::RefundServer::new(ledger, provider, &args);
 

@@ -24,6 +24,9 @@ pub struct Caller {
 pub struct BeginInput {
     pub command: BeginCommand,
     pub wait_ms: i64,
+    /// The sealed position the caller saw last, as sent (only the ledger that sealed it can
+    /// open it: see `once_core::continuity`).
+    pub seen_position: Option<String>,
 }
 
 pub fn begin(
@@ -48,6 +51,12 @@ pub fn begin(
         req.lookup_hints_json,
         limits.max_hints_bytes,
     )?;
+    if req.seen_position.len() > continuity::MAX_SEALED {
+        return Err(Invalid::new(
+            continuity::FIELD,
+            format!("is longer than {} bytes", continuity::MAX_SEALED),
+        ));
+    }
     Ok(BeginInput {
         command: BeginCommand {
             tenant: caller.tenant.clone(),
@@ -63,8 +72,10 @@ pub fn begin(
             lookup_hints,
             actor: caller.actor.clone(),
             holder: caller.holder.clone(),
+            held: false,
         },
         wait_ms,
+        seen_position: (!req.seen_position.is_empty()).then_some(req.seen_position),
     })
 }
 
@@ -663,4 +674,26 @@ pub(crate) fn decode_page_token(token: &str) -> Option<PageEnd> {
         tenant: tenant.to_owned(),
         operation_id: id.to_owned(),
     })
+}
+
+/// The most positions one RecoverOperations call reports.
+pub const MAX_RECOVERED: usize = 1_000;
+
+/// The sealed positions a RecoverOperations call reports, as sent (the ledger opens them).
+pub fn recover_positions(req: pb::RecoverOperationsRequest) -> Result<Vec<String>, Invalid> {
+    if req.positions.len() > MAX_RECOVERED {
+        return Err(Invalid::new(
+            "positions",
+            format!("holds more than {MAX_RECOVERED}: report them in several calls"),
+        ));
+    }
+    for (i, position) in req.positions.iter().enumerate() {
+        if position.is_empty() || position.len() > continuity::MAX_SEALED {
+            return Err(Invalid::new(
+                format!("positions[{i}]"),
+                format!("is empty or longer than {} bytes", continuity::MAX_SEALED),
+            ));
+        }
+    }
+    Ok(req.positions)
 }

@@ -167,7 +167,14 @@ pub fn encode_page_token(end: &PageEnd) -> String {
     hex::encode(raw)
 }
 
-pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb::BeginResponse {
+/// The answer to a Begin, with the sealed position of an execution it grants; `None` for a
+/// [`BeginDecision::Held`] one, which is no answer but a refusal (LEDGER_BEHIND, built where the
+/// hold is known).
+pub fn begin_response(
+    operation_id: &OperationId,
+    decision: BeginDecision,
+    position: Option<String>,
+) -> Option<pb::BeginResponse> {
     use pb::begin_response::Decision;
     let decision = match decision {
         BeginDecision::Execute(grant) => Decision::Execute(pb::Execute {
@@ -177,6 +184,7 @@ pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb
             provider_key: grant.provider_key,
             regranted: grant.regranted,
             lease_ttl: Some(duration(grant.lease_ttl_ms)),
+            position: position.unwrap_or_default(),
         }),
         BeginDecision::Replay {
             result,
@@ -213,11 +221,12 @@ pub fn begin_response(operation_id: &OperationId, decision: BeginDecision) -> pb
             stored_fingerprint: stored.to_hex(),
             requested_fingerprint: requested.to_hex(),
         }),
+        BeginDecision::Held => return None,
     };
-    pb::BeginResponse {
+    Some(pb::BeginResponse {
         operation_id: operation_id.to_string(),
         decision: Some(decision),
-    }
+    })
 }
 
 pub fn operation(op: Operation) -> pb::Operation {

@@ -514,3 +514,88 @@ async fn several_endpoints_share_the_calls() {
     first.stop().await;
     second.stop().await;
 }
+
+on_both_backends!(a_client_refused_by_a_restored_ledger_reports_what_it_saw_and_nothing_runs_twice);
+
+/// The client keeps its positions in a file; the ledger is restored to a backup taken before
+/// the client ran three refunds, and the client restarts too.
+async fn a_client_refused_by_a_restored_ledger_reports_what_it_saw_and_nothing_runs_twice(
+    store: Engine,
+) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    ledger.stop().await;
+    db.back_up().await;
+    let ledger = TestLedger::spawn(&db).await;
+    let state = db.scratch_dir().join("client/positions");
+    let remembering =
+        |addr| client_for(addr).remembering(once_client::Positions::open(&state).unwrap());
+    let effects = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let effect = |effects: Arc<std::sync::atomic::AtomicUsize>| {
+        move |_| async move {
+            effects.fetch_add(1, Ordering::SeqCst);
+            Ok(Effect::new(b"refunded".to_vec()))
+        }
+    };
+    let client = remembering(ledger.addr);
+    for order in ["r-1", "r-2", "r-3"] {
+        let outcome = client
+            .run(&refund(order), effect(effects.clone()))
+            .await
+            .unwrap();
+        assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
+    }
+    assert!(client.positions().highest().is_some());
+    ledger.stop().await;
+    db.restore().await;
+
+    let ledger = TestLedger::spawn(&db).await;
+    // A client started afresh from the same file.
+    let client = remembering(ledger.addr);
+    let refused = client
+        .run(&refund("r-2"), effect(effects.clone()))
+        .await
+        .unwrap_err();
+    let ClientError::Refused { reason, .. } = &refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(reason, once_client::LEDGER_BEHIND);
+    // It reported what it kept: each refund is UNKNOWN again, and no Begin executes one.
+    for order in ["r-1", "r-2", "r-3"] {
+        let id = refund(order).resolve().unwrap().0;
+        let view = client.get(&id).await.unwrap();
+        assert_eq!(view.state, once_client::State::Unknown, "{order}");
+    }
+
+    // After the loss is accepted, a stateless client's retry is UNKNOWN, never executed.
+    let config = onced_config(&db.url, &["continuity", "accept", "--reason", "drill"]);
+    let command = config.command.clone().unwrap();
+    onced::administer(config, command).await.unwrap();
+    let stateless = client_for(ledger.addr);
+    let fresh = eventually(Duration::from_secs(10), "executions to go on", || {
+        let (client, effects) = (stateless.clone(), effects.clone());
+        async move {
+            match client.run(&refund("r-4"), effect(effects)).await {
+                Err(ClientError::Refused { .. }) => None,
+                answered => Some(answered),
+            }
+        }
+    })
+    .await;
+    assert!(matches!(fresh, Ok(Outcome::Executed { .. })), "{fresh:?}");
+    let answered = stateless.run(&refund("r-1"), effect(effects.clone())).await;
+    assert!(matches!(answered, Ok(Outcome::Unknown(_))), "{answered:?}");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        4,
+        "three refunds before, one new one after"
+    );
+    ledger.stop().await;
+}
+
+fn onced_config(url: &str, command: &[&str]) -> onced::Config {
+    use clap::Parser as _;
+    let mut args = vec!["onced", "--database-url", url];
+    args.extend_from_slice(command);
+    onced::Config::try_parse_from(args).unwrap()
+}

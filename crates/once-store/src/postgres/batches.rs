@@ -674,6 +674,7 @@ mod tests {
             lookup_hints: None,
             actor: Actor::Executor("batches".into()),
             holder: Some("0123456789ab".into()),
+            held: false,
         }
     }
 

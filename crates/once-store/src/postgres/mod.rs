@@ -113,6 +113,14 @@ impl Dialect for Postgres {
     const NEXT_TOKEN: &'static str = "SELECT nextval('fencing_tokens')";
 
     /// The same sequence: what it hands out is never handed out again, whatever commits.
+    const ISSUED_THROUGH: &'static str = "SELECT last_value FROM fencing_tokens";
+
+    // Other sessions take tokens from the sequence meanwhile, which `setval` does not wait for:
+    // it sets the sequence a whole start's worth (2^20) above the token seen, so that no token
+    // taken between the check and the set can still be reached again.
+    const RAISE_TOKENS: &'static str =
+        "SELECT setval('fencing_tokens', $1 + 1048576) FROM fencing_tokens WHERE last_value < $1";
+
     const FRESH_TOKEN: Option<&'static str> = Some("nextval('fencing_tokens')");
 
     fn write_gate() -> &'static str {

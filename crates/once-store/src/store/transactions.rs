@@ -229,6 +229,14 @@ where
         Ok(FreshIdGuard::Clear { token })
     }
 
+    async fn raise_tokens(&self, tx: &mut Self::Tx, seen: FencingToken) -> Result<(), StoreError> {
+        sqlx::query(D::RAISE_TOKENS)
+            .bind(rows::token_column(seen))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
     async fn next_token(&self, tx: &mut Self::Tx) -> Result<FencingToken, StoreError> {
         let token: (i64,) = sqlx::query_as(D::NEXT_TOKEN).fetch_one(&mut **tx).await?;
         rows::token(token.0)

@@ -55,6 +55,7 @@ conformance!(
     events_are_watched_in_order_with_their_tool_and_state,
     an_unlocked_write_happens_only_over_what_it_was_decided_from,
     credential_refresh_reads_only_what_changed,
+    continuity_holds_a_tenant_until_its_loss_is_accepted_and_brings_lost_operations_back,
 );
 
 const TENANT: &str = "t1";
@@ -87,6 +88,7 @@ fn command(operation_id: &str, tool: &str, fingerprint: u8) -> BeginCommand {
         lookup_hints: None,
         actor: Actor::Executor("conformance".into()),
         holder: Some(HOLDER.into()),
+        held: false,
     }
 }
 
@@ -1622,4 +1624,170 @@ async fn credential_refresh_reads_only_what_changed<B: Backend>(backend: B) {
         .unwrap()
         .changed
         .is_empty());
+}
+
+async fn continuity_holds_a_tenant_until_its_loss_is_accepted_and_brings_lost_operations_back<
+    B: Backend,
+>(
+    backend: B,
+) {
+    use once_core::continuity::{self, Behind, Position, Why};
+
+    // One identity, whichever replica makes it first.
+    let first = backend.identity(("ledger-1", [1; 32])).await.unwrap();
+    let second = backend.identity(("ledger-2", [2; 32])).await.unwrap();
+    assert_eq!(first, ("ledger-1".to_owned(), [1; 32]));
+    assert_eq!(second, first);
+
+    // A claim is in the history, by its life and attempt; the highest token issued covers it.
+    let ledger = crate::Ledger::new(backend.clone());
+    let (granted, _) = ledger.begin(&command("kept-1", "refund", 1)).await.unwrap();
+    let BeginDecision::Execute(grant) = granted else {
+        panic!("{granted:?}")
+    };
+    assert!(backend
+        .claim_recorded(TENANT, &id("kept-1"), (grant.life, 1))
+        .await
+        .unwrap());
+    assert!(!backend
+        .claim_recorded(TENANT, &id("kept-1"), (grant.life, 2))
+        .await
+        .unwrap());
+    let through = backend.issued_through().await.unwrap();
+    assert!(through >= grant.fencing_token);
+    assert_eq!(backend.standings().await.unwrap(), vec![]);
+
+    // A client saw a token far above: the tenant is held, and no token it saw is issued again.
+    let seen = FencingToken(through.get() + 5_000);
+    let behind = Behind {
+        why: Why::TokenAhead,
+        client_epoch: 0,
+        client_token: seen,
+        operation_id: id("lost-1"),
+        ledger_epoch: 0,
+        ledger_token: through,
+    };
+    let standing = backend.hold(TENANT, &behind).await.unwrap();
+    assert_eq!(standing.epoch, 0);
+    assert_eq!(standing.held.as_ref().unwrap().behind, behind);
+    assert!(backend.issued_through().await.unwrap() >= seen);
+    // A second finding keeps the first.
+    let later = Behind {
+        client_token: FencingToken(seen.get() + 1),
+        ..behind.clone()
+    };
+    let again = backend.hold(TENANT, &later).await.unwrap();
+    assert_eq!(again.held.unwrap().behind, behind);
+
+    // While held, a Begin that would execute is answered HELD; one that replays is not.
+    let held = BeginCommand {
+        held: true,
+        ..command("new-1", "refund", 2)
+    };
+    assert_eq!(ledger.begin(&held).await.unwrap().0, BeginDecision::Held);
+    assert_eq!(ledger.read(TENANT, &id("new-1")).await.unwrap().0, None);
+    let retried = BeginCommand {
+        held: true,
+        ..command("kept-1", "refund", 1)
+    };
+    assert!(matches!(
+        ledger.begin(&retried).await.unwrap().0,
+        BeginDecision::Execute(Grant {
+            regranted: true,
+            ..
+        })
+    ));
+
+    // The operation the client saw comes back UNKNOWN, with the attempt it saw, once.
+    let now = now(&backend).await;
+    let lost = Position {
+        ledger: "ledger-1".into(),
+        epoch: 0,
+        tenant: TENANT.into(),
+        operation_id: id("lost-1"),
+        tool: "refund".into(),
+        fingerprint: Fingerprint([9; 32]),
+        life: seen,
+        attempt: 1,
+        token: seen,
+        provider: Some("stripe".into()),
+        provider_key: "once_lost".into(),
+        lookup_hints: None,
+        retention_ms: 60_000,
+        at: now - 1_000,
+    };
+    let reporter = (
+        Actor::Executor("conformance".into()),
+        Some(HOLDER.to_owned()),
+    );
+    assert!(ledger.recover(&lost, reporter.clone()).await.unwrap());
+    assert!(!ledger.recover(&lost, reporter.clone()).await.unwrap());
+    let (op, _) = ledger.read(TENANT, &id("lost-1")).await.unwrap();
+    let op = op.unwrap();
+    assert_eq!(
+        (op.state, op.fencing_token, op.source),
+        (State::Unknown, seen, Source::Continuity)
+    );
+    assert!(op.reconcile_next_at.is_some(), "due for a lookup");
+    let (attempts, events) = backend.history(TENANT, &id("lost-1"), seen).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(events.last().unwrap().kind, EventKind::Recovered);
+    // An operation the ledger holds at that attempt or later is not brought back.
+    let known = Position {
+        operation_id: id("kept-1"),
+        life: grant.life,
+        token: grant.fencing_token,
+        fingerprint: Fingerprint([1; 32]),
+        ..lost.clone()
+    };
+    assert!(!ledger.recover(&known, reporter).await.unwrap());
+    assert!(
+        continuity::check(&known, 0, backend.issued_through().await.unwrap())
+            == continuity::Check::LookUp
+    );
+
+    // Accepting opens the next epoch and ends the hold, recorded with who and why.
+    let operator = Actor::Operator("oncall".into());
+    let accepted = backend
+        .accept(None, &operator, "restored from last night's backup")
+        .await
+        .unwrap();
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(
+        (accepted[0].tenant.as_str(), accepted[0].epoch),
+        (TENANT, 1)
+    );
+    assert_eq!(accepted[0].held.as_ref().unwrap().behind, behind);
+    let standings = backend.standings().await.unwrap();
+    assert_eq!((standings[0].epoch, standings[0].held.is_none()), (1, true));
+    // Nothing held is left to accept; a tenant named is accepted whether or not it is held.
+    assert_eq!(
+        backend.accept(None, &operator, "again").await.unwrap(),
+        vec![]
+    );
+    let named = backend
+        .accept(Some("t2"), &operator, "t2 too")
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            named[0].tenant.as_str(),
+            named[0].epoch,
+            named[0].held.is_none()
+        ),
+        ("t2", 1, true)
+    );
+    let history = backend.acceptances(None, 10).await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| a.tenant.as_str())
+            .collect::<Vec<_>>(),
+        ["t2", TENANT]
+    );
+    assert_eq!(history[1].actor, operator);
+    assert_eq!(backend.acceptances(Some("t2"), 10).await.unwrap().len(), 1);
+    // A hold judged in an epoch that has moved on is not written.
+    let stale = backend.hold(TENANT, &behind).await.unwrap();
+    assert_eq!((stale.epoch, stale.held), (1, None));
 }

@@ -23,6 +23,7 @@ mod support;
 mod access;
 mod concurrency;
 mod console;
+mod continuity;
 mod decisions;
 mod durability;
 mod fakepay;
