@@ -80,13 +80,13 @@ fn begin_request() -> impl Strategy<Value = pb::BeginRequest> {
             prop::collection::vec(text(), 0..3),
         ),
         (text(), context, duration(), duration(), any::<bool>()),
-        (duration(), text(), text(), text()),
+        (duration(), text(), text(), text(), text()),
     )
         .prop_map(
             |(
                 (tool, identity, effect, volatile_fields),
                 (attempt_id, context, lease_ttl, wait, new_intent),
-                (retention, provider, lookup_hints_json, seen_position),
+                (retention, provider, lookup_hints_json, seen_position, operation_position),
             )| pb::BeginRequest {
                 tool,
                 identity,
@@ -101,6 +101,7 @@ fn begin_request() -> impl Strategy<Value = pb::BeginRequest> {
                 provider,
                 lookup_hints_json,
                 seen_position,
+                operation_position,
             },
         )
 }

@@ -20,9 +20,9 @@ use crate::wire;
 /// The reason a ledger refuses to execute while it is behind what a client saw.
 pub const LEDGER_BEHIND: &str = "LEDGER_BEHIND";
 
-/// How many positions one RecoverOperations call reports: at most 8 KiB each, well within the
-/// ledger's request size.
-const RECOVER_CHUNK: usize = 100;
+/// How many positions one RecoverOperations call reports: at most 16 KiB each, within the
+/// ledger's request size (1 MiB at least).
+const RECOVER_CHUNK: usize = 50;
 
 /// A handle on the ledger. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -123,21 +123,55 @@ impl LedgerClient {
         }
         // One attempt id for every transport retry of this Begin.
         let attempt_id = uuid::Uuid::new_v4().to_string();
-        let seen = self.positions.highest();
-        let request = wire::begin(spec, operation_id, fingerprint, attempt_id, &context, seen);
-        // A bounded wait happens on the server: give the call that much longer.
-        let extra = spec.wait.unwrap_or_default();
-        let answered = self
-            .transport
-            .call(
-                Patience {
-                    extra,
-                    ..Patience::default()
-                },
-                |mut grpc: Grpc, request| async move { grpc.begin(request).await },
-                request,
+        // The highest position seen, and the latest of this operation.
+        let mut shown = (
+            self.positions.highest(),
+            self.positions.of_operation(&operation_id),
+        );
+        let mut answered = self
+            .begin_showing(
+                spec,
+                (&operation_id, &fingerprint),
+                &attempt_id,
+                &context,
+                shown.clone(),
             )
             .await;
+        // A position the ledger cannot read (a damaged line of the file) would have every Begin
+        // refused: it is forgotten, and the Begin sent again without it.
+        if let Err(ClientError::Invalid(message)) = &answered {
+            let unreadable = [
+                (wire::SEEN_POSITION, shown.0.take()),
+                (wire::OPERATION_POSITION, shown.1.take()),
+            ]
+            .into_iter()
+            .filter(|(field, _)| message.contains(field))
+            .filter_map(|(_, position)| position)
+            .collect::<Vec<_>>();
+            if !unreadable.is_empty() {
+                for position in &unreadable {
+                    tracing::warn!(
+                        "the ledger cannot read a position this client kept: it is forgotten"
+                    );
+                    if let Err(error) = self.positions.forget(position) {
+                        tracing::warn!(%error, "the positions file could not be rewritten");
+                    }
+                }
+                shown = (
+                    self.positions.highest(),
+                    self.positions.of_operation(&operation_id),
+                );
+                answered = self
+                    .begin_showing(
+                        spec,
+                        (&operation_id, &fingerprint),
+                        &attempt_id,
+                        &context,
+                        shown,
+                    )
+                    .await;
+            }
+        }
         let response = match answered {
             Err(ClientError::Refused { reason, message }) if reason == LEDGER_BEHIND => {
                 self.report_kept().await;
@@ -221,6 +255,37 @@ impl LedgerClient {
             )
             .await?;
         Ok(wire::operation(found))
+    }
+
+    /// Sends one Begin, showing `shown` (the highest position seen, and this operation's).
+    async fn begin_showing(
+        &self,
+        spec: &OperationSpec,
+        (operation_id, fingerprint): (&str, &str),
+        attempt_id: &str,
+        context: &once_core::AttemptContext,
+        shown: (Option<String>, Option<String>),
+    ) -> Result<wire::BeginAnswer, ClientError> {
+        let request = wire::begin(
+            spec,
+            operation_id.to_owned(),
+            fingerprint.to_owned(),
+            attempt_id.to_owned(),
+            context,
+            shown,
+        );
+        // A bounded wait happens on the server: give the call that much longer.
+        let extra = spec.wait.unwrap_or_default();
+        self.transport
+            .call(
+                Patience {
+                    extra,
+                    ..Patience::default()
+                },
+                |mut grpc: Grpc, request| async move { grpc.begin(request).await },
+                request,
+            )
+            .await
     }
 
     /// Reports the positions kept of the ledger the client talks to (at most once a minute),

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead as _, Write as _};
+use std::io::{self, BufRead as _, Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,11 +47,13 @@ struct Log {
     lines: usize,
 }
 
-/// One ledger's positions: the highest, and the latest.
+/// One ledger's positions: the highest, the latest, and the latest of each operation among
+/// them.
 #[derive(Debug, Default)]
 struct Seen {
     highest: Option<((u64, u64), String)>,
-    latest: VecDeque<String>,
+    latest: VecDeque<(String, String)>,
+    by_operation: HashMap<String, String>,
 }
 
 impl Seen {
@@ -61,9 +63,29 @@ impl Seen {
             self.highest = Some((rank, sealed.clone()));
         }
         if self.latest.len() >= keep {
-            self.latest.pop_front();
+            if let Some((operation, oldest)) = self.latest.pop_front() {
+                if self.by_operation.get(&operation) == Some(&oldest) {
+                    self.by_operation.remove(&operation);
+                }
+            }
         }
-        self.latest.push_back(sealed);
+        let operation = position.operation_id.to_string();
+        self.by_operation.insert(operation.clone(), sealed.clone());
+        self.latest.push_back((operation, sealed));
+    }
+
+    /// Forgets one position, the highest then being the highest of the rest.
+    fn forget(&mut self, sealed: &str) {
+        self.latest.retain(|(_, kept)| kept != sealed);
+        self.by_operation.retain(|_, kept| kept != sealed);
+        if self.highest.as_ref().is_some_and(|(_, top)| top == sealed) {
+            self.highest = self
+                .latest
+                .iter()
+                .filter_map(|(_, kept)| peek(kept).ok().map(|p| ((p.epoch, p.token.get()), kept)))
+                .max_by_key(|(rank, _)| *rank)
+                .map(|(rank, kept)| (rank, kept.clone()));
+        }
     }
 }
 
@@ -99,11 +121,27 @@ impl Positions {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
+        let existed = path.exists();
         let mut options = OpenOptions::new();
         options.create(true).read(true).append(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let file = options.open(&path).map_err(|e| named(&path, e))?;
+        let mut file = options.open(&path).map_err(|e| named(&path, e))?;
+        // One process a file: another's compaction would rename the file from under this one.
+        file.try_lock().map_err(|e| match e {
+            std::fs::TryLockError::WouldBlock => io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "{}: in use by another process (give each its own)",
+                    path.display()
+                ),
+            ),
+            std::fs::TryLockError::Error(e) => named(&path, e),
+        })?;
+        if !existed {
+            sync_directory(&path)?;
+        }
+
         let mut kept = Kept {
             keep,
             ..Kept::default()
@@ -119,6 +157,17 @@ impl Positions {
                     .entry(position.ledger.clone())
                     .or_default()
                     .add(&position, line.trim().to_owned(), keep);
+            }
+        }
+        // A line a crash cut short is ended, so the next one is not joined to it.
+        let length = file.metadata()?.len();
+        if length > 0 {
+            let mut last = [0u8; 1];
+            file.seek(io::SeekFrom::Start(length - 1))?;
+            file.read_exact(&mut last)?;
+            if last != *b"\n" {
+                file.write_all(b"\n")?;
+                file.sync_data()?;
             }
         }
         kept.file = Some(Log { path, file, lines });
@@ -147,8 +196,34 @@ impl Positions {
         self.kept()
             .ledgers
             .get(ledger)
-            .map(|seen| seen.latest.iter().cloned().collect())
+            .map(|seen| {
+                seen.latest
+                    .iter()
+                    .map(|(_, sealed)| sealed.clone())
+                    .collect()
+            })
             .unwrap_or_default()
+    }
+
+    /// The latest position kept of `operation_id`, of the ledger the client talks to.
+    pub fn of_operation(&self, operation_id: &str) -> Option<String> {
+        let kept = self.kept();
+        let ledger = kept.current.as_ref()?;
+        kept.ledgers
+            .get(ledger)?
+            .by_operation
+            .get(operation_id)
+            .cloned()
+    }
+
+    /// Forgets a position the ledger refused to read (a damaged line): kept, it would have
+    /// every Begin refused. The file is rewritten without it.
+    pub fn forget(&self, sealed: &str) -> io::Result<()> {
+        let mut kept = self.kept();
+        for seen in kept.ledgers.values_mut() {
+            seen.forget(sealed);
+        }
+        compact(&mut kept)
     }
 
     /// The ledger the client talks to, as its latest position names it.
@@ -172,11 +247,9 @@ impl Positions {
 
     fn record_now(&self, position: &Position, sealed: String) -> io::Result<()> {
         let mut kept = self.kept();
-        if let Some(log) = &mut kept.file {
-            log.file.write_all(format!("{sealed}\n").as_bytes())?;
-            log.file.sync_data()?;
-            log.lines += 1;
-        }
+        // In memory first: a file that cannot be written loses the position for a restart
+        // of this process only.
+        let line = format!("{sealed}\n");
         if kept.current.as_deref() != Some(position.ledger.as_str()) {
             if let Some(before) = &kept.current {
                 tracing::warn!(
@@ -192,6 +265,11 @@ impl Positions {
             .entry(position.ledger.clone())
             .or_default()
             .add(position, sealed, keep);
+        if let Some(log) = &mut kept.file {
+            log.file.write_all(line.as_bytes())?;
+            log.file.sync_data()?;
+            log.lines += 1;
+        }
         let bound = 2 * keep * kept.ledgers.len().max(1);
         if kept.file.as_ref().is_some_and(|log| log.lines > bound) {
             compact(&mut kept)?;
@@ -230,16 +308,28 @@ fn compact(kept: &mut Kept) -> io::Result<()> {
     ledgers.sort_by_key(|(ledger, _)| Some(*ledger) == kept.current.as_ref());
     for (_, seen) in ledgers {
         let highest = seen.highest.iter().map(|(_, sealed)| sealed);
-        for sealed in highest.chain(seen.latest.iter()) {
+        for sealed in highest.chain(seen.latest.iter().map(|(_, sealed)| sealed)) {
             file.write_all(format!("{sealed}\n").as_bytes())?;
             lines += 1;
         }
     }
     file.sync_all()?;
+    // The new file is locked before it takes the name, and this handle, at its end, goes on
+    // writing to it: no other process can take it meanwhile.
+    file.lock()?;
     std::fs::rename(&fresh, &path)?;
-    let file = OpenOptions::new().read(true).append(true).open(&path)?;
+    sync_directory(&path)?;
     kept.file = Some(Log { path, file, lines });
     Ok(())
+}
+
+/// Makes a file's creation or renaming durable: its directory is synced.
+fn sync_directory(path: &Path) -> io::Result<()> {
+    let directory = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    File::open(directory)?.sync_all()
 }
 
 fn named(path: &Path, error: io::Error) -> io::Error {
@@ -289,7 +379,11 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
-        // A line cut short by a crash is skipped; the rest is read back.
+        // One process a file.
+        let refused = Positions::open(&path).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock, "{refused}");
+        drop(positions);
+        // A line cut short by a crash is skipped, and the next one is not joined to it.
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
@@ -299,6 +393,18 @@ mod tests {
         let again = Positions::open(&path).unwrap();
         assert_eq!(again.highest(), Some(sealed("a", 1, 2)));
         assert_eq!(again.latest("a").len(), 5);
+        again.record(&sealed("a", 1, 3)).await.unwrap();
+        drop(again);
+        let again = Positions::open(&path).unwrap();
+        assert_eq!(again.highest(), Some(sealed("a", 1, 3)));
+        assert_eq!(again.of_operation("refund:3"), Some(sealed("a", 1, 3)));
+        // A position the ledger cannot read is forgotten, in the file too.
+        again.forget(&sealed("a", 1, 3)).unwrap();
+        assert_eq!(again.highest(), Some(sealed("a", 1, 2)));
+        drop(again);
+        let again = Positions::open(&path).unwrap();
+        assert_eq!(again.highest(), Some(sealed("a", 1, 2)));
+        assert_eq!(again.of_operation("refund:3"), None);
         // Another ledger's positions are kept apart; the one talked to last is sent.
         again.record(&sealed("b", 0, 3)).await.unwrap();
         assert_eq!(again.highest(), Some(sealed("b", 0, 3)));
@@ -322,6 +428,7 @@ mod tests {
         }
         let lines = std::fs::read_to_string(&path).unwrap().lines().count();
         assert!(lines <= keep + 20, "{lines} lines");
+        drop(positions);
         let again = Positions::open_keeping(&path, keep).unwrap();
         assert_eq!(again.highest(), Some(sealed("a", 0, total as u64)));
         assert_eq!(again.latest("a").len(), keep);

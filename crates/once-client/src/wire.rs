@@ -339,6 +339,9 @@ pub(crate) fn reconciled(reconciled: pb::ReconcileResponse) -> Reconciled {
 /// The stream a watch reads.
 pub(crate) type EventStream = Streaming<pb::WatchOperationsResponse>;
 
+/// A Begin's answer, as it came: read by [`decision`] and [`granted_position`].
+pub(crate) type BeginAnswer = pb::BeginResponse;
+
 /// One message of a watch: an event, or how far it has caught up; `None` when it holds neither.
 pub(crate) fn watched(message: pb::WatchOperationsResponse) -> Option<Watched> {
     use pb::watch_operations_response::Item;
@@ -360,7 +363,7 @@ pub(crate) fn begin(
     fingerprint: String,
     attempt_id: String,
     attempt_context: &AttemptContext,
-    seen_position: Option<String>,
+    (seen_position, operation_position): (Option<String>, Option<String>),
 ) -> pb::BeginRequest {
     pb::BeginRequest {
         tool: spec.tool.clone(),
@@ -382,8 +385,13 @@ pub(crate) fn begin(
             .map(|h| h.to_string())
             .unwrap_or_default(),
         seen_position: seen_position.unwrap_or_default(),
+        operation_position: operation_position.unwrap_or_default(),
     }
 }
+
+/// The request fields a Begin shows positions in, as a refusal names them.
+pub(crate) const SEEN_POSITION: &str = "seen_position";
+pub(crate) const OPERATION_POSITION: &str = "operation_position";
 
 /// The sealed position of the execution a Begin granted, if it granted one.
 pub(crate) fn granted_position(response: &pb::BeginResponse) -> Option<&str> {

@@ -35,8 +35,11 @@ use crate::{
     NewEvent, Operation, OperationId, Source, State,
 };
 
-/// The request field a client sends its position in.
+/// The request field a client sends its highest position in.
 pub const FIELD: &str = "seen_position";
+
+/// The request field a client sends its latest position of the operation it begins in.
+pub const OPERATION_FIELD: &str = "operation_position";
 
 /// What a sealed position starts with: the version of its encoding.
 const PREFIX: &str = "p1.";
@@ -45,8 +48,10 @@ const PREFIX: &str = "p1.";
 const TAG_BYTES: usize = 16;
 
 /// The longest sealed position accepted: a position names an operation id, a tool, a provider,
-/// a provider key and lookup hints (up to 4 KiB), each bounded by the request limits.
-pub const MAX_SEALED: usize = 8192;
+/// a provider key and lookup hints (up to 4 KiB, which JSON escaping may double), each bounded
+/// by the request limits, and base64 makes four bytes of three. No position the ledger seals
+/// is longer.
+pub const MAX_SEALED: usize = 16 * 1024;
 
 /// One execution right as the ledger granted it, for the client to remember.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,7 +134,12 @@ impl Seal {
     /// Opens a position a client sent: refused unless it is well formed and, when it names this
     /// ledger, sealed with this ledger's key.
     pub fn open(&self, text: &str) -> Result<Opened, Invalid> {
-        let refuse = |why: &str| Invalid::new(FIELD, why.to_owned());
+        self.open_field(FIELD, text)
+    }
+
+    /// [`Seal::open`], naming `field` when it refuses.
+    pub fn open_field(&self, field: &str, text: &str) -> Result<Opened, Invalid> {
+        let refuse = |why: &str| Invalid::new(field, why.to_owned());
         if text.len() > MAX_SEALED {
             return Err(refuse("is longer than any position the ledger issues"));
         }
@@ -368,11 +378,13 @@ pub struct Accepted {
 /// What a position shows before the claim it records is looked up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Check {
-    /// Nothing the ledger lacks: an earlier epoch (the loss was accepted since), or a token
-    /// whose claim was found before.
+    /// Nothing the ledger lacks (a token whose claim was found before).
     Fine,
     Behind(Behind),
-    /// The ledger has issued tokens past it: look its claim up ([`after_lookup`]).
+    /// The ledger has issued tokens past it, or it is of an earlier epoch: look its claim up
+    /// ([`after_lookup`]). A claim of an earlier epoch the ledger lacks is one a client that
+    /// did not report before the loss was accepted still holds: that client's Begin is
+    /// refused until it reports, and the tenant is not held again.
     LookUp,
 }
 
@@ -388,11 +400,9 @@ pub fn check(position: &Position, epoch: u64, issued_through: FencingToken) -> C
             ledger_token: issued_through,
         })
     };
-    if position.epoch < epoch {
-        Check::Fine
-    } else if position.epoch > epoch {
+    if position.epoch > epoch {
         behind(Why::EpochAhead)
-    } else if position.token > issued_through {
+    } else if position.epoch == epoch && position.token > issued_through {
         behind(Why::TokenAhead)
     } else {
         Check::LookUp
@@ -423,6 +433,28 @@ pub fn after_lookup(
 /// A CONFIRMED operation never changes, but a later attempt of its life the ledger lost may
 /// also have performed the effect: that is recorded, once, as the anomaly it is.
 fn lost_after_confirmed(op: &Operation, position: &Position) -> Plan {
+    lost_anomaly(
+        op,
+        position,
+        "granted after the attempt whose effect is confirmed; it may have performed the effect too",
+    )
+}
+
+/// The ledger lost an attempt and has granted a later one since (of this life or a new one,
+/// to a client that never saw the lost one): both may have performed the effect. Recorded,
+/// once; nothing else changes.
+fn lost_before_a_later_attempt(op: &Operation, position: &Position) -> Plan {
+    lost_anomaly(
+        op,
+        position,
+        &format!(
+            "lost, and the ledger has granted attempt {} (fencing token {}) since: both may have performed the effect",
+            op.attempt, op.fencing_token
+        ),
+    )
+}
+
+fn lost_anomaly(op: &Operation, position: &Position, what: &str) -> Plan {
     let event = NewEvent::anomaly(
         op,
         EventKind::DoubleExecution,
@@ -431,7 +463,7 @@ fn lost_after_confirmed(op: &Operation, position: &Position) -> Plan {
         format!("restored:{}", position.token),
     )
     .because(format!(
-        "the ledger was restored to an earlier state: a client saw attempt {} (fencing token {}) granted after the attempt whose effect is confirmed; it may have performed the effect too",
+        "the ledger was restored to an earlier state: a client saw attempt {} (fencing token {}) granted, {what}",
         position.attempt, position.token
     ));
     Plan {
@@ -471,8 +503,14 @@ pub fn recover(
     if same_life.is_none() && life_recorded {
         return None;
     }
-    if stored.is_some_and(|op| op.fencing_token >= position.token) {
-        return None;
+    match stored {
+        Some(op) if op.fencing_token == position.token => return None,
+        // The ledger granted a later attempt (perhaps a new life) since it lost this one: both
+        // may have performed the effect.
+        Some(op) if op.fencing_token > position.token => {
+            return Some(lost_before_a_later_attempt(op, position))
+        }
+        _ => {}
     }
     // A later life than the one stored, whatever became of that one (the client saw the life
     // after it begin, so in the lost state it had ended), replaces it below.

@@ -108,7 +108,8 @@ fn a_position_the_ledger_cannot_account_for_shows_it_behind() {
         epoch: 2,
         ..position(2_000)
     };
-    // An earlier epoch of the tenant was accepted since: fine whatever it says.
+    // An earlier epoch of the tenant was accepted since: whatever its token, its claim is
+    // looked up (a client that did not report before the acceptance still holds it).
     assert_eq!(
         check(
             &Position {
@@ -118,7 +119,7 @@ fn a_position_the_ledger_cannot_account_for_shows_it_behind() {
             2,
             FencingToken(1)
         ),
-        Check::Fine
+        Check::LookUp
     );
     // A later epoch: the ledger was restored to before an accepted loss.
     let Check::Behind(behind) = check(
@@ -236,20 +237,26 @@ fn an_operation_the_ledger_knows_as_far_as_the_client_is_not_recovered() {
     let p = position(2_000);
     let lost = recover(None, (&p, false), (&executor(), &holder()), T0).unwrap();
     let known = lost.operation.unwrap().operation().clone();
-    // The same attempt, or a later one, is known.
+    // The same attempt is known.
     assert_eq!(
         recover(Some(&known), (&p, false), (&executor(), &holder()), T0 + 1),
         None
     );
-    assert_eq!(
-        recover(
-            Some(&known),
-            (&position(1_999), false),
-            (&executor(), &holder()),
-            T0 + 1
-        ),
-        None
+    // A later one was granted since the ledger lost this one: both may have run, which is
+    // recorded, once; nothing else changes.
+    let plan = recover(
+        Some(&known),
+        (&position(1_999), false),
+        (&executor(), &holder()),
+        T0 + 1,
+    )
+    .unwrap();
+    assert!(
+        plan.operation.is_none() && plan.attempt.is_none(),
+        "{plan:?}"
     );
+    assert_eq!(plan.events[0].kind, EventKind::DoubleExecution);
+    assert!(plan.events[0].dedupe_key.is_some());
     // A CONFIRMED operation never changes: a later attempt of its life it lost is recorded as
     // a possible second effect. A later life the client saw begin replaces an earlier one
     // (in the state the ledger lost, that one had ended).
@@ -370,4 +377,23 @@ proptest::proptest! {
         let _ = seal().open(&crafted);
         let _ = peek(&crafted);
     }
+}
+
+#[test]
+fn no_position_the_ledger_seals_is_longer_than_it_accepts() {
+    // The longest of everything a position names, the hints all quotes (escaped, twice as long).
+    let hints = format!("{{\"h\":\"{}\"}}", "\\\"".repeat(2_040));
+    assert!(hints.len() <= 4_096 + 16, "{}", hints.len());
+    let long = Position {
+        operation_id: OperationId::parse("id", &"x".repeat(255)).unwrap(),
+        tool: "t".repeat(128),
+        provider: Some("p".repeat(128)),
+        provider_key: "k".repeat(128),
+        tenant: "n".repeat(63),
+        lookup_hints: Some(hints),
+        ..position(u64::MAX >> 1)
+    };
+    let sealed = seal().seal(&long);
+    assert!(sealed.len() <= MAX_SEALED, "{} bytes", sealed.len());
+    assert_eq!(seal().open(&sealed), Ok(Opened::Ours(Box::new(long))));
 }

@@ -203,6 +203,8 @@ struct Snapshot {
 enum Judged {
     Free,
     Held,
+    /// A position of an earlier epoch the history lacks: this Begin is refused.
+    Lost,
     Behind,
 }
 
@@ -235,35 +237,45 @@ impl Store {
     }
 
     /// The replica's judgement of the position a Begin shows (`onced`'s `continuity`).
-    fn judge(&mut self, seen: Option<&Position>) -> Judged {
-        let held = if self.held {
+    fn judge(&mut self, shown: &[&Position]) -> Judged {
+        let mut judged = if self.held {
             Judged::Held
         } else {
             Judged::Free
         };
-        let Some(position) = seen else { return held };
-        let behind = match continuity::check(position, self.epoch, self.last_token) {
-            Check::Fine => false,
-            Check::Behind(_) => true,
-            Check::LookUp => {
-                let op = op_of(position);
-                let recorded = self.recorded(op, position);
-                continuity::after_lookup(
-                    position,
-                    recorded,
-                    (self.epoch, self.last_token),
-                    self.now,
-                    i64::MAX / 4,
-                )
-                .is_some()
+        for position in shown {
+            let behind = match continuity::check(position, self.epoch, self.last_token) {
+                Check::Fine => false,
+                Check::Behind(_) => true,
+                Check::LookUp => {
+                    let op = op_of(position);
+                    let recorded = self.recorded(op, position);
+                    continuity::after_lookup(
+                        position,
+                        recorded,
+                        (self.epoch, self.last_token),
+                        self.now,
+                        i64::MAX / 4,
+                    )
+                    .is_some()
+                }
+            };
+            if !behind {
+                continue;
             }
-        };
-        if !behind {
-            return held;
+            if position.epoch < self.epoch {
+                // Of an epoch whose loss was accepted: this Begin is refused, the tenant is not
+                // held again.
+                if judged != Judged::Behind {
+                    judged = Judged::Lost;
+                }
+                continue;
+            }
+            self.held = true;
+            self.last_token = self.last_token.max(position.token);
+            judged = Judged::Behind;
         }
-        self.held = true;
-        self.last_token = self.last_token.max(position.token);
-        Judged::Behind
+        judged
     }
 
     /// A client's report of the positions it kept: each attempt the history does not record
@@ -482,9 +494,17 @@ fn begin_shown(
     op: usize,
     cmd: &mut BeginCommand,
 ) -> Option<BeginDecision> {
+    // The highest position seen, and the latest of this operation.
     let highest = model.highest().cloned();
-    match store.judge(highest.as_ref()) {
-        Judged::Behind => {
+    let own = model
+        .positions
+        .iter()
+        .filter(|p| op_of(p) == op)
+        .max_by_key(|p| (p.epoch, p.token))
+        .cloned();
+    let shown: Vec<&Position> = highest.iter().chain(own.iter()).collect();
+    match store.judge(&shown) {
+        Judged::Behind | Judged::Lost => {
             store.recover(&model.positions);
             return None;
         }

@@ -41,8 +41,13 @@ pub trait Dialect: Database {
     const ISSUED_THROUGH: &'static str;
 
     /// A statement, bound with a token `$1` a client saw, that makes every token issued from
-    /// then on larger than it (nothing when they are already).
+    /// then on larger than it (nothing when they are already). It runs in a write transaction
+    /// after [`Dialect::RAISING`], when there is one.
     const RAISE_TOKENS: &'static str;
+
+    /// A statement that serialises raises of the token counter until the transaction ends,
+    /// where two could otherwise interleave (and the later, lower one set it back).
+    const RAISING: Option<&'static str>;
 
     /// An expression that issues such a token outside any write transaction (a lock-free read
     /// hands it out for a first claim written by [`Dialect::apply_unlocked`]); `None` where a

@@ -82,6 +82,8 @@ impl Dialect for Sqlite {
     const RAISE_TOKENS: &'static str =
         "UPDATE fencing_tokens SET last = $1 WHERE id = 1 AND last < $1";
 
+    const RAISING: Option<&'static str> = None;
+
     const FRESH_TOKEN: Option<&'static str> = None;
 
     /// Writers hold the one write lock from their first statement to their commit, so events

@@ -58,10 +58,10 @@ impl Watermark {
         self.reached = reached;
         if self.pending.len() > MAX_PENDING {
             let newest = self.pending.pop();
-            let mut index = 0;
+            let mut index: usize = 0;
             self.pending.retain(|_| {
                 index += 1;
-                index % 2 == 0
+                index.is_multiple_of(2)
             });
             self.pending.extend(newest);
         }

@@ -22,6 +22,9 @@ use crate::status;
 /// The positions this replica found good (or sealed), kept at most this many.
 const MAX_FOUND: usize = 100_000;
 
+/// The other ledgers a replica says it was shown positions of, at most this many.
+const MAX_ELSEWHERE: usize = 64;
+
 /// What a Begin may be answered, as [`Continuity::judge`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Judged {
@@ -32,6 +35,9 @@ pub enum Judged {
     /// The Begin showed a position the ledger cannot account for: nothing, whatever it asks,
     /// so that its client reports what it kept (the tenant is held, as `Held` says).
     Behind(Held),
+    /// The Begin showed a grant of an epoch whose loss was accepted, which the ledger has no
+    /// record of: nothing, so that its client reports it; the tenant is not held.
+    Lost(Behind),
 }
 
 /// A position whose claim was found: its tenant, operation and token.
@@ -74,6 +80,8 @@ struct Known {
     /// and token, as a ledger that moved on over what it lost grants the same token to another
     /// operation.
     found: HashMap<Found, Instant>,
+    /// The other ledgers clients showed positions of (each said once).
+    elsewhere: std::collections::HashSet<String>,
 }
 
 impl<B: Backend> Continuity<B> {
@@ -133,22 +141,51 @@ impl<B: Backend> Continuity<B> {
             .map_or((0, None), |s| (s.epoch, s.held.clone())))
     }
 
-    /// What the Begin that showed `seen` (the position it sent, if any) may be answered, for
-    /// `tenant`. A position that is not this ledger's well-sealed one is refused.
-    pub async fn judge(&self, tenant: &str, seen: Option<&str>) -> Result<Judged, Status> {
+    /// What a Begin of `tenant` showing `shown` (each position it sent, with its field) may be
+    /// answered. A position that is not this ledger's well-sealed one is refused.
+    pub async fn judge(&self, tenant: &str, shown: &[(&str, &str)]) -> Result<Judged, Status> {
         let (epoch, held) = self.standing(tenant).await.map_err(status::store)?;
-        let as_held = |held: Option<Held>| held.map_or(Judged::Free, Judged::Held);
-        let Some(seen) = seen else {
-            return Ok(as_held(held));
+        let mut found = None;
+        for (field, text) in shown {
+            let position = match self
+                .inner
+                .seal
+                .open_field(field, text)
+                .map_err(status::invalid)?
+            {
+                Opened::Ours(position) if position.tenant == tenant => *position,
+                // Another tenant's proves nothing about this one.
+                Opened::Ours(_) => continue,
+                Opened::Elsewhere { ledger } => {
+                    self.elsewhere(&ledger);
+                    continue;
+                }
+            };
+            let behind = self.behind(&position, epoch).await.map_err(status::store)?;
+            // One of this epoch outweighs one of an epoch whose loss was accepted.
+            if let Some(behind) = behind {
+                if found
+                    .as_ref()
+                    .is_none_or(|b: &Behind| b.client_epoch < epoch)
+                {
+                    found = Some(behind);
+                }
+            }
+        }
+        let Some(behind) = found else {
+            return Ok(held.map_or(Judged::Free, Judged::Held));
         };
-        let position = match self.inner.seal.open(seen).map_err(status::invalid)? {
-            Opened::Ours(position) if position.tenant == tenant => *position,
-            // Another tenant's, or another ledger's: it proves nothing about this one.
-            Opened::Ours(_) | Opened::Elsewhere { .. } => return Ok(as_held(held)),
-        };
-        let Some(behind) = self.behind(&position, epoch).await.map_err(status::store)? else {
-            return Ok(as_held(held));
-        };
+        if behind.client_epoch < epoch {
+            // A client that did not report before the loss was accepted: this Begin is refused,
+            // so that it does; the tenant is not held again.
+            tracing::warn!(
+                tenant,
+                operation_id = %behind.operation_id,
+                client_token = %behind.client_token,
+                "a client showed a grant of an earlier epoch the ledger has no record of: refused until it reports"
+            );
+            return Ok(Judged::Lost(behind));
+        }
         if let Some(held) = held {
             return Ok(Judged::Behind(held));
         }
@@ -171,7 +208,21 @@ impl<B: Backend> Continuity<B> {
         let held = standing.held.clone();
         self.known().standings.insert(tenant.to_owned(), standing);
         // Held in another epoch meanwhile (an acceptance): the position is of the one before.
-        Ok(held.map_or(Judged::Free, Judged::Behind))
+        Ok(held.map_or(Judged::Lost(behind), Judged::Behind))
+    }
+
+    /// Says, once per ledger, that a client showed another ledger's position: this database
+    /// is not the one that client talked to (a new one, or one made before positions were).
+    fn elsewhere(&self, ledger: &str) {
+        let mut known = self.known();
+        if known.elsewhere.len() < MAX_ELSEWHERE && known.elsewhere.insert(ledger.to_owned()) {
+            tracing::warn!(
+                other = ledger,
+                this = self.inner.seal.ledger(),
+                "a client showed the position of another ledger: it proves nothing here. If this \
+                 database replaced the one that client used, what ran there is unknown to this one"
+            );
+        }
     }
 
     /// What `position` shows, in the tenant's `epoch`: behind, or not.
@@ -284,38 +335,44 @@ impl<B: Backend> Continuity<B> {
     }
 
     /// Brings back, for `tenant`, each operation a reported position names that the ledger
-    /// lost: whether each was. A position that is not this ledger's, well sealed, for this
-    /// tenant, is refused (naming it) and nothing is done.
+    /// lost: for each position, the operation it names (empty when it names none this ledger
+    /// can read) and whether it is UNKNOWN again.
     pub async fn recover(
         &self,
         tenant: &str,
         reporter: (Actor, Holder),
         positions: Vec<String>,
-    ) -> Result<Vec<(OperationId, bool)>, Status> {
+    ) -> Result<Vec<(String, bool)>, Status> {
+        // Each position is judged alone: one that is not this ledger's well-sealed one for this
+        // tenant (another key's file, a damaged line) brings nothing back, and says so.
         let mut opened = Vec::with_capacity(positions.len());
-        for (i, text) in positions.iter().enumerate() {
-            let field = format!("positions[{i}]");
-            let position = match self.inner.seal.open(text) {
-                Ok(Opened::Ours(position)) if position.tenant == tenant => *position,
-                Ok(_) => {
-                    return Err(status::invalid(once_core::Invalid::new(
-                        field,
-                        "is not a position this ledger granted to this tenant",
-                    )))
+        for text in &positions {
+            match self.inner.seal.open_field("positions", text) {
+                Ok(Opened::Ours(position)) if position.tenant == tenant => {
+                    opened.push(Ok(*position));
                 }
-                Err(invalid) => {
-                    return Err(status::invalid(once_core::Invalid::new(
-                        field,
-                        invalid.message,
-                    )))
+                Ok(Opened::Ours(position)) => opened.push(Err(position.operation_id.to_string())),
+                Ok(Opened::Elsewhere { ledger }) => {
+                    self.elsewhere(&ledger);
+                    opened.push(Err(String::new()));
                 }
-            };
-            opened.push(position);
+                Err(refused) => {
+                    tracing::warn!(tenant, %refused, "a reported position is not one this ledger sealed");
+                    opened.push(Err(String::new()));
+                }
+            }
         }
         let backend = self.inner.ledger.backend();
         let now = backend.clock().await.map_err(status::store)?;
         let mut recovered = Vec::with_capacity(opened.len());
         for position in opened {
+            let position = match position {
+                Ok(position) => position,
+                Err(named) => {
+                    recovered.push((named, false));
+                    continue;
+                }
+            };
             let claim = (position.life, position.attempt);
             let recorded = backend
                 .claim_recorded(tenant, &position.operation_id, claim)
@@ -339,7 +396,7 @@ impl<B: Backend> Continuity<B> {
                     "an operation the ledger had lost is UNKNOWN again, from a client's position"
                 );
             }
-            recovered.push((position.operation_id, brought));
+            recovered.push((position.operation_id.to_string(), brought));
         }
         Ok(recovered)
     }

@@ -60,7 +60,7 @@ async fn reach_postgres(config: &Config) -> anyhow::Result<()> {
         }
         // The first failures, then one in ten: a person watching sees it wait, a log is not
         // flooded.
-        if tries <= 3 || tries % 10 == 0 {
+        if tries <= 3 || tries.is_multiple_of(10) {
             tracing::warn!(database = %shown, cause = %unreached.cause, tries, "waiting for PostgreSQL");
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use once_api::convert::{self, Caller, ReportRequest};
 use once_api::pb;
-use once_core::Limits;
+use once_core::{continuity, Limits};
 use once_store::{Backend, Ledger, StoreError};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -143,14 +143,18 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         let input =
             convert::begin(request.into_inner(), &caller, &self.limits).map_err(status::invalid)?;
         let mut cmd = input.command;
-        let held = match self
-            .continuity
-            .judge(&cmd.tenant, input.seen_position.as_deref())
-            .await?
-        {
+        let shown: Vec<(&str, &str)> = [
+            (continuity::FIELD, &input.seen_position),
+            (continuity::OPERATION_FIELD, &input.operation_position),
+        ]
+        .into_iter()
+        .filter_map(|(field, text)| text.as_deref().map(|text| (field, text)))
+        .collect();
+        let held = match self.continuity.judge(&cmd.tenant, &shown).await? {
             Judged::Free => None,
             Judged::Held(held) => Some(held),
             Judged::Behind(held) => return Err(status::ledger_behind(&held)),
+            Judged::Lost(behind) => return Err(status::grant_lost(&behind)),
         };
         cmd.held = held.is_some();
         self.access.check_in_flight(&principal, &cmd).await?;
@@ -209,7 +213,7 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             operations: recovered
                 .into_iter()
                 .map(|(id, recovered)| pb::RecoveredOperation {
-                    operation_id: id.to_string(),
+                    operation_id: id,
                     recovered,
                 })
                 .collect(),

@@ -335,6 +335,28 @@ pub fn ledger_behind(held: &once_core::continuity::Held) -> Status {
     )
 }
 
+/// A client showed a grant of an epoch whose loss an operator accepted, which the ledger has
+/// no record of: refused until it reports what it kept; the tenant is not held.
+pub fn grant_lost(behind: &once_core::continuity::Behind) -> Status {
+    status(
+        Code::FailedPrecondition,
+        "LEDGER_BEHIND",
+        format!(
+            "the ledger has no record of operation {} granted fencing token {} before it was \
+             restored (epoch {}, now {}). Nothing was performed. Report the positions you kept \
+             (RecoverOperations) so that it comes back UNKNOWN; then call again",
+            behind.operation_id, behind.client_token, behind.client_epoch, behind.ledger_epoch
+        ),
+        vec![
+            ("why".into(), behind.why.as_str().into()),
+            ("client_epoch".into(), behind.client_epoch.to_string()),
+            ("client_token".into(), behind.client_token.to_string()),
+            ("operation_id".into(), behind.operation_id.to_string()),
+            ("ledger_epoch".into(), behind.ledger_epoch.to_string()),
+        ],
+    )
+}
+
 /// Something an administrative call names does not exist.
 pub fn not_found(reason: &str, message: &str) -> Status {
     status(Code::NotFound, reason, message.to_owned(), vec![])

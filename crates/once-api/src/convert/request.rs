@@ -24,9 +24,11 @@ pub struct Caller {
 pub struct BeginInput {
     pub command: BeginCommand,
     pub wait_ms: i64,
-    /// The sealed position the caller saw last, as sent (only the ledger that sealed it can
-    /// open it: see `once_core::continuity`).
+    /// The sealed positions the caller shows, as sent: the highest it saw, and the latest of
+    /// this operation (only the ledger that sealed them can open them: see
+    /// `once_core::continuity`).
     pub seen_position: Option<String>,
+    pub operation_position: Option<String>,
 }
 
 pub fn begin(
@@ -51,11 +53,16 @@ pub fn begin(
         req.lookup_hints_json,
         limits.max_hints_bytes,
     )?;
-    if req.seen_position.len() > continuity::MAX_SEALED {
-        return Err(Invalid::new(
-            continuity::FIELD,
-            format!("is longer than {} bytes", continuity::MAX_SEALED),
-        ));
+    for (field, position) in [
+        (continuity::FIELD, &req.seen_position),
+        (continuity::OPERATION_FIELD, &req.operation_position),
+    ] {
+        if position.len() > continuity::MAX_SEALED {
+            return Err(Invalid::new(
+                field,
+                format!("is longer than {} bytes", continuity::MAX_SEALED),
+            ));
+        }
     }
     Ok(BeginInput {
         command: BeginCommand {
@@ -76,6 +83,7 @@ pub fn begin(
         },
         wait_ms,
         seen_position: (!req.seen_position.is_empty()).then_some(req.seen_position),
+        operation_position: (!req.operation_position.is_empty()).then_some(req.operation_position),
     })
 }
 

@@ -32,7 +32,7 @@ fn valid_begin() -> pb::BeginRequest {
 
 /// One call of the API.
 enum Call {
-    Begin(pb::BeginRequest),
+    Begin(Box<pb::BeginRequest>),
     Confirm(pb::ConfirmRequest),
     Absent(pb::ReportAbsentRequest),
     Unknown(pb::ReportUnknownRequest),
@@ -51,7 +51,7 @@ fn convert(call: Call) -> Result<(), Invalid> {
         holder: None,
     };
     match call {
-        Call::Begin(r) => begin(r, &caller, &limits).map(drop),
+        Call::Begin(r) => begin(*r, &caller, &limits).map(drop),
         Call::Confirm(r) => report(r, None, &limits).map(drop),
         Call::Absent(r) => report(r, None, &limits).map(drop),
         Call::Unknown(r) => report(r, None, &limits).map(drop),
@@ -67,7 +67,7 @@ const ID: &str = "valid-op";
 fn with_begin(change: impl FnOnce(&mut pb::BeginRequest)) -> Call {
     let mut request = valid_begin();
     change(&mut request);
-    Call::Begin(request)
+    Call::Begin(Box::new(request))
 }
 
 fn with_confirm(token: u64, change: impl FnOnce(&mut pb::ConfirmRequest)) -> Call {
@@ -519,7 +519,7 @@ fn malformed_requests_are_refused_naming_the_field() {
 #[test]
 fn the_valid_requests_the_cases_start_from_are_accepted() {
     for call in [
-        Call::Begin(valid_begin()),
+        Call::Begin(Box::new(valid_begin())),
         with_confirm(1 << 20, |_| {}),
         with_resolve(|r| r.fencing_token = 1 << 20),
     ] {

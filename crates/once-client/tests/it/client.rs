@@ -546,6 +546,8 @@ async fn a_client_refused_by_a_restored_ledger_reports_what_it_saw_and_nothing_r
         assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
     }
     assert!(client.positions().highest().is_some());
+    // The client process ends: its file is free for the next one.
+    drop(client);
     ledger.stop().await;
     db.restore().await;
 

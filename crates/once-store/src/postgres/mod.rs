@@ -76,6 +76,11 @@ impl Default for PgSettings {
 /// never meets an intent lock (`once_blocking`, one key).
 const GATE: (i32, i32) = (1330529093, 1);
 
+/// Serialises raises of the token counter (continuity) until the transaction ends: the write
+/// gate's class, object 2.
+const RAISING: &str = "SELECT pg_advisory_xact_lock(1330529093, 2)";
+const _: () = assert!(GATE.0 == 1330529093, "RAISING names the write gate's class");
+
 /// The fresh-id guard, in the function that serialises it: `$1` the intent's lock key, then the
 /// tenant, tool, fingerprint and the operation id asking.
 static FIND_BLOCKING: LazyLock<String> =
@@ -117,9 +122,12 @@ impl Dialect for Postgres {
 
     // Other sessions take tokens from the sequence meanwhile, which `setval` does not wait for:
     // it sets the sequence a whole start's worth (2^20) above the token seen, so that no token
-    // taken between the check and the set can still be reached again.
+    // taken between the check and the set can still be reached again. Raises are serialised
+    // (`RAISING`): one that read the counter before another's set would set it back.
     const RAISE_TOKENS: &'static str =
         "SELECT setval('fencing_tokens', $1 + 1048576) FROM fencing_tokens WHERE last_value < $1";
+
+    const RAISING: Option<&'static str> = Some(RAISING);
 
     const FRESH_TOKEN: Option<&'static str> = Some("nextval('fencing_tokens')");
 

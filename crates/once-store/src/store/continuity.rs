@@ -71,6 +71,7 @@ where
     for<'q> bool: Encode<'q, D> + Type<D>,
     for<'r> (i64,): FromRow<'r, D::Row>,
     for<'r> (String, String): FromRow<'r, D::Row>,
+    for<'r> (String,): FromRow<'r, D::Row>,
     for<'r> StandingRow: FromRow<'r, D::Row>,
     for<'r> AcceptedRow: FromRow<'r, D::Row>,
 {
@@ -206,28 +207,41 @@ where
                 .execute(&mut *tx)
                 .await?;
         }
-        let accepted: Vec<AcceptedRow> = sqlx::query_as(&format!(
-            "INSERT INTO continuity_accepts (tenant, at, actor, reason, epoch, {HOLD_COLUMNS}) \
-             SELECT tenant, {now}, $1, $2, epoch + 1, {HOLD_COLUMNS} FROM continuity \
-             WHERE ($3 AND tenant = $4) OR (NOT $3 AND held_since IS NOT NULL) \
-             RETURNING tenant, epoch, at, actor, reason, {HOLD_COLUMNS}"
+        // The tenants accepted, locked until the transaction ends: a hold written meanwhile
+        // waits for it, and is then a hold of the next epoch, which no one has accepted.
+        let chosen: Vec<(String,)> = sqlx::query_as(&format!(
+            "SELECT tenant FROM continuity \
+             WHERE ($1 AND tenant = $2) OR (NOT $1 AND held_since IS NOT NULL) \
+             ORDER BY tenant{}",
+            D::ROW_LOCK
         ))
-        .bind(actor.to_string())
-        .bind(reason)
         .bind(tenant.is_some())
         .bind(tenant.unwrap_or_default())
         .fetch_all(&mut *tx)
         .await?;
-        sqlx::query(
-            "UPDATE continuity SET epoch = epoch + 1, held_since = NULL, why = NULL, \
-             client_epoch = NULL, client_token = NULL, operation_id = NULL, \
-             ledger_epoch = NULL, ledger_token = NULL \
-             WHERE ($1 AND tenant = $2) OR (NOT $1 AND held_since IS NOT NULL)",
-        )
-        .bind(tenant.is_some())
-        .bind(tenant.unwrap_or_default())
-        .execute(&mut *tx)
-        .await?;
+        let mut accepted: Vec<AcceptedRow> = Vec::with_capacity(chosen.len());
+        for (tenant,) in chosen {
+            let row = sqlx::query_as(&format!(
+                "INSERT INTO continuity_accepts (tenant, at, actor, reason, epoch, {HOLD_COLUMNS}) \
+                 SELECT tenant, {now}, $1, $2, epoch + 1, {HOLD_COLUMNS} FROM continuity \
+                 WHERE tenant = $3 \
+                 RETURNING tenant, epoch, at, actor, reason, {HOLD_COLUMNS}"
+            ))
+            .bind(actor.to_string())
+            .bind(reason)
+            .bind(&tenant)
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query(
+                "UPDATE continuity SET epoch = epoch + 1, held_since = NULL, why = NULL, \
+                 client_epoch = NULL, client_token = NULL, operation_id = NULL, \
+                 ledger_epoch = NULL, ledger_token = NULL WHERE tenant = $1",
+            )
+            .bind(&tenant)
+            .execute(&mut *tx)
+            .await?;
+            accepted.push(row);
+        }
         tx.commit().await?;
         accepted.into_iter().map(accepted_row).collect()
     }

@@ -230,8 +230,13 @@ where
     }
 
     async fn raise_tokens(&self, tx: &mut Self::Tx, seen: FencingToken) -> Result<(), StoreError> {
+        if let Some(raising) = D::RAISING {
+            sqlx::query(raising).execute(&mut **tx).await?;
+        }
+        // A token that high was never issued: it is kept where raising past it cannot overflow.
+        let seen = rows::token_column(seen).min(i64::MAX >> 1);
         sqlx::query(D::RAISE_TOKENS)
-            .bind(rows::token_column(seen))
+            .bind(seen)
             .execute(&mut **tx)
             .await?;
         Ok(())

@@ -224,10 +224,10 @@ async fn a_first_insert_wins_and_a_second_is_a_duplicate<B: Backend>(backend: B)
 
 async fn fencing_tokens_grow_and_are_never_issued_twice<B: Backend>(backend: B) {
     let mut issued = Vec::new();
-    for round in 0..6 {
+    for round in 0..6_u32 {
         let mut tx = backend.begin_write().await.unwrap();
         issued.push(backend.next_token(&mut tx).await.unwrap());
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             backend.commit(tx).await.unwrap();
         }
         // Odd rounds roll back: their tokens reached nobody.

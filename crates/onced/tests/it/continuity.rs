@@ -12,6 +12,8 @@ use crate::support::*;
 
 on_both_backends!(
     a_ledger_restored_to_before_what_a_client_saw_executes_none_of_it_again,
+    a_ledger_that_lost_an_operation_but_kept_a_later_one_is_caught_by_the_operations_own_position,
+    a_grant_lost_before_an_acceptance_is_refused_to_the_client_that_kept_it_until_it_reports,
     a_restored_ledger_that_moved_on_over_what_it_lost_is_caught_by_the_claim_it_lacks,
     a_position_not_sealed_by_the_ledger_is_refused_and_holds_nothing,
 );
@@ -33,6 +35,13 @@ async fn run_once(client: &mut Grpc, id: &str, seen: &str) -> String {
 fn showing(id: &str, seen: &str) -> pb::BeginRequest {
     let mut request = begin(id, ARGS);
     request.seen_position = seen.to_owned();
+    request
+}
+
+/// A Begin of `id` showing `seen` as the highest position, and `own` as the operation's.
+fn showing_both(id: &str, seen: &str, own: &str) -> pb::BeginRequest {
+    let mut request = showing(id, seen);
+    request.operation_position = own.to_owned();
     request
 }
 
@@ -281,15 +290,118 @@ async fn a_position_not_sealed_by_the_ledger_is_refused_and_holds_nothing(store:
     }
     let fine = client.begin(showing("seal-2", &seen)).await.unwrap();
     expect_execute(&fine.into_inner());
-    // Nor does RecoverOperations take one.
-    let refused = client
+    // Nor does RecoverOperations take one: it brings nothing back, and the rest of the report
+    // is judged as ever.
+    let answered = client
         .recover_operations(pb::RecoverOperationsRequest {
-            positions: vec![forged],
+            positions: vec![forged, seen.clone()],
         })
         .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::InvalidArgument);
-    assert_eq!(metadata(&refused, "field"), "positions[0]");
+        .unwrap()
+        .into_inner();
+    let brought: Vec<(&str, bool)> = answered
+        .operations
+        .iter()
+        .map(|o| (o.operation_id.as_str(), o.recovered))
+        .collect();
+    assert_eq!(brought, [("", false), ("seal-1", false)]);
     assert_eq!(continuity_health(ledger.addr).await, ServingStatus::Serving);
+    ledger.stop().await;
+}
+
+/// A standby that missed one commit (or a backup taken between two commits that PostgreSQL
+/// made in the other order): the ledger holds the later operation, not the earlier one.
+async fn a_ledger_that_lost_an_operation_but_kept_a_later_one_is_caught_by_the_operations_own_position(
+    store: Engine,
+) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    let lost = run_once(&mut client, "lag-1", "").await;
+    let kept = run_once(&mut client, "lag-2", &lost).await;
+    ledger.stop().await;
+    for table in ["events", "attempts", "operations"] {
+        db.execute(&format!("DELETE FROM {table} WHERE operation_id = 'lag-1'"))
+            .await;
+    }
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    // The highest position alone shows nothing: the ledger holds lag-2.
+    let fine = client.begin(showing("lag-3", &kept)).await.unwrap();
+    let grant = expect_execute(&fine.into_inner());
+    confirm(&mut client, "lag-3", grant.fencing_token, b"done")
+        .await
+        .unwrap();
+    // The retry of lag-1 shows its own position too: the ledger lost that claim.
+    let refused = client
+        .begin(showing_both("lag-1", &grant.position, &lost))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&refused), "LEDGER_BEHIND", "{refused:?}");
+    assert_eq!(metadata(&refused, "why"), "CLAIM_MISSING");
+    assert_eq!(metadata(&refused, "operation_id"), "lag-1");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM operations WHERE operation_id = 'lag-1'")
+            .await,
+        0
+    );
+    ledger.stop().await;
+}
+
+/// A client that was away while the loss was accepted still holds a grant the ledger lost.
+async fn a_grant_lost_before_an_acceptance_is_refused_to_the_client_that_kept_it_until_it_reports(
+    store: Engine,
+) {
+    let db = TestDb::new(store).await;
+    let ledger = TestLedger::spawn(&db).await;
+    ledger.stop().await;
+    db.back_up().await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    let seen = run_once(&mut client, "away-1", "").await;
+    let away = run_once(&mut client, "away-2", &seen).await;
+    ledger.stop().await;
+    db.restore().await;
+    let ledger = TestLedger::spawn(&db).await;
+    let mut client = ledger.client().await;
+    // One client shows the loss and reports its own grant; the loss is accepted.
+    let refused = client.begin(showing("away-1", &seen)).await.unwrap_err();
+    assert_eq!(reason(&refused), "LEDGER_BEHIND");
+    client
+        .recover_operations(pb::RecoverOperationsRequest {
+            positions: vec![seen.clone()],
+        })
+        .await
+        .unwrap();
+    accept(&db.url).await;
+    eventually(Duration::from_secs(10), "executions to go on", || {
+        let mut client = client.clone();
+        async move { client.begin(showing("away-new", "")).await.ok() }
+    })
+    .await;
+    // The client that was away shows its grant of away-2, of the epoch before: its Begin is
+    // refused, and the tenant is not held again.
+    let refused = client
+        .begin(showing_both("away-2", &away, &away))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&refused), "LEDGER_BEHIND", "{refused:?}");
+    assert_eq!(metadata(&refused, "why"), "CLAIM_MISSING");
+    let other = client.begin(showing("away-other", "")).await.unwrap();
+    expect_execute(&other.into_inner());
+    // It reports; away-2 is UNKNOWN, never executed again.
+    let brought = client
+        .recover_operations(pb::RecoverOperationsRequest {
+            positions: vec![away.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(brought.operations[0].recovered);
+    let answer = client
+        .begin(showing_both("away-2", &away, &away))
+        .await
+        .unwrap();
+    expect_unknown(&answer.into_inner());
     ledger.stop().await;
 }
