@@ -65,6 +65,6 @@ pub use operator::{ListFilter, Page, Reconciled, Resolution, Truth, Watch, Watch
 pub use reach::{Cause, Unreachable};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};
 pub use view::{
-    AgesView, AttemptView, CallView, EventView, ForensicsView, KeyInfo, OperationView,
-    ReconcilerView, ServerInfo, StatsView, WatchedEvent,
+    AgesView, AttemptView, CallView, EventView, ForensicsView, HistoryProblem, HistoryView,
+    KeyInfo, OperationView, ReconcilerView, ServerInfo, StatsView, WatchedEvent,
 };

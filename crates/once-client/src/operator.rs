@@ -307,6 +307,21 @@ impl LedgerClient {
         Ok(wire::forensics(found))
     }
 
+    /// Walks the tenant's chained history from the link covering events after `from` (0: the
+    /// whole chain kept) and says what does not match what the chain recorded.
+    pub async fn verify_history(&self, from: i64) -> Result<crate::HistoryView, ClientError> {
+        let request = wire::verify_history(from, self.read_tenant());
+        let found = self
+            .transport()
+            .call(
+                Patience::default(),
+                |mut grpc: Grpc, request| async move { grpc.verify_history(request).await },
+                request,
+            )
+            .await?;
+        Ok(wire::history(found))
+    }
+
     /// Watches the ledger's events: see [`Watch`]. Nothing is sent until the first
     /// [`Watch::next`].
     pub fn watch(&self, request: WatchRequest) -> Watch {

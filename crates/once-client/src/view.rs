@@ -199,3 +199,29 @@ impl ReconcilerView {
         self.settled + self.missed + self.failed
     }
 }
+
+/// A verification of a tenant's chained history (`VerifyHistory`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryView {
+    pub tenant: String,
+    pub links: i64,
+    pub events: i64,
+    /// The last event sequence the chain covers.
+    pub through: i64,
+    /// The newest link: its number and hash (0 and empty before the first).
+    pub head_number: i64,
+    pub head_hash: String,
+    pub verified_at: std::time::SystemTime,
+    /// The first thing that does not match what the chain recorded.
+    pub problem: Option<HistoryProblem>,
+}
+
+/// What does not match: `code` (LINK, EVENT_CHANGED, EVENT_MISSING, EVENT_ADDED,
+/// RESULT_CHANGED, STATE_CHANGED), the event it is about and its operation, said for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryProblem {
+    pub code: String,
+    pub sequence: i64,
+    pub operation_id: String,
+    pub message: String,
+}

@@ -589,6 +589,34 @@ pub(crate) fn revoke_key(key_id: &str) -> apb::RevokeKeyRequest {
     }
 }
 
+pub(crate) fn verify_history(from: i64, tenant: String) -> pb::VerifyHistoryRequest {
+    pb::VerifyHistoryRequest {
+        tenant,
+        from_sequence: from,
+    }
+}
+
+pub(crate) fn history(found: pb::VerifyHistoryResponse) -> crate::HistoryView {
+    crate::HistoryView {
+        tenant: found.tenant,
+        links: found.links,
+        events: found.events,
+        through: found.through,
+        head_number: found.head_number,
+        head_hash: found.head_hash,
+        verified_at: found
+            .verified_at
+            .map(system_time)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+        problem: found.problem.map(|p| crate::HistoryProblem {
+            code: p.code,
+            sequence: p.sequence,
+            operation_id: p.operation_id,
+            message: p.message,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use once_core::access::{CredentialKind, Role, Roles};

@@ -7,6 +7,7 @@
 //! `now`, and get back a decision plus the [`Plan`] of writes that must commit together.
 
 pub mod access;
+pub mod chain;
 #[cfg(feature = "clap")]
 pub mod cli;
 pub mod continuity;

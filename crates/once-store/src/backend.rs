@@ -4,6 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use once_core::access::{Credential, NewCredential, SecretHash, Tenant};
+use once_core::chain::{Link, Stored};
 use once_core::continuity::{Accepted, Behind, Standing};
 use once_core::forensics::Duplicate;
 use once_core::machine::FreshIdGuard;
@@ -95,6 +96,7 @@ pub const EARLIER_EVENTS: i64 = 200;
 /// supertrait, which nothing outside this crate can name or call (see [`sealed::Transactions`]).
 pub trait Backend:
     sealed::Transactions
+    + Chain
     + Continuity
     + Credentials
     + Events
@@ -308,6 +310,106 @@ pub trait Events {
     fn listen_for_events(
         &self,
     ) -> impl Future<Output = Result<Option<Announcements>, StoreError>> + Send;
+}
+
+/// One operation's stored state beside the state its latest event recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub operation_id: String,
+    pub stored: String,
+    pub sequence: i64,
+    pub recorded: Option<String>,
+}
+
+/// A verification of one tenant's chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verification {
+    pub tenant: String,
+    /// When, by the store's clock.
+    pub at: Millis,
+    /// The last sequence the chain covered then.
+    pub through: i64,
+    pub links: i64,
+    pub events: i64,
+    /// The first problem found, as said to people; `None` when everything matched.
+    pub problem: Option<String>,
+}
+
+/// What the history's chain reads and writes (see [`once_core::chain`]).
+pub trait Chain {
+    /// How far the history is linked: every event up to this sequence is in a link.
+    fn chained_through(&self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// The events after the first sequence of `range` up to the second, oldest first, at most
+    /// `limit`, each with the result its operation's row of that life holds when the event left
+    /// it CONFIRMED.
+    fn chainable(
+        &self,
+        range: (i64, i64),
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Stored>, StoreError>> + Send;
+
+    /// [`Chain::chainable`] of one tenant.
+    fn tenant_events(
+        &self,
+        tenant: &str,
+        range: (i64, i64),
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Stored>, StoreError>> + Send;
+
+    /// The tenant's newest link.
+    fn last_link(
+        &self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<Option<Link>, StoreError>> + Send;
+
+    /// Writes `links` and moves the progress from the first of `progress` to the second, only
+    /// if it is still at the first (one replica links a range); whether it did.
+    fn append_links(
+        &self,
+        progress: (i64, i64),
+        links: &[Link],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The tenant's links that cover events after `after`, oldest first, at most `limit`.
+    fn links(
+        &self,
+        tenant: &str,
+        after: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Link>, StoreError>> + Send;
+
+    /// The tenant's link before link `number`, if kept.
+    fn link_before(
+        &self,
+        tenant: &str,
+        number: i64,
+    ) -> impl Future<Output = Result<Option<Link>, StoreError>> + Send;
+
+    /// The tenant's operations whose latest event is linked (at or below `through`), by id
+    /// after the first of `page`, at most its second: each one's state and its latest event's.
+    fn states(
+        &self,
+        tenant: &str,
+        through: i64,
+        page: (&str, u32),
+    ) -> impl Future<Output = Result<Vec<Checked>, StoreError>> + Send;
+
+    /// Keeps a tenant's latest verification.
+    fn record_verification(
+        &self,
+        verification: &Verification,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Each tenant's latest verification, by tenant.
+    fn verifications(&self) -> impl Future<Output = Result<Vec<Verification>, StoreError>> + Send;
+
+    /// Deletes the links every event of which retention deleted (all at or below
+    /// `deleted_through`), but each tenant's newest such: its anchor. How many.
+    fn delete_links_through(
+        &self,
+        deleted_through: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 /// What continuity needs of the store (see [`once_core::continuity`]): the ledger's identity,

@@ -25,8 +25,8 @@ pub mod watch;
 pub mod writer;
 
 pub use backend::{
-    Backend, Continuity, CredentialChanges, Credentials, Decision, Events, Forensics, PoolUse,
-    Probe, Sweeps, Unlocked, Written,
+    Backend, Chain, Checked, Continuity, CredentialChanges, Credentials, Decision, Events,
+    Forensics, PoolUse, Probe, Sweeps, Unlocked, Verification, Written,
 };
 pub use dialect::Dialect;
 pub use error::StoreError;

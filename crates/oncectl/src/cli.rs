@@ -130,6 +130,16 @@ pub enum Command {
         #[arg(long)]
         tenant: Option<String>,
     },
+    /// Walk the tenant's chained history and name the first event, result or state that does
+    /// not match what the chain recorded (exit 5 when one does not).
+    Verify {
+        /// Only the links covering events after this sequence.
+        #[arg(long, default_value_t = 0)]
+        from: i64,
+        /// Another tenant's (a key with the admin role).
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// Follow changes as they happen; reconnects and resumes without gaps or repeats.
     Watch(WatchArgs),
     /// API keys of a tenant (admin).

@@ -221,3 +221,20 @@ pub fn reconciled(operation_id: &str, r: &Reconciled) -> Value {
         "detail": r.detail,
     })
 }
+
+pub fn history(found: &once_client::HistoryView) -> Value {
+    json!({
+        "tenant": found.tenant,
+        "links": found.links,
+        "events": found.events,
+        "through": found.through,
+        "head": { "number": found.head_number, "hash": found.head_hash },
+        "verified_at": time(Some(found.verified_at)),
+        "problem": found.problem.as_ref().map(|p| json!({
+            "code": p.code,
+            "sequence": p.sequence,
+            "operation_id": p.operation_id,
+            "message": p.message,
+        })),
+    })
+}

@@ -42,6 +42,9 @@ enum Failure {
     /// 4: the ledger refused, or the operator declined.
     #[error("{0}")]
     Refused(String),
+    /// 5: the history does not match what its chain recorded.
+    #[error("{0}")]
+    Rewritten(String),
 }
 
 impl Failure {
@@ -51,6 +54,7 @@ impl Failure {
             Failure::Usage(_) => 2,
             Failure::NotFound(_) => 3,
             Failure::Refused(_) => 4,
+            Failure::Rewritten(_) => 5,
         }
     }
 }
@@ -189,6 +193,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             stats(&ledger, &out, window, all_tenants).await
         }
         Command::Keys(command) => keys(&ledger, &out, command).await,
+        Command::Verify { from, tenant } => {
+            verify(&reading(&ledger, &tenant, false), &out, from).await
+        }
         Command::Completions { .. } => unreachable!("handled above"),
     }
 }
@@ -513,6 +520,22 @@ async fn forensics(
         out.print(&render::forensics(&out.look, &found, &window));
     }
     Ok(())
+}
+
+async fn verify(ledger: &LedgerClient, out: &Out, from: i64) -> Result<(), Failure> {
+    let found = ledger.verify_history(from).await?;
+    if out.json {
+        out.json(&json::history(&found));
+    } else {
+        out.print(&render::history(&found));
+    }
+    match found.problem {
+        Some(problem) => Err(Failure::Rewritten(format!(
+            "the history does not match its chain: {}",
+            problem.message
+        ))),
+        None => Ok(()),
+    }
 }
 
 async fn watch(ledger: &LedgerClient, out: &Out, args: WatchArgs) -> Result<(), Failure> {

@@ -770,3 +770,23 @@ fn excerpt(bytes: &[u8], max: usize) -> String {
 #[cfg(test)]
 #[path = "render_tests.rs"]
 mod tests;
+
+pub fn history(found: &once_client::HistoryView) -> String {
+    let mut out = format!(
+        "Tenant {}: {} links, {} events, through event {}.\n",
+        found.tenant, found.links, found.events, found.through
+    );
+    if found.head_number > 0 {
+        out += &format!("Head: link {} {}\n", found.head_number, found.head_hash);
+    }
+    match &found.problem {
+        None => out += "Everything matches what the chain recorded.\n",
+        Some(p) => {
+            out += &format!("DOES NOT MATCH ({}): {}\n", p.code, p.message);
+            if p.sequence > 0 {
+                out += &format!("See it: oncectl watch --all --after {}\n", p.sequence - 1);
+            }
+        }
+    }
+    out
+}

@@ -307,3 +307,38 @@ fn stats_fit_80_columns() {
     assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
     insta::assert_snapshot!(text);
 }
+
+#[test]
+fn a_verification_says_what_was_checked_and_where_to_look() {
+    let mut found = once_client::HistoryView {
+        tenant: "acme".into(),
+        links: 12,
+        events: 340,
+        through: 981,
+        head_number: 12,
+        head_hash: "ab".repeat(32),
+        verified_at: at(0),
+        problem: None,
+    };
+    let clean = history(&found);
+    assert!(
+        clean.starts_with("Tenant acme: 12 links, 340 events, through event 981.\n"),
+        "{clean}"
+    );
+    assert!(clean.contains("Everything matches"), "{clean}");
+    found.problem = Some(once_client::HistoryProblem {
+        code: "EVENT_CHANGED".into(),
+        sequence: 77,
+        operation_id: "refund:1".into(),
+        message: "event 77 (operation refund:1) is not the event the chain recorded".into(),
+    });
+    let rewritten = history(&found);
+    assert!(
+        rewritten.contains("DOES NOT MATCH (EVENT_CHANGED): event 77"),
+        "{rewritten}"
+    );
+    assert!(
+        rewritten.contains("oncectl watch --all --after 76"),
+        "{rewritten}"
+    );
+}

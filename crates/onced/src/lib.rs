@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod admin;
+mod chain;
 pub mod cli;
 pub mod config;
 mod console;

@@ -153,6 +153,7 @@ impl<B: Backend> Replica<B> {
                 config.health_check_interval,
                 stop.clone(),
             )),
+            tokio::spawn(crate::chain::follow(ledger.clone(), stop.clone())),
             tokio::spawn(crate::continuity::follow(
                 self.continuity.clone(),
                 self.health.clone(),

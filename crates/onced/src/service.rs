@@ -197,6 +197,18 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
         }
     }
 
+    async fn verify_history(
+        &self,
+        request: Request<pb::VerifyHistoryRequest>,
+    ) -> Result<Response<pb::VerifyHistoryResponse>, Status> {
+        let (_, tenant) = self.access.admit_reader(&request, Allowed::READ).await?;
+        let from = request.get_ref().from_sequence.max(0);
+        let verified = crate::chain::verify(self.ledger.backend(), &tenant, from)
+            .await
+            .map_err(status::store)?;
+        Ok(Response::new(convert::verify_history_response(verified)))
+    }
+
     async fn recover_operations(
         &self,
         request: Request<pb::RecoverOperationsRequest>,

@@ -366,7 +366,11 @@ macro_rules! tenant_read {
     };
 }
 
-tenant_read!(pb::GetOperationRequest, pb::GetForensicsRequest);
+tenant_read!(
+    pb::GetOperationRequest,
+    pb::GetForensicsRequest,
+    pb::VerifyHistoryRequest
+);
 
 /// A read that may name the tenant whose operations it reads, or cover every tenant.
 macro_rules! scoped_read {

@@ -355,3 +355,31 @@ pub fn server_info_response(
         open: credential.is_none(),
     }
 }
+
+pub fn verify_history_response(verified: once_core::chain::Verified) -> pb::VerifyHistoryResponse {
+    let (head_number, head_hash) = verified.head.unwrap_or_default();
+    pb::VerifyHistoryResponse {
+        tenant: verified.tenant,
+        links: verified.links,
+        events: verified.events,
+        through: verified.through,
+        head_number,
+        head_hash,
+        verified_at: Some(timestamp(verified.at)),
+        problem: verified.problem.map(|problem| {
+            let operation_id = match &problem {
+                once_core::chain::Problem::Changed { operation_id, .. }
+                | once_core::chain::Problem::Added { operation_id, .. }
+                | once_core::chain::Problem::Result { operation_id, .. }
+                | once_core::chain::Problem::State { operation_id, .. } => operation_id.clone(),
+                _ => String::new(),
+            };
+            pb::HistoryProblem {
+                code: problem.code().into(),
+                sequence: problem.sequence().unwrap_or_default(),
+                operation_id,
+                message: problem.to_string(),
+            }
+        }),
+    }
+}

@@ -11,6 +11,7 @@
 //! (`0007_lookups_cannot_take_a_tenant_index.sql`), so PostgreSQL cannot plan a call's lookup
 //! over one of them while a table is empty and keep that plan as it fills.
 
+mod chain;
 mod continuity;
 mod credentials;
 mod events;
@@ -130,7 +131,13 @@ impl<D: Database> Store<D> {
 impl<D> Backend for Store<D>
 where
     D: Dialect,
-    Self: Transactions + crate::backend::Continuity + Credentials + Events + Forensics + Sweeps,
+    Self: Transactions
+        + crate::backend::Chain
+        + crate::backend::Continuity
+        + Credentials
+        + Events
+        + Forensics
+        + Sweeps,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,

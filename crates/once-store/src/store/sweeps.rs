@@ -21,8 +21,14 @@ use crate::{Dialect, StoreError};
 /// Deletes up to `$2` rows of `table` recorded (`at`) at least `$1` ms ago, oldest first,
 /// returning their `key`: a range of the table's time index, empty when nothing is that old.
 fn delete_older_sql<D: Dialect>(table: &str, key: &str) -> String {
+    // Events stay until the history's chain has linked them (see `once_core::chain`).
+    let linked = if table == "events" {
+        " AND sequence <= (SELECT through FROM chain_progress WHERE id = 1)"
+    } else {
+        ""
+    };
     let oldest = format!(
-        "SELECT {key} FROM {table} WHERE at <= {} - $1 ORDER BY at LIMIT $2",
+        "SELECT {key} FROM {table} WHERE at <= {} - $1{linked} ORDER BY at LIMIT $2",
         now_once::<D>()
     );
     format!(

@@ -56,6 +56,7 @@ conformance!(
     an_unlocked_write_happens_only_over_what_it_was_decided_from,
     credential_refresh_reads_only_what_changed,
     continuity_holds_a_tenant_until_its_loss_is_accepted_and_brings_lost_operations_back,
+    one_replica_links_a_range_and_retention_keeps_each_tenants_anchor,
 );
 
 const TENANT: &str = "t1";
@@ -725,6 +726,14 @@ async fn sweeps_see_only_expired_leases_and_settled_rows_past_retention<B: Backe
         .await
         .unwrap();
     assert!(events.is_empty(), "life 0 has no events");
+    // Events are deleted only once the history's chain has linked them: none is yet.
+    assert_eq!(
+        backend.delete_events_older_than(-60_000, 4).await.unwrap(),
+        0,
+        "not linked"
+    );
+    let newest = backend.event_frontier().await.unwrap().newest;
+    assert!(backend.append_links((0, newest), &[]).await.unwrap());
     assert_eq!(
         backend
             .delete_events_older_than(3_600_000, 100)
@@ -1790,4 +1799,44 @@ async fn continuity_holds_a_tenant_until_its_loss_is_accepted_and_brings_lost_op
     // A hold judged in an epoch that has moved on is not written.
     let stale = backend.hold(TENANT, &behind).await.unwrap();
     assert_eq!((stale.epoch, stale.held), (1, None));
+}
+
+async fn one_replica_links_a_range_and_retention_keeps_each_tenants_anchor<B: Backend>(backend: B) {
+    use once_core::chain::{self, Entry};
+
+    let entry = |sequence| Entry {
+        sequence,
+        digest: "00".repeat(16),
+        result: None,
+    };
+    assert_eq!(backend.chained_through().await.unwrap(), 0);
+    let first = chain::next_link("t1", None, &[entry(3)], 5, 1);
+    let other = chain::next_link("t2", None, &[entry(4)], 5, 1);
+    assert!(backend
+        .append_links((0, 5), &[first.clone(), other])
+        .await
+        .unwrap());
+    // A second replica that read the same progress links nothing.
+    let late = chain::next_link("t1", None, &[entry(3)], 5, 2);
+    assert!(!backend.append_links((0, 5), &[late]).await.unwrap());
+    assert_eq!(backend.chained_through().await.unwrap(), 5);
+    assert_eq!(backend.last_link("t1").await.unwrap(), Some(first.clone()));
+    let second = chain::next_link("t1", Some(&first), &[entry(7)], 9, 3);
+    assert!(backend
+        .append_links((5, 9), std::slice::from_ref(&second))
+        .await
+        .unwrap());
+    assert_eq!(
+        backend.links("t1", 0, 10).await.unwrap(),
+        vec![first.clone(), second.clone()]
+    );
+    assert_eq!(
+        backend.links("t1", 5, 10).await.unwrap(),
+        vec![second.clone()]
+    );
+    assert_eq!(backend.link_before("t1", 2).await.unwrap(), Some(first));
+    // Retention deleted every event through 9: each tenant keeps its newest link as anchor.
+    assert_eq!(backend.delete_links_through(9).await.unwrap(), 1);
+    assert_eq!(backend.links("t1", 0, 10).await.unwrap(), vec![second]);
+    assert_eq!(backend.links("t2", 0, 10).await.unwrap().len(), 1);
 }

@@ -297,6 +297,9 @@ async fn check(db: &TestDb, postgres: Vec<Statement>, sqlite: Vec<Statement>, ro
 
 /// Runs each statement under EXPLAIN ANALYZE (in a transaction rolled back): at most `rows`
 /// rows may be read or read and filtered out, and no table is scanned whole.
+/// Tables that hold one row, by their `CHECK (id = 1)`.
+const ONE_ROW: [&str; 3] = ["chain_progress", "event_horizon", "credential_clock"];
+
 async fn postgres_plans(db: &TestDb, statements: Vec<Statement>, rows: i64) {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
         .await
@@ -324,7 +327,11 @@ async fn postgres_plans(db: &TestDb, statements: Vec<Statement>, rows: i64) {
             .filter(|n| n["Node Type"].as_str().is_some_and(|t| t.contains("Scan")))
             .map(|n| n["Actual Rows"].as_i64().unwrap_or(0))
             .sum();
-        let whole = nodes.iter().any(|n| n["Node Type"] == "Seq Scan");
+        // A table of one row (the chain's progress) is read whole whatever the plan.
+        let whole = nodes.iter().any(|n| {
+            n["Node Type"] == "Seq Scan"
+                && !ONE_ROW.contains(&n["Relation Name"].as_str().unwrap_or(""))
+        });
         assert!(
             filtered + read <= rows && !whole,
             "{name} read {read} rows and filtered {filtered} (a full scan: {whole}): {plan:#}"

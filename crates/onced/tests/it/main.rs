@@ -21,6 +21,7 @@
 mod support;
 
 mod access;
+mod chain;
 mod concurrency;
 mod console;
 mod continuity;
