@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 /// How often the worker links what was committed since.
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
-/// The most events one round links.
-const BATCH: u32 = 10_000;
+/// The most events one round links (a full round is followed by the next at once).
+const BATCH: u32 = 2_000;
 
 /// How many rounds between two cuts of the links retention has left without events.
 const CUT_EVERY: u32 = 60;

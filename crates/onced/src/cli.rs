@@ -191,7 +191,9 @@ async fn continuity<B: Backend>(backend: &B, command: ContinuityCommand) -> anyh
                     held.len()
                 );
             }
-            print_standings(&standings);
+            if !standings.is_empty() {
+                print_standings(&standings);
+            }
             if !accepted.is_empty() {
                 println!();
                 print_acceptances(&accepted);
