@@ -63,18 +63,7 @@ fn metadata(status: &tonic::Status, key: &str) -> String {
 
 /// What the ledger's `once.continuity` health check says.
 async fn continuity_health(addr: std::net::SocketAddr) -> ServingStatus {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let reply = tonic_health::pb::health_client::HealthClient::new(channel)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "once.continuity".into(),
-        })
-        .await
-        .unwrap();
-    ServingStatus::try_from(reply.into_inner().status).unwrap()
+    health_of(addr, "once.continuity").await
 }
 
 /// `onced continuity accept --reason …` on the database at `url`.

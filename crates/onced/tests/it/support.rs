@@ -184,6 +184,11 @@ impl OncedProcess {
 
 /// What the ledger's health service says of the ledger at `addr`.
 pub async fn ledger_health(addr: SocketAddr) -> ServingStatus {
+    health_of(addr, "once.ledger.v1.Ledger").await
+}
+
+/// What the health service at `addr` says of `service`.
+pub async fn health_of(addr: SocketAddr, service: &str) -> ServingStatus {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -191,7 +196,7 @@ pub async fn ledger_health(addr: SocketAddr) -> ServingStatus {
         .unwrap();
     let reply = tonic_health::pb::health_client::HealthClient::new(channel)
         .check(tonic_health::pb::HealthCheckRequest {
-            service: "once.ledger.v1.Ledger".into(),
+            service: service.into(),
         })
         .await
         .unwrap();
