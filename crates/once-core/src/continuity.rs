@@ -599,8 +599,27 @@ pub fn recover(
     {
         lost.declared_absent_token = Some(open.fencing_token);
     }
-    let mut next = moved(&lost, State::Unknown, Source::Continuity, now);
-    next.reason = Some(reason.clone());
+    // An effect already proven in this life (a superseded attempt's confirm, or a reconciler's
+    // finding, while a later attempt may also have run) stays proven: the operation stays held
+    // for an operator with that effect's result, and the attempt brought back is its latest.
+    let proof = same_life.filter(|op| op.held_for_operator());
+    let mut next = match proof {
+        Some(held) => {
+            let mut next = moved(&lost, State::Unknown, Source::Anomaly, now);
+            next.confirmed_by = held.confirmed_by;
+            next
+        }
+        None => moved(&lost, State::Unknown, Source::Continuity, now),
+    };
+    // The reason it was held for stays, after this restore's (once: not one per restore).
+    const HELD: &str = ". Held for an operator: ";
+    next.reason = Some(match proof.and_then(|held| held.reason.as_deref()) {
+        Some(held) => {
+            let why = held.split_once(HELD).map_or(held, |(_, why)| why);
+            format!("{reason}{HELD}{why}")
+        }
+        None => reason.clone(),
+    });
     let event = NewEvent::transition(
         &next,
         EventKind::Recovered,

@@ -367,6 +367,59 @@ fn an_earlier_attempt_the_ledger_kept_gives_way_to_the_later_one_the_client_saw(
     assert_eq!(plan.events[0].from, Some(State::Absent));
 }
 
+#[test]
+fn an_effect_proven_before_the_restore_stays_proven_over_a_recovered_attempt() {
+    // The restored ledger holds attempt 1 UNKNOWN for an operator: attempt 0's late confirm
+    // proved the effect while attempt 1 may also have run. The client saw attempt 2 granted.
+    let first = recover(
+        None,
+        (&position(2_000), false),
+        (&executor(), &holder()),
+        T0,
+    )
+    .unwrap();
+    let mut held = first.operation.unwrap().operation().clone();
+    (held.source, held.result) = (Source::Anomaly, Some(b"{\"refund\":\"re_1\"}".to_vec()));
+    (held.provider_ref, held.confirmed_by) = (Some("re_1".into()), Some(FencingToken(1_500)));
+    held.reason = Some("attempt 0 confirmed its effect after attempt 1 was granted".into());
+    let later = Position {
+        attempt: 2,
+        token: FencingToken(2_500),
+        ..position(2_000)
+    };
+    let plan = recover(
+        Some(&held),
+        (&later, false),
+        (&executor(), &holder()),
+        T0 + 1,
+    )
+    .unwrap();
+    let Some(Write::Update(op)) = &plan.operation else {
+        panic!("not an update: {plan:?}")
+    };
+    assert_eq!((op.attempt, op.fencing_token), (2, FencingToken(2_500)));
+    assert!(op.held_for_operator(), "no longer held: {op:?}");
+    assert_eq!(op.result, held.result, "the proven result is kept");
+    assert_eq!(op.provider_ref.as_deref(), Some("re_1"));
+    assert_eq!(op.confirmed_by, Some(FencingToken(1_500)));
+    assert_eq!(op.reconcile_next_at, None, "no reconciler settles it");
+    // An operator cannot call it ABSENT; the attempt brought back saying it did nothing
+    // settles it CONFIRMED with the proven effect.
+    let absent = ReportCommand {
+        fencing_token: FencingToken(2_500),
+        holder: holder(),
+        report: Report::Absent {
+            reason: "declined".into(),
+        },
+    };
+    let (answer, plan) = machine::report(op, &absent, None, T0 + 2);
+    assert_eq!(answer, Ok(State::Confirmed));
+    let Some(Write::Update(settled)) = &plan.operation else {
+        panic!("not an update: {plan:?}")
+    };
+    assert_eq!(settled.result, held.result);
+}
+
 proptest::proptest! {
     /// A position comes from the network: whatever the text, opening it answers, never panics.
     #[test]
