@@ -153,6 +153,12 @@ class Stack:
         # Tenants and an executor key each, made with `onced` on the database before it serves:
         # the ledger then requires a key from every caller.
         self.keys = {tenant: self.create_tenant(tenant) for tenant in tenants}
+        # The key that signs receipts: a SQLite ledger makes its own beside its file; replicas on
+        # PostgreSQL share one made beforehand.
+        self.signing_key_file = tmp / "ledger.db.signing-key"
+        if backend == "postgres":
+            self.signing_key_file = tmp / "signing.key"
+            self.onced_command("signing-keys", "rotate", "--signing-key-file", str(self.signing_key_file))
         # The provider first: the ledger's reconciler is pointed at it.
         self.provider = self.spawn("fakepay", ["--listen", "127.0.0.1:0"])
         self.provider_port = wait_for("fakepay", lambda: served_port(self.tmp / "fakepay.log", "fakepay listening", 0))
@@ -182,6 +188,8 @@ class Stack:
             "--listen", f"127.0.0.1:{self.ledger_port}",
             "--lease-sweep-interval", "100ms",
         ]
+        if self.backend == "postgres":
+            args += ["--signing-key-file", str(self.signing_key_file)]
         if self.reconcile:
             config = self.tmp / "onced.toml"
             config.write_text(

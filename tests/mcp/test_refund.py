@@ -162,3 +162,48 @@ async def test_progress_is_reported_while_the_refund_runs(stack):
         )
     assert not result.is_error, text(result)
     assert notes and notes[0][1] == "refund in progress"
+
+
+async def test_a_settled_refunds_status_carries_a_receipt_that_verifies_with_the_public_key_alone(stack, tmp_path):
+    import subprocess
+
+    from conftest import BIN
+
+    async with stack.session() as session:
+        first = await refund(session)
+        assert not first.is_error, text(first)
+        # The receipt is signed once the history's chain has linked the refund's confirmation,
+        # within about a second; until then the status has none.
+        deadline = time.monotonic() + 20 * PATIENCE
+        found = await status(session)
+        while "receipt" not in found and time.monotonic() < deadline:
+            await anyio.sleep(0.1)
+            found = await status(session)
+    assert found["state"] == "CONFIRMED"
+    receipt = found["receipt"]
+    assert receipt.startswith("r1."), found
+    keys = json.loads(stack.onced_command("signing-keys", "--signing-key-file", str(stack.signing_key_file), "--json"))
+    public = keys[0]["public_key"]
+    stack.stop_ledger()
+
+    def verify(text: str) -> subprocess.CompletedProcess:
+        path = tmp_path / "refund.receipt"
+        path.write_text(text)
+        # No ledger to reach: nothing listens at this address, and none is needed.
+        return subprocess.run(
+            [str(BIN / "oncectl"), "--addr", "http://127.0.0.1:1", "-o", "json",
+             "receipt", "verify", str(path), "--public-key", public],
+            capture_output=True, text=True, timeout=60,
+        )
+
+    verified = verify(receipt)
+    assert verified.returncode == 0, verified.stderr
+    said = json.loads(verified.stdout)
+    assert (said["state"], said["operation_id"]) == ("CONFIRMED", found["operation_id"])
+    assert said["provider_ref"] == found["refund"]["refund_id"], (said, found)
+    # One character of the signed content changed: it does not verify.
+    at = len("r1.") + 20
+    tampered = receipt[:at] + ("A" if receipt[at] != "A" else "B") + receipt[at + 1:]
+    refused = verify(tampered)
+    assert refused.returncode == 5, refused.stderr
+    assert "does not verify" in refused.stderr

@@ -80,13 +80,20 @@ fn begin_request() -> impl Strategy<Value = pb::BeginRequest> {
             prop::collection::vec(text(), 0..3),
         ),
         (text(), context, duration(), duration(), any::<bool>()),
-        (duration(), text(), text(), text(), text()),
+        (duration(), text(), text(), text(), text(), any::<bool>()),
     )
         .prop_map(
             |(
                 (tool, identity, effect, volatile_fields),
                 (attempt_id, context, lease_ttl, wait, new_intent),
-                (retention, provider, lookup_hints_json, seen_position, operation_position),
+                (
+                    retention,
+                    provider,
+                    lookup_hints_json,
+                    seen_position,
+                    operation_position,
+                    want_receipt,
+                ),
             )| pb::BeginRequest {
                 tool,
                 identity,
@@ -102,6 +109,7 @@ fn begin_request() -> impl Strategy<Value = pb::BeginRequest> {
                 lookup_hints_json,
                 seen_position,
                 operation_position,
+                want_receipt,
             },
         )
 }

@@ -54,6 +54,10 @@ pub struct Replay {
     pub result: Vec<u8>,
     pub provider_ref: Option<String>,
     pub confirmed_at: SystemTime,
+    /// The ledger's signed receipt, when the spec asked for one
+    /// ([`crate::OperationSpec::with_receipt`]) and the ledger signs receipts: verify it with
+    /// [`crate::Receipt::verify`].
+    pub receipt: Option<String>,
 }
 
 /// What the side effect needs from the ledger.

@@ -60,11 +60,13 @@ pub use continuity::Positions;
 pub use decision::{Conflict, Decision, EffectContext, InProgress, Outcome, Replay, Unknown};
 pub use effect::{Effect, EffectError, Report};
 pub use error::ClientError;
+pub use once_core::receipt::{PublicKey, Receipt, Refused as ReceiptRefused};
 pub use once_core::{AttemptContext, State};
 pub use operator::{ListFilter, Page, Reconciled, Resolution, Truth, Watch, WatchRequest, Watched};
 pub use reach::{Cause, Unreachable};
 pub use spec::{Identity, OperationSpec, META_IDEMPOTENCY_KEY};
 pub use view::{
-    AgesView, AttemptView, CallView, EventView, ForensicsView, HistoryProblem, HistoryView,
-    KeyInfo, OperationView, ReconcilerView, ServerInfo, StatsView, WatchedEvent,
+    AgesView, AttemptView, CallView, EventView, ForensicsView, HistoryHead, HistoryProblem,
+    HistoryView, KeyInfo, LastVerification, OperationView, ReconcilerView, ServerInfo, SigningKeys,
+    StatsView, WatchedEvent,
 };

@@ -286,6 +286,7 @@ mod tests {
             result: br#"{"refund_id":"re_1"}"#.to_vec(),
             provider_ref: None,
             confirmed_at: UNIX_EPOCH,
+            receipt: None,
         };
         let result = tool_result(&Outcome::Replayed(replay), "get_refund_status");
         assert_eq!(result.is_error, Some(false));

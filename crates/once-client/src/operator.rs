@@ -322,6 +322,50 @@ impl LedgerClient {
         Ok(wire::history(found))
     }
 
+    /// The tenant's chain as it stands: its newest link and the last verification recorded.
+    pub async fn history_head(&self) -> Result<crate::HistoryHead, ClientError> {
+        let request = wire::get_history_head(self.read_tenant());
+        let found = self
+            .transport()
+            .call(
+                Patience::default(),
+                |mut grpc: Grpc, request| async move { grpc.get_history_head(request).await },
+                request,
+            )
+            .await?;
+        Ok(wire::history_head(found))
+    }
+
+    /// The signed receipt of a CONFIRMED or ABSENT operation of the tenant, as text to keep
+    /// and verify ([`crate::Receipt::verify`]). Refused `NOT_SETTLED` while it is neither, and
+    /// `NO_SIGNING_KEY` by a ledger without a signing key.
+    pub async fn receipt(&self, operation_id: &str) -> Result<String, ClientError> {
+        let request = wire::get_receipt(operation_id, self.read_tenant());
+        let found = self
+            .transport()
+            .call(
+                Patience::default(),
+                |mut grpc: Grpc, request| async move { grpc.get_receipt(request).await },
+                request,
+            )
+            .await?;
+        Ok(found.receipt)
+    }
+
+    /// The public keys the ledger says verify its receipts. A verifier that must not take the
+    /// ledger's word pins the keys `onced signing-keys` prints instead.
+    pub async fn signing_keys(&self) -> Result<crate::SigningKeys, ClientError> {
+        let found = self
+            .transport()
+            .call(
+                Patience::default(),
+                |mut grpc: Grpc, request| async move { grpc.get_signing_keys(request).await },
+                wire::get_signing_keys(),
+            )
+            .await?;
+        Ok(wire::signing_keys(found))
+    }
+
     /// Watches the ledger's events: see [`Watch`]. Nothing is sent until the first
     /// [`Watch::next`].
     pub fn watch(&self, request: WatchRequest) -> Watch {

@@ -44,6 +44,8 @@ pub struct OperationSpec {
     /// Declares a new business intent, overriding the fresh-id guard.
     pub new_intent: bool,
     pub context: AttemptContext,
+    /// Ask for the signed receipt with a REPLAY answer ([`crate::Replay::receipt`]).
+    pub want_receipt: bool,
 }
 
 impl OperationSpec {
@@ -62,7 +64,14 @@ impl OperationSpec {
             retention: None,
             new_intent: false,
             context: AttemptContext::default(),
+            want_receipt: false,
         }
+    }
+
+    /// Asks for the ledger's signed receipt with a REPLAY answer.
+    pub fn with_receipt(mut self) -> Self {
+        self.want_receipt = true;
+        self
     }
 
     pub fn explicit(mut self, operation_id: impl Into<String>) -> Self {

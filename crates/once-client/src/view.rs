@@ -200,6 +200,41 @@ impl ReconcilerView {
     }
 }
 
+/// A tenant's chain as it stands (`GetHistoryHead`): its newest link and its last
+/// verification, without walking it.
+#[derive(Debug, Clone)]
+pub struct HistoryHead {
+    pub tenant: String,
+    /// The newest link's number (0: no link yet), hash, and the last sequence it covers.
+    pub head_number: i64,
+    pub head_hash: String,
+    pub head_through: i64,
+    pub linked_at: Option<SystemTime>,
+    pub last_verification: Option<LastVerification>,
+}
+
+/// A verification of a tenant's chain, as the ledger recorded it.
+#[derive(Debug, Clone)]
+pub struct LastVerification {
+    pub at: SystemTime,
+    pub links: i64,
+    pub events: i64,
+    pub through: i64,
+    /// What did not match, as said to people; `None` when everything did.
+    pub problem: Option<String>,
+}
+
+/// The public keys a ledger says verify its receipts (`GetSigningKeys`).
+#[derive(Debug, Clone)]
+pub struct SigningKeys {
+    /// The ledger's identity, which its receipts name.
+    pub ledger: String,
+    /// The id of the key signing now, when the ledger signs receipts.
+    pub active: Option<String>,
+    /// The active key and the retired ones.
+    pub keys: Vec<crate::PublicKey>,
+}
+
 /// A verification of a tenant's chained history (`VerifyHistory`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryView {

@@ -255,15 +255,23 @@ pub(crate) fn decision(
             };
             Decision::Execute(start(operation_id, grant))
         }
-        Some(D::Replay(replay)) => Decision::Replay(Replay {
-            operation_id,
-            result: replay.result,
-            provider_ref: Some(replay.provider_ref).filter(|r| !r.is_empty()),
-            confirmed_at: replay
-                .confirmed_at
-                .map(system_time)
-                .unwrap_or(SystemTime::UNIX_EPOCH),
-        }),
+        Some(D::Replay(replay)) => {
+            // Only a receipt of this very result is handed on.
+            let receipt = Some(replay.receipt).filter(|text| {
+                crate::Receipt::unverified(text)
+                    .is_ok_and(|receipt| receipt.covers_result(&replay.result))
+            });
+            Decision::Replay(Replay {
+                operation_id,
+                result: replay.result,
+                provider_ref: Some(replay.provider_ref).filter(|r| !r.is_empty()),
+                confirmed_at: replay
+                    .confirmed_at
+                    .map(system_time)
+                    .unwrap_or(SystemTime::UNIX_EPOCH),
+                receipt,
+            })
+        }
         Some(D::InProgress(p)) => Decision::InProgress(InProgress {
             operation_id,
             retry_after: p
@@ -386,6 +394,7 @@ pub(crate) fn begin(
             .unwrap_or_default(),
         seen_position: seen_position.unwrap_or_default(),
         operation_position: operation_position.unwrap_or_default(),
+        want_receipt: spec.want_receipt,
     }
 }
 
@@ -593,6 +602,58 @@ pub(crate) fn verify_history(from: i64, tenant: String) -> pb::VerifyHistoryRequ
     pb::VerifyHistoryRequest {
         tenant,
         from_sequence: from,
+    }
+}
+
+pub(crate) fn get_history_head(tenant: String) -> pb::GetHistoryHeadRequest {
+    pb::GetHistoryHeadRequest { tenant }
+}
+
+pub(crate) fn history_head(found: pb::GetHistoryHeadResponse) -> crate::HistoryHead {
+    crate::HistoryHead {
+        tenant: found.tenant,
+        head_number: found.head_number,
+        head_hash: found.head_hash,
+        head_through: found.head_through,
+        linked_at: found.linked_at.map(system_time),
+        last_verification: found.last_verification.map(|v| crate::LastVerification {
+            at: v.at.map(system_time).unwrap_or(SystemTime::UNIX_EPOCH),
+            links: v.links,
+            events: v.events,
+            through: v.through,
+            problem: Some(v.problem).filter(|p| !p.is_empty()),
+        }),
+    }
+}
+
+pub(crate) fn get_receipt(operation_id: &str, tenant: String) -> pb::GetReceiptRequest {
+    pb::GetReceiptRequest {
+        operation_id: operation_id.to_owned(),
+        tenant,
+    }
+}
+
+pub(crate) fn get_signing_keys() -> pb::GetSigningKeysRequest {
+    pb::GetSigningKeysRequest {}
+}
+
+pub(crate) fn signing_keys(found: pb::GetSigningKeysResponse) -> crate::SigningKeys {
+    let mut keys = Vec::new();
+    let mut active = None;
+    for listed in found.keys {
+        // A key this client cannot read is left out: a receipt it signed does not verify here.
+        let Ok(key) = crate::PublicKey::parse(&listed.public_key) else {
+            continue;
+        };
+        if listed.active {
+            active = Some(key.id().to_owned());
+        }
+        keys.push(key);
+    }
+    crate::SigningKeys {
+        ledger: found.ledger,
+        active,
+        keys,
     }
 }
 

@@ -633,15 +633,22 @@ impl Window {
     }
 }
 
-/// The overview's figures: the ledger's own (GetStats) and the UNKNOWN operations' ages.
+/// The overview's figures: the ledger's own (GetStats), the UNKNOWN operations' ages, and the
+/// history's chain (its head and last verification; `None` when the key may not read it).
 async fn figures(
     client: &LedgerClient,
     window: &'static str,
-) -> Result<(once_client::StatsView, Vec<OperationView>), ClientError> {
+) -> Result<page::Figures, ClientError> {
     let span = humantime::parse_duration(window).expect("the offered windows parse");
     let stats = client.stats(span).await?;
     let unknown = matching(client, &QueueFilter::default(), QUEUE_ROWS).await?;
-    Ok((stats, unknown.operations))
+    // Not shown to a key that may not read it, nor by a ledger that does not serve it yet.
+    let history = client.history_head().await.ok();
+    Ok(page::Figures {
+        stats,
+        unknown: unknown.operations,
+        history,
+    })
 }
 
 /// The overview; to the live page's own requests, its figures alone.
@@ -652,15 +659,15 @@ async fn overview(
 ) -> Response {
     let who = console.who(&headers);
     let window = window.chosen();
-    let (stats, unknown) = match figures(&who.client, window).await {
+    let figures = match figures(&who.client, window).await {
         Ok(found) => found,
         Err(error) => return console.failed(&who, &error, "/overview"),
     };
     let now = SystemTime::now();
     match live(&headers) {
-        true => Html(page::overview_body(window, &stats, &unknown, now)).into_response(),
+        true => Html(page::overview_body(window, &figures, now)).into_response(),
         false => {
-            let body = page::overview(window, &stats, &unknown, now);
+            let body = page::overview(window, &figures, now);
             console.page(StatusCode::OK, "Overview", &who, true, &body)
         }
     }

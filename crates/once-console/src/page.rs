@@ -613,13 +613,15 @@ pub(crate) fn confirm_resolve(
 /// How far back the overview's figures look, as the page offers it.
 pub(crate) const WINDOWS: [&str; 4] = ["1h", "24h", "7d", "30d"];
 
+/// What the overview shows.
+pub(crate) struct Figures {
+    pub stats: StatsView,
+    pub unknown: Vec<OperationView>,
+    pub history: Option<once_client::HistoryHead>,
+}
+
 /// The overview: what is open now and how UNKNOWN operations have been settled over `window`.
-pub(crate) fn overview(
-    window: &str,
-    stats: &StatsView,
-    unknown: &[OperationView],
-    now: SystemTime,
-) -> String {
+pub(crate) fn overview(window: &str, figures: &Figures, now: SystemTime) -> String {
     let choices: String = WINDOWS
         .iter()
         .map(|w| {
@@ -638,18 +640,14 @@ pub(crate) fn overview(
 {body}
 </section>"#,
         window = url(window),
-        body = overview_body(window, stats, unknown, now),
+        body = overview_body(window, figures, now),
     )
 }
 
 /// The overview's figures alone: what the live page swaps in when an operation enters or
 /// leaves UNKNOWN.
-pub(crate) fn overview_body(
-    window: &str,
-    stats: &StatsView,
-    unknown: &[OperationView],
-    now: SystemTime,
-) -> String {
+pub(crate) fn overview_body(window: &str, figures: &Figures, now: SystemTime) -> String {
+    let (stats, unknown) = (&figures.stats, figures.unknown.as_slice());
     let mut out = String::new();
     let ages = stats.unknown;
     let _ = write!(
@@ -738,6 +736,51 @@ pub(crate) fn overview_body(
             let _ = write!(out, "<tr><td>{}</td><td>{count}</td></tr>", esc(kind));
         }
         out.push_str("</tbody></table>");
+    }
+    if let Some(head) = &figures.history {
+        out.push_str(&history(head));
+    }
+    out
+}
+
+/// The history's chain: its head, and what its last verification found.
+fn history(head: &once_client::HistoryHead) -> String {
+    let mut out = String::from(r#"<h2>The history's chain</h2>"#);
+    if head.head_number == 0 {
+        out.push_str(r#"<p class="hint" id="chain-head">No event is linked yet.</p>"#);
+    } else {
+        let _ = write!(
+            out,
+            r#"<p id="chain-head" data-link="{number}" data-through="{through}">Linked through event {through}: the newest link is number {number}, hash <code title="{hash}">{short}…</code>, written {at}.</p>"#,
+            number = head.head_number,
+            through = head.head_through,
+            hash = esc(&head.head_hash),
+            short = esc(head.head_hash.get(..16).unwrap_or(&head.head_hash)),
+            at = time(head.linked_at),
+        );
+    }
+    match &head.last_verification {
+        None => out.push_str(
+            r#"<p class="hint" id="chain-verified" data-verified="never">Never verified: <code>oncectl verify</code> walks the chain and names the first event, result or state that does not match.</p>"#,
+        ),
+        Some(v) => {
+            let said = match &v.problem {
+                None => "everything matched what the chain recorded.".to_owned(),
+                Some(problem) => format!(
+                    r#"<strong class="warn">it does not match</strong>: {}"#,
+                    esc(problem)
+                ),
+            };
+            let _ = write!(
+                out,
+                r#"<p id="chain-verified" data-verified="{verdict}">Last verified {at}: {links} links, {events} events, through event {through}; {said}</p>"#,
+                verdict = if v.problem.is_none() { "clean" } else { "problem" },
+                at = time(Some(v.at)),
+                links = v.links,
+                events = v.events,
+                through = v.through,
+            );
+        }
     }
     out
 }

@@ -164,6 +164,20 @@ pub struct Link {
     pub at: i64,
 }
 
+/// A verification of one tenant's chain, as recorded (the latest of each tenant is kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verification {
+    pub tenant: String,
+    /// When, by the store's clock.
+    pub at: i64,
+    /// The last sequence the chain covered then.
+    pub through: i64,
+    pub links: i64,
+    pub events: i64,
+    /// The first problem found, as said to people; `None` when everything matched.
+    pub problem: Option<String>,
+}
+
 /// The hash of a link: SHA-256 over what it says, and the hash before it.
 pub fn link_hash(
     tenant: &str,

@@ -19,6 +19,7 @@ pub mod limits;
 pub mod machine;
 pub mod model;
 pub mod once_id;
+pub mod receipt;
 pub mod reconcile;
 pub mod stats;
 

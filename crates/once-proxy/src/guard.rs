@@ -1135,6 +1135,7 @@ mod tests {
             result: br#"{"content":[{"type":"text","text":"re_1"}],"structuredContent":{"id":"re_1"},"isError":false}"#.to_vec(),
             provider_ref: None,
             confirmed_at: std::time::UNIX_EPOCH,
+            receipt: None,
         };
         let result = replayed(&replay);
         assert_eq!(result["content"][0]["text"], "re_1");

@@ -321,19 +321,7 @@ pub struct Checked {
     pub recorded: Option<String>,
 }
 
-/// A verification of one tenant's chain.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verification {
-    pub tenant: String,
-    /// When, by the store's clock.
-    pub at: Millis,
-    /// The last sequence the chain covered then.
-    pub through: i64,
-    pub links: i64,
-    pub events: i64,
-    /// The first problem found, as said to people; `None` when everything matched.
-    pub problem: Option<String>,
-}
+pub use once_core::chain::Verification;
 
 /// What the history's chain reads and writes (see [`once_core::chain`]).
 pub trait Chain {
@@ -356,6 +344,12 @@ pub trait Chain {
         range: (i64, i64),
         limit: u32,
     ) -> impl Future<Output = Result<Vec<Stored>, StoreError>> + Send;
+
+    /// The tenant's latest verification recorded.
+    fn verification(
+        &self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<Option<Verification>, StoreError>> + Send;
 
     /// The tenant's newest link.
     fn last_link(

@@ -140,6 +140,10 @@ pub enum Command {
         #[arg(long)]
         tenant: Option<String>,
     },
+    /// Signed receipts of CONFIRMED and ABSENT operations: get one, verify one (offline with
+    /// --public-key; exit 5 when it does not verify).
+    #[command(subcommand)]
+    Receipt(ReceiptCommand),
     /// Follow changes as they happen; reconnects and resumes without gaps or repeats.
     Watch(WatchArgs),
     /// API keys of a tenant (admin).
@@ -314,4 +318,40 @@ pub enum KeysCommand {
     },
     /// Revoke a credential by its key id.
     Revoke { key_id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptCommand {
+    /// The ledger's signed receipt of a CONFIRMED or ABSENT operation, printed (or written to
+    /// --out) as text to keep.
+    Get {
+        operation: String,
+        /// Another tenant's (a key with the admin role).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Write it to this file instead of printing it.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Checks a receipt's signature and prints what it says. With --public-key it needs no
+    /// ledger: the keys are the ones `onced signing-keys` printed. Without, it asks the ledger
+    /// for its keys (and so takes its word for them).
+    Verify {
+        /// The receipt's file ("-": standard input).
+        file: std::path::PathBuf,
+        /// A public key to verify with (base64url), repeatable: the active one and retired ones.
+        #[arg(long = "public-key")]
+        public_keys: Vec<String>,
+        /// Also check that this file holds the result the receipt was signed for, byte for byte.
+        #[arg(long)]
+        result: Option<std::path::PathBuf>,
+        /// Also check that it is a receipt of this operation (a genuine receipt of another
+        /// proves nothing about this one).
+        #[arg(long)]
+        operation: Option<String>,
+        /// Also check that this ledger signed it (its id, as `GetSigningKeys` or another
+        /// receipt names it).
+        #[arg(long)]
+        ledger: Option<String>,
+    },
 }

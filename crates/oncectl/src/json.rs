@@ -222,6 +222,32 @@ pub fn reconciled(operation_id: &str, r: &Reconciled) -> Value {
     })
 }
 
+pub fn receipt(receipt: &once_client::Receipt, result_matches: Option<bool>) -> Value {
+    json!({
+        "verified": true,
+        "ledger": receipt.ledger,
+        "key": receipt.key,
+        "tenant": receipt.tenant,
+        "operation_id": receipt.operation_id,
+        "tool": receipt.tool,
+        "life": receipt.life,
+        "state": receipt.state.as_str(),
+        "attempt": receipt.attempt,
+        "fencing_token": receipt.fencing_token,
+        "result_sha256": receipt.result_sha256,
+        "provider_ref": receipt.provider_ref,
+        "sequence": receipt.sequence,
+        "settled_at": time(Some(millis_time(receipt.settled_at))),
+        "issued_at": time(Some(millis_time(receipt.issued_at))),
+        "result_matches": result_matches,
+    })
+}
+
+/// A time in milliseconds since the epoch.
+pub fn millis_time(millis: i64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(millis).unwrap_or(0))
+}
+
 pub fn history(found: &once_client::HistoryView) -> Value {
     json!({
         "tenant": found.tenant,

@@ -16,14 +16,16 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use once_client::{
-    ClientError, LedgerClient, ListFilter, OperationView, Resolution, Truth, WatchRequest, Watched,
-    WatchedEvent,
+    ClientError, LedgerClient, ListFilter, OperationView, PublicKey, Receipt, Resolution, Truth,
+    WatchRequest, Watched, WatchedEvent,
 };
 use once_core::access::Credential;
 use once_core::{EventKind, State};
 
 use crate::bulk::Action;
-use crate::cli::{Cli, Command, Global, KeysCommand, ListArgs, ResolveArgs, WatchArgs};
+use crate::cli::{
+    Cli, Command, Global, KeysCommand, ListArgs, ReceiptCommand, ResolveArgs, WatchArgs,
+};
 use crate::profile::Settings;
 use crate::render::Look;
 
@@ -42,7 +44,7 @@ enum Failure {
     /// 4: the ledger refused, or the operator declined.
     #[error("{0}")]
     Refused(String),
-    /// 5: the history does not match what its chain recorded.
+    /// 5: the history does not match what its chain recorded, or a receipt does not verify.
     #[error("{0}")]
     Rewritten(String),
 }
@@ -139,8 +141,31 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    let settings = Settings::resolve(&cli.global).map_err(|e| Failure::Usage(e.to_string()))?;
     let out = Out::new(&cli.global);
+    // A receipt verified with keys given needs no ledger, and reaches none.
+    if let Command::Receipt(ReceiptCommand::Verify {
+        file,
+        public_keys,
+        result,
+        operation,
+        ledger,
+    }) = &cli.command
+    {
+        if !public_keys.is_empty() {
+            let keys = public_keys
+                .iter()
+                .map(|key| PublicKey::parse(key))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|refused| Failure::Usage(format!("--public-key: {refused}")))?;
+            let expected = Expected {
+                result: result.as_deref(),
+                operation: operation.as_deref(),
+                ledger: ledger.as_deref(),
+            };
+            return verify_receipt(&out, file, expected, &keys, "the keys given");
+        }
+    }
+    let settings = Settings::resolve(&cli.global).map_err(|e| Failure::Usage(e.to_string()))?;
     let reached = Reached::of(&settings.client);
     let ledger = LedgerClient::connect(settings.client).map_err(Failure::from)?;
     match cli.command {
@@ -195,6 +220,39 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Keys(command) => keys(&ledger, &out, command).await,
         Command::Verify { from, tenant } => {
             verify(&reading(&ledger, &tenant, false), &out, from).await
+        }
+        Command::Receipt(ReceiptCommand::Get {
+            operation,
+            tenant,
+            out: file,
+        }) => {
+            let receipt = reading(&ledger, &tenant, false).receipt(&operation).await?;
+            match file {
+                Some(file) => std::fs::write(&file, format!("{receipt}\n")).map_err(|e| {
+                    Failure::Error(anyhow::anyhow!("writing {}: {e}", file.display()))
+                }),
+                None => {
+                    println!("{receipt}");
+                    Ok(())
+                }
+            }
+        }
+        Command::Receipt(ReceiptCommand::Verify {
+            file,
+            result,
+            operation,
+            ledger: expected_ledger,
+            ..
+        }) => {
+            let found = ledger.signing_keys().await?;
+            let from = format!("the keys ledger {} serves", found.ledger);
+            let expected = Expected {
+                result: result.as_deref(),
+                operation: operation.as_deref(),
+                // Keys the ledger serves verify only its own receipts.
+                ledger: Some(expected_ledger.as_deref().unwrap_or(&found.ledger)),
+            };
+            verify_receipt(&out, &file, expected, &found.keys, &from)
         }
         Command::Completions { .. } => unreachable!("handled above"),
     }
@@ -520,6 +578,64 @@ async fn forensics(
         out.print(&render::forensics(&out.look, &found, &window));
     }
     Ok(())
+}
+
+/// What a receipt must also be, besides well signed.
+struct Expected<'a> {
+    /// The file holding the result it was signed for.
+    result: Option<&'a std::path::Path>,
+    operation: Option<&'a str>,
+    ledger: Option<&'a str>,
+}
+
+/// Verifies the receipt in `file` with `keys` (`whose`: where they came from, as said).
+fn verify_receipt(
+    out: &Out,
+    file: &std::path::Path,
+    expected: Expected<'_>,
+    keys: &[PublicKey],
+    whose: &str,
+) -> Result<(), Failure> {
+    let read = |path: &std::path::Path| -> Result<Vec<u8>, Failure> {
+        let read = if path.as_os_str() == "-" {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map(|_| bytes)
+        } else {
+            std::fs::read(path)
+        };
+        read.map_err(|e| Failure::Usage(format!("reading {}: {e}", path.display())))
+    };
+    let text = String::from_utf8(read(file)?)
+        .map_err(|_| Failure::Rewritten("that is not a receipt: it is not text".into()))?;
+    let receipt = Receipt::verify(&text, keys)
+        .map_err(|refused| Failure::Rewritten(format!("the receipt does not verify: {refused}")))?;
+    if let Some(operation) = expected.operation.filter(|op| *op != receipt.operation_id) {
+        return Err(Failure::Rewritten(format!(
+            "the receipt is of operation {}, not {operation}",
+            receipt.operation_id
+        )));
+    }
+    if let Some(ledger) = expected.ledger.filter(|id| *id != receipt.ledger) {
+        return Err(Failure::Rewritten(format!(
+            "the receipt was signed by ledger {}, not {ledger}",
+            receipt.ledger
+        )));
+    }
+    let result_matches = match expected.result {
+        Some(path) => Some(receipt.covers_result(&read(path)?)),
+        None => None,
+    };
+    if out.json {
+        out.json(&json::receipt(&receipt, result_matches));
+    } else {
+        out.print(&render::receipt(&receipt, whose, result_matches));
+    }
+    match result_matches {
+        Some(false) => Err(Failure::Rewritten(
+            "the result given is not the one the receipt was signed for".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 async fn verify(ledger: &LedgerClient, out: &Out, from: i64) -> Result<(), Failure> {

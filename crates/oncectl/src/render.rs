@@ -771,6 +771,44 @@ fn excerpt(bytes: &[u8], max: usize) -> String {
 #[path = "render_tests.rs"]
 mod tests;
 
+pub fn receipt(
+    receipt: &once_client::Receipt,
+    whose: &str,
+    result_matches: Option<bool>,
+) -> String {
+    let at = |millis| when(Some(crate::json::millis_time(millis)), true);
+    let mut out = format!(
+        "The receipt verifies: signed by key {} of ledger {}, with {whose}.\n",
+        receipt.key, receipt.ledger
+    );
+    out += &format!(
+        "  operation     {} (tool {}), tenant {}\n",
+        receipt.operation_id, receipt.tool, receipt.tenant
+    );
+    out += &format!(
+        "  state         {}: attempt {}, fencing token {}, life {}\n",
+        receipt.state, receipt.attempt, receipt.fencing_token, receipt.life
+    );
+    if let Some(hash) = &receipt.result_sha256 {
+        out += &format!("  result        sha256 {hash}\n");
+    }
+    if let Some(reference) = &receipt.provider_ref {
+        out += &format!("  provider ref  {reference}\n");
+    }
+    out += &format!(
+        "  settled       {} (event {} of the tenant's history: oncectl verify)\n",
+        at(receipt.settled_at),
+        receipt.sequence
+    );
+    out += &format!("  issued        {}\n", at(receipt.issued_at));
+    match result_matches {
+        Some(true) => out += "The result given is the one it was signed for.\n",
+        Some(false) => out += "THE RESULT GIVEN IS NOT the one it was signed for.\n",
+        None => {}
+    }
+    out
+}
+
 pub fn history(found: &once_client::HistoryView) -> String {
     let mut out = format!(
         "Tenant {}: {} links, {} events, through event {}.\n",

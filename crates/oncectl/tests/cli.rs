@@ -26,6 +26,7 @@ on_both_backends!(
     an_admin_lists_counts_and_watches_every_tenant_at_once,
     a_key_that_may_not_settle_is_refused_once_for_a_whole_filter,
     a_bulk_command_keeps_to_its_keys_request_rate,
+    a_receipt_is_got_and_verified_with_the_public_key_alone,
 );
 
 /// Runs `oncectl --addr http://ADDR ARGS…` with a home of its own (so no profile of the
@@ -1871,4 +1872,139 @@ async fn a_bulk_command_keeps_to_its_keys_request_rate(store: Engine) {
         "{said}"
     );
     ledger.stop().await;
+}
+
+/// `oncectl receipt get` writes the receipt; `oncectl receipt verify --public-key` checks it
+/// with no ledger to reach, and exits 5 for a receipt with one byte changed or a result that is
+/// not the one signed for.
+async fn a_receipt_is_got_and_verified_with_the_public_key_alone(store: Engine) {
+    let db = TestDb::new(store).await;
+    let key_file = db.scratch_dir().join("signing.key");
+    let ring = onced::signing::KeyRing::load_or_create(&key_file).unwrap();
+    let public = ring.active().public().to_string();
+    let ledger =
+        TestLedger::spawn_with(&db, &["--signing-key-file", key_file.to_str().unwrap()]).await;
+    let mut client = ledger.client().await;
+    let grant = claim(&mut client, begin("rc-1", r#"{"order_id":"o1"}"#)).await;
+    confirm(
+        &mut client,
+        "rc-1",
+        grant.fencing_token,
+        b"{\"refund\":\"re_1\"}",
+    )
+    .await
+    .unwrap();
+    claim(&mut client, begin("rc-2", r#"{"order_id":"o2"}"#)).await;
+    // A receipt is signed once the chain has linked the event that settled it.
+    eventually(patient(Duration::from_secs(20)), "the receipt", || {
+        let mut client = client.clone();
+        async move {
+            let request = pb::GetReceiptRequest {
+                operation_id: "rc-1".into(),
+                tenant: String::new(),
+            };
+            client.get_receipt(request).await.ok()
+        }
+    })
+    .await;
+
+    let dir = db.scratch_dir();
+    let file = dir.join("rc-1.receipt");
+    let got = oncectl(
+        ledger.addr,
+        &["receipt", "get", "rc-1", "--out", file.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(code(&got), 0, "{}", stderr(&got));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.starts_with("r1."), "{text}");
+    let refused = oncectl(ledger.addr, &["receipt", "get", "rc-2"]).await;
+    says(&refused, 4, &["NOT_SETTLED"]);
+    // Without a key given, the ledger's are asked for, and the answer says whose they were.
+    let online = oncectl(ledger.addr, &["receipt", "verify", file.to_str().unwrap()]).await;
+    assert_eq!(code(&online), 0, "{}", stderr(&online));
+    let said = String::from_utf8_lossy(&online.stdout).into_owned();
+    assert!(said.contains("with the keys ledger"), "{said}");
+    ledger.stop().await;
+
+    // With the ledger stopped, and an address where nothing listens: the public key is all
+    // the verification needs.
+    let file = file.to_str().unwrap();
+    let verify = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        oncectl_to("http://127.0.0.1:1", &args).await
+    };
+    let args = |extra: &[&str]| -> Vec<String> {
+        ["receipt", "verify"]
+            .iter()
+            .chain(extra)
+            .map(|arg| (*arg).to_owned())
+            .collect()
+    };
+    let verified = verify(args(&[file, "--public-key", &public])).await;
+    assert_eq!(code(&verified), 0, "{}", stderr(&verified));
+    let said = String::from_utf8_lossy(&verified.stdout).into_owned();
+    assert!(
+        said.contains("The receipt verifies") && said.contains("CONFIRMED"),
+        "{said}"
+    );
+    let shown = verify(args(&["-o", "json", file, "--public-key", &public])).await;
+    let shown = json(&shown);
+    assert_eq!(
+        (
+            shown["verified"].as_bool(),
+            shown["state"].as_str(),
+            shown["operation_id"].as_str()
+        ),
+        (Some(true), Some("CONFIRMED"), Some("rc-1"))
+    );
+
+    let result = dir.join("result.json");
+    std::fs::write(&result, b"{\"refund\":\"re_1\"}").unwrap();
+    let result = result.to_str().unwrap();
+    let matches = verify(args(&[file, "--public-key", &public, "--result", result])).await;
+    assert_eq!(code(&matches), 0, "{}", stderr(&matches));
+    // A genuine receipt of another operation proves nothing about this one.
+    let this_one = verify(args(&[
+        file,
+        "--public-key",
+        &public,
+        "--operation",
+        "rc-1",
+    ]))
+    .await;
+    assert_eq!(code(&this_one), 0, "{}", stderr(&this_one));
+    let another = verify(args(&[
+        file,
+        "--public-key",
+        &public,
+        "--operation",
+        "rc-2",
+    ]))
+    .await;
+    says(&another, 5, &["is of operation rc-1, not rc-2"]);
+    let other = dir.join("other.json");
+    std::fs::write(&other, b"{\"refund\":\"re_2\"}").unwrap();
+    let other = other.to_str().unwrap();
+    let mismatch = verify(args(&[file, "--public-key", &public, "--result", other])).await;
+    says(&mismatch, 5, &["not the one the receipt was signed for"]);
+
+    // One byte changed, in the content or in the signature.
+    for at in [10, text.trim().len() - 3] {
+        let mut changed = text.trim().to_owned().into_bytes();
+        changed[at] = if changed[at] == b'A' { b'B' } else { b'A' };
+        let tampered = dir.join("tampered.receipt");
+        std::fs::write(&tampered, &changed).unwrap();
+        let tampered = tampered.to_str().unwrap();
+        let refused = verify(args(&[tampered, "--public-key", &public])).await;
+        says(&refused, 5, &["does not verify"]);
+    }
+    // Another key's: named as such.
+    let other_key = onced::signing::KeyRing::load_or_create(&dir.join("other.key"))
+        .unwrap()
+        .active()
+        .public()
+        .to_string();
+    let refused = verify(args(&[file, "--public-key", &other_key])).await;
+    says(&refused, 5, &["not among the public keys given"]);
 }

@@ -18,17 +18,52 @@ const BATCH: u32 = 2_000;
 /// How many rounds between two cuts of the links retention has left without events.
 const CUT_EVERY: u32 = 60;
 
-/// Links what was committed, every [`INTERVAL`], until `stop`.
-pub async fn follow<B: Backend>(ledger: Ledger<B>, stop: CancellationToken) {
+/// Rounds in a row that may fail before it is said at warning level (a database restart
+/// passes in fewer).
+const FAILING_ROUNDS: u32 = 60;
+
+/// Links what was committed, every [`INTERVAL`], until `stop`; says in `metrics` how many
+/// committed events are not linked yet.
+pub async fn follow<B: Backend>(
+    ledger: Ledger<B>,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
+    stop: CancellationToken,
+) {
     let backend = ledger.backend();
     let mut watermark = Watermark::default();
     let mut round: u32 = 0;
+    let mut failing: u32 = 0;
     loop {
         match link(backend, &mut watermark).await {
-            // More to link at once: no pause.
-            Ok(true) => continue,
-            Ok(false) => {}
-            Err(error) => tracing::debug!(%error, "history not linked this round"),
+            Ok(linked) => {
+                if failing >= FAILING_ROUNDS {
+                    tracing::info!("the history is linked again");
+                }
+                failing = 0;
+                metrics.unlinked(linked.unlinked);
+                // More to link at once: no pause.
+                if linked.full {
+                    continue;
+                }
+            }
+            Err(error) => {
+                // What is not linked goes on being said while the chain cannot write.
+                if let (Ok(frontier), Ok(progress)) = (
+                    backend.event_frontier().await,
+                    backend.chained_through().await,
+                ) {
+                    metrics.unlinked((frontier.newest - progress).max(0));
+                }
+                failing = failing.saturating_add(1);
+                if failing == FAILING_ROUNDS {
+                    tracing::warn!(
+                        %error,
+                        "the history has not been linked for a minute; retention keeps every event until it is"
+                    );
+                } else {
+                    tracing::debug!(%error, "history not linked this round");
+                }
+            }
         }
         round = round.wrapping_add(1);
         if round.is_multiple_of(CUT_EVERY) {
@@ -43,13 +78,28 @@ pub async fn follow<B: Backend>(ledger: Ledger<B>, stop: CancellationToken) {
     }
 }
 
+/// What a round of linking did.
+#[derive(Debug, Clone, Copy)]
+pub struct Linked {
+    /// A full batch was linked: more may wait.
+    pub full: bool,
+    /// Committed events (by sequence) not linked after it, by this replica or another.
+    pub unlinked: i64,
+}
+
 /// Links the events committed after the chain's progress, up to the watermark: one link for
-/// each tenant that has events among them. Whether a full batch was linked (more may wait).
-pub async fn link<B: Backend>(backend: &B, watermark: &mut Watermark) -> Result<bool, StoreError> {
+/// each tenant that has events among them.
+pub async fn link<B: Backend>(
+    backend: &B,
+    watermark: &mut Watermark,
+) -> Result<Linked, StoreError> {
     let reached = watermark.observe(backend.event_frontier().await?);
     let progress = backend.chained_through().await?;
     if reached <= progress {
-        return Ok(false);
+        return Ok(Linked {
+            full: false,
+            unlinked: 0,
+        });
     }
     let events = backend.chainable((progress, reached), BATCH).await?;
     let full = events.len() == BATCH as usize;
@@ -81,7 +131,10 @@ pub async fn link<B: Backend>(backend: &B, watermark: &mut Watermark) -> Result<
     }
     // Another replica may have linked the range first: then nothing is written.
     backend.append_links((progress, through), &links).await?;
-    Ok(full)
+    Ok(Linked {
+        full,
+        unlinked: reached - through,
+    })
 }
 
 /// Deletes the links whose every event retention deleted, each tenant's newest such kept.

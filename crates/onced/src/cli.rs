@@ -24,6 +24,22 @@ pub enum Command {
     /// backup), and accepting that loss so executions go on.
     #[command(subcommand)]
     Continuity(ContinuityCommand),
+    /// The public keys that verify the ledger's receipts (from its key file, never the
+    /// database); `rotate` replaces the signing key, keeping the old public key.
+    SigningKeys {
+        #[command(subcommand)]
+        action: Option<SigningKeysCommand>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SigningKeysCommand {
+    /// Replaces the active signing key with a new one (creating the file when there is none);
+    /// the old key's public half stays so its receipts still verify. Copy the file to every
+    /// replica and restart them, one at a time.
+    Rotate,
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -101,7 +117,7 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
     }
     let admin = Admin::new(backend);
     match command {
-        Command::Continuity(_) => unreachable!("handled above"),
+        Command::Continuity(_) | Command::SigningKeys { .. } => unreachable!("handled above"),
         Command::Tenants(TenantsCommand::Put {
             name,
             max_in_flight,
@@ -157,6 +173,65 @@ pub async fn run<B: Backend>(backend: B, command: Command) -> anyhow::Result<()>
                 print_keys(std::slice::from_ref(&credential));
             }
         }
+    }
+    Ok(())
+}
+
+/// `onced signing-keys [rotate]`: on the key file alone, without the database.
+pub fn signing_keys(
+    config: &crate::Config,
+    action: Option<SigningKeysCommand>,
+    json: bool,
+) -> anyhow::Result<()> {
+    use crate::signing::KeyRing;
+    let path = config.signing_key_path().ok_or_else(|| {
+        anyhow::anyhow!(
+            "no signing key file: name one with --signing-key-file (ONCE_SIGNING_KEY_FILE)"
+        )
+    })?;
+    let ring = match action {
+        None => KeyRing::load(&path)?,
+        Some(SigningKeysCommand::Rotate) if !path.exists() => {
+            let ring = KeyRing::load_or_create(&path)?;
+            eprintln!("Created {} with a new signing key.", path.display());
+            ring
+        }
+        Some(SigningKeysCommand::Rotate) => {
+            let mut ring = KeyRing::load(&path)?;
+            let old = ring.active().id().to_owned();
+            ring.rotate()?;
+            eprintln!(
+                "Rotated {}: key {} signs now; {old} is retired and still verifies its receipts. \
+                 Copy the file to every replica and restart them one at a time.",
+                path.display(),
+                ring.active().id()
+            );
+            ring
+        }
+    };
+    let listed = ring.listed();
+    if json {
+        let keys: Vec<_> = listed
+            .iter()
+            .map(|listed| {
+                serde_json::json!({
+                    "key_id": listed.key.id(),
+                    "algorithm": "ed25519",
+                    "public_key": listed.key.to_string(),
+                    "active": listed.active,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(keys));
+        return Ok(());
+    }
+    println!(
+        "{:<18} {:<8} PUBLIC KEY (ed25519, base64url)",
+        "KEY", "STATE"
+    );
+    for listed in &listed {
+        let state = if listed.active { "active" } else { "retired" };
+        println!("{:<18} {state:<8} {}", listed.key.id(), listed.key);
     }
     Ok(())
 }

@@ -32,6 +32,13 @@ pub struct Config {
     )]
     pub database_url: String,
 
+    /// The key file whose active Ed25519 key signs receipts (see docs/evidence.md). Default
+    /// for a SQLite file: beside it (`once.db.signing-key`), created on the first start. On
+    /// PostgreSQL receipts are signed only with this set, and the file must exist: create it
+    /// once with `onced signing-keys rotate` and give every replica the same copy.
+    #[arg(long, env = "ONCE_SIGNING_KEY_FILE", global = true)]
+    pub signing_key_file: Option<PathBuf>,
+
     /// A TOML file configuring reconcilers (see the plugin guide). Without one, UNKNOWN
     /// operations wait for a late report or an operator.
     #[arg(long, env = "ONCE_CONFIG")]
@@ -298,6 +305,7 @@ pub struct Settings {
     pub(crate) admin_key: Option<once_core::access::ApiKey>,
     pub(crate) tls: Option<crate::tls::Tls>,
     pub(crate) reconciliation: once_reconcile::config::Reconciliation,
+    pub(crate) signing: crate::signing::Signing,
 }
 
 /// The database `database_url` names.
@@ -330,6 +338,7 @@ impl Config {
             admin_key: self.admin_key()?,
             tls,
             reconciliation: self.reconciliation()?,
+            signing: self.signing_keys()?,
             config: self,
         })
     }
@@ -413,6 +422,38 @@ impl Config {
             Err(ConfigError::DatabaseUrl {
                 scheme: url.split(':').next().unwrap_or_default().to_owned(),
             })
+        }
+    }
+
+    /// The signing key file: the one named, or for a SQLite file the one beside it.
+    pub fn signing_key_path(&self) -> Option<PathBuf> {
+        if let Some(path) = &self.signing_key_file {
+            return Some(path.clone());
+        }
+        let url = self.database_url.as_str();
+        let path = url.strip_prefix("sqlite:")?.split(['?', '#']).next()?;
+        let path = path.strip_prefix("//").unwrap_or(path);
+        let in_memory = path.is_empty() || path.contains(":memory:");
+        (!in_memory).then(|| PathBuf::from(format!("{path}.signing-key")))
+    }
+
+    /// Reads the signing keys. A SQLite ledger's key file is made on its first start, once its
+    /// database (and the directory the file goes in) is.
+    fn signing_keys(&self) -> anyhow::Result<crate::signing::Signing> {
+        use crate::signing::{KeyRing, Signing};
+        use anyhow::Context as _;
+        let Some(path) = self.signing_key_path() else {
+            return Ok(Signing::None);
+        };
+        match self.store_kind()? {
+            // The file beside a SQLite database is made on its first start; a file named is
+            // one made already (a misspelt path is not a new key).
+            StoreKind::Sqlite if self.signing_key_file.is_none() && !path.exists() => {
+                Ok(Signing::Create(path))
+            }
+            StoreKind::Sqlite | StoreKind::Postgres => KeyRing::load(&path)
+                .map(|ring| Signing::Ring(Box::new(ring)))
+                .context("create the key file once with `onced signing-keys rotate --signing-key-file FILE` (replicas on PostgreSQL share one: copy it to each)"),
         }
     }
 

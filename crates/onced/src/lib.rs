@@ -19,6 +19,7 @@ mod reconciliation;
 mod replica;
 mod rounds;
 mod service;
+pub mod signing;
 mod status;
 mod sweeper;
 mod telemetry;
@@ -109,6 +110,9 @@ async fn serve<B: Backend>(
 
 /// Runs `onced tenants …` or `onced keys …` on the database the configuration names.
 pub async fn administer(config: Config, command: cli::Command) -> anyhow::Result<()> {
+    if let cli::Command::SigningKeys { action, json } = command {
+        return cli::signing_keys(&config, action, json);
+    }
     match config.store_kind()? {
         StoreKind::Sqlite => cli::run(database::sqlite(&config).await?, command).await,
         StoreKind::Postgres => cli::run(database::postgres(&config).await?, command).await,

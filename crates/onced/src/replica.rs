@@ -21,6 +21,7 @@ use crate::admin::{Admin, AdminService};
 use crate::config::Settings;
 use crate::continuity::Continuity;
 use crate::service::LedgerService;
+use crate::signing::Receipts;
 use crate::telemetry::{Metrics, RpcLayer};
 use crate::{access, duplicates, status, sweeper, telemetry, version, watch};
 
@@ -101,7 +102,10 @@ impl<B: Backend> Replica<B> {
             &settings.reconciliation,
             (feed.clone(), recorder),
             metrics.clone(),
-            continuity.clone(),
+            (
+                continuity.clone(),
+                Receipts::new(settings.signing.ring(), continuity.ledger_id()),
+            ),
         );
         let health = HealthReporter::new();
         health
@@ -153,7 +157,11 @@ impl<B: Backend> Replica<B> {
                 config.health_check_interval,
                 stop.clone(),
             )),
-            tokio::spawn(crate::chain::follow(ledger.clone(), stop.clone())),
+            tokio::spawn(crate::chain::follow(
+                ledger.clone(),
+                self.metrics.clone(),
+                stop.clone(),
+            )),
             tokio::spawn(crate::continuity::follow(
                 self.continuity.clone(),
                 self.health.clone(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use once_api::convert::{self, Caller, ReportRequest};
 use once_api::pb;
-use once_core::{continuity, Limits};
+use once_core::{continuity, Limits, OperationId};
 use once_store::{Backend, Ledger, StoreError};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -14,6 +14,7 @@ use crate::access::{Access, Allowed, Principal};
 use crate::continuity::{Continuity, Judged};
 use crate::duplicates::Recorder;
 use crate::reconciliation::{Reconciliation, Settled};
+use crate::signing::Receipts;
 use crate::status;
 use crate::telemetry::Metrics;
 use crate::wait;
@@ -34,6 +35,8 @@ pub struct LedgerService<B: Backend> {
     metrics: std::sync::Arc<Metrics>,
     /// Positions sealed and judged, holds and recoveries.
     continuity: Continuity<B>,
+    /// The signing key, for receipts.
+    receipts: Receipts,
 }
 
 /// The most operations one GetForensics looks at.
@@ -57,7 +60,7 @@ impl<B: Backend> LedgerService<B> {
         configured: &once_reconcile::config::Reconciliation,
         (feed, duplicates): (Feed, Recorder),
         metrics: std::sync::Arc<Metrics>,
-        continuity: Continuity<B>,
+        (continuity, receipts): (Continuity<B>, Receipts),
     ) -> Self {
         let settled = Settled::default();
         let reconciliation = Reconciliation::new(
@@ -77,7 +80,31 @@ impl<B: Backend> LedgerService<B> {
             duplicates,
             metrics,
             continuity,
+            receipts,
         }
+    }
+
+    /// The signed receipt of the tenant's operation `id`, as it stands now and as the
+    /// history's chain recorded it.
+    async fn receipt(&self, tenant: &str, id: &OperationId) -> Result<String, Status> {
+        if self.receipts.ring().is_none() {
+            return Err(status::no_signing_key());
+        }
+        let (op, _, events) = self.ledger.get(tenant, id).await.map_err(status::store)?;
+        // A ledger behind what its clients saw may have lost a later attempt of an operation
+        // it holds ABSENT: no ABSENT is signed until the loss is accepted.
+        if op.state == once_core::State::Absent {
+            if let Judged::Held(held) = self.continuity.judge(tenant, &[]).await? {
+                return Err(status::ledger_behind(&held));
+            }
+        }
+        let settled = crate::signing::settled(self.ledger.backend(), &op, &events)
+            .await
+            .map_err(status::store)?
+            .map_err(status::unsigned)?;
+        self.receipts
+            .sign(&op, settled)
+            .ok_or_else(status::no_signing_key)
     }
 
     /// The reconciliation workers to run beside this service; their verdicts wake its waiting
@@ -187,11 +214,27 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             }
             _ => None,
         };
+        let replayed = matches!(decision, once_core::BeginDecision::Replay { .. });
         match (
             convert::begin_response(&cmd.operation_id, decision, position),
             held,
         ) {
-            (Some(answer), _) => Ok(Response::new(answer)),
+            (Some(mut answer), _) => {
+                if let (true, true, Some(pb::begin_response::Decision::Replay(replay))) =
+                    (replayed, input.want_receipt, answer.decision.as_mut())
+                {
+                    // A receipt is evidence, asked for beside the answer: the replay stands
+                    // without it when it cannot be signed now.
+                    match self.receipt(&cmd.tenant, &cmd.operation_id).await {
+                        Ok(receipt) => replay.receipt = receipt,
+                        Err(refused) => tracing::debug!(
+                            reason = refused.message(),
+                            "a replay's receipt was not signed"
+                        ),
+                    }
+                }
+                Ok(Response::new(answer))
+            }
             (None, Some(held)) => Err(status::ledger_behind(&held)),
             (None, None) => Err(status::internal()),
         }
@@ -207,6 +250,51 @@ impl<B: Backend> pb::ledger_server::Ledger for LedgerService<B> {
             .await
             .map_err(status::store)?;
         Ok(Response::new(convert::verify_history_response(verified)))
+    }
+
+    async fn get_receipt(
+        &self,
+        request: Request<pb::GetReceiptRequest>,
+    ) -> Result<Response<pb::GetReceiptResponse>, Status> {
+        let tenant = self.access.admit_read(&request, Allowed::READ_ONE).await?;
+        let id = OperationId::parse("operation_id", &request.get_ref().operation_id)
+            .map_err(status::invalid)?;
+        tracing::Span::current().record("once.operation_id", id.as_str());
+        let receipt = self.receipt(&tenant, &id).await?;
+        Ok(Response::new(pb::GetReceiptResponse { receipt }))
+    }
+
+    async fn get_signing_keys(
+        &self,
+        request: Request<pb::GetSigningKeysRequest>,
+    ) -> Result<Response<pb::GetSigningKeysResponse>, Status> {
+        self.access.admit(&request, Allowed::ANY).await?;
+        let keys = self.receipts.ring().map_or_else(Vec::new, |ring| {
+            ring.listed()
+                .into_iter()
+                .map(|listed| pb::SigningKey {
+                    key_id: listed.key.id().to_owned(),
+                    algorithm: "ed25519".into(),
+                    public_key: listed.key.to_string(),
+                    active: listed.active,
+                })
+                .collect()
+        });
+        Ok(Response::new(pb::GetSigningKeysResponse {
+            ledger: self.receipts.ledger().to_owned(),
+            keys,
+        }))
+    }
+
+    async fn get_history_head(
+        &self,
+        request: Request<pb::GetHistoryHeadRequest>,
+    ) -> Result<Response<pb::GetHistoryHeadResponse>, Status> {
+        let (_, tenant) = self.access.admit_reader(&request, Allowed::READ).await?;
+        let backend = self.ledger.backend();
+        let head = backend.last_link(&tenant).await.map_err(status::store)?;
+        let verified = backend.verification(&tenant).await.map_err(status::store)?;
+        Ok(Response::new(convert::history_head(tenant, head, verified)))
     }
 
     async fn recover_operations(

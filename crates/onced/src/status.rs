@@ -357,6 +357,54 @@ pub fn grant_lost(behind: &once_core::continuity::Behind) -> Status {
     )
 }
 
+/// Why a receipt is not signed now.
+pub fn unsigned(why: crate::signing::Unsigned) -> Status {
+    use crate::signing::Unsigned;
+    match why {
+        Unsigned::NotSettled(state) => status(
+            Code::FailedPrecondition,
+            "NOT_SETTLED",
+            format!(
+                "the operation is {state}: a receipt is signed only for a CONFIRMED or ABSENT one"
+            ),
+            vec![("state".into(), state.as_str().into())],
+        ),
+        Unsigned::NotLinkedYet => status(
+            Code::FailedPrecondition,
+            "NOT_LINKED_YET",
+            "the event that settled the operation is not in the history's chain yet; it is within about a second: ask again"
+                .to_owned(),
+            vec![],
+        ),
+        Unsigned::EventGone => status(
+            Code::FailedPrecondition,
+            "SETTLING_EVENT_GONE",
+            "retention deleted the event that settled the operation: no receipt can be signed for it any more"
+                .to_owned(),
+            vec![],
+        ),
+        Unsigned::DoesNotMatch(problem) => status(
+            Code::FailedPrecondition,
+            "HISTORY_MISMATCH",
+            format!(
+                "what is stored does not match what the history's chain recorded ({problem}): no receipt is signed; run oncectl verify"
+            ),
+            vec![],
+        ),
+    }
+}
+
+/// A receipt asked of a ledger that has no signing key.
+pub fn no_signing_key() -> Status {
+    status(
+        Code::FailedPrecondition,
+        "NO_SIGNING_KEY",
+        "this ledger signs no receipts: start it with --signing-key-file (see docs/evidence.md)"
+            .to_owned(),
+        vec![],
+    )
+}
+
 /// Something an administrative call names does not exist.
 pub fn not_found(reason: &str, message: &str) -> Status {
     status(Code::NotFound, reason, message.to_owned(), vec![])

@@ -80,6 +80,8 @@ struct Read {
     tenants: std::collections::BTreeSet<String>,
     /// Each tenant with a continuity standing, and whether its executions are held.
     continuity: Vec<(String, bool)>,
+    /// Committed events the history's chain had not linked, as the chain worker last saw.
+    unlinked: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -203,6 +205,11 @@ impl Metrics {
                         })
                         .collect()
                 },
+            ),
+            gauge(
+                "once.chain.unlinked",
+                "Committed events (by sequence) the history's chain has not linked yet, as this replica last saw; retention keeps every event until it is linked",
+                |read| read.unlinked.map(|n| (n, vec![])).into_iter().collect(),
             ),
             gauge(
                 "once.db.pool.max_connections",
@@ -370,6 +377,11 @@ impl Metrics {
             .iter()
             .map(|s| (s.tenant.clone(), s.held.is_some()))
             .collect();
+    }
+
+    /// How many committed events the chain has not linked yet.
+    pub fn unlinked(&self, events: i64) {
+        self.lock().unlinked = Some(events);
     }
 
     pub fn store_up(&self, up: bool) {

@@ -1,7 +1,7 @@
 //! The MCP tools: `issue_refund` (destructive, guarded by the ledger) and `get_refund_status`.
 
 use once_client::mcp;
-use once_client::{ClientError, Effect, LedgerClient, OperationSpec};
+use once_client::{ClientError, Effect, LedgerClient, OperationSpec, State};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
@@ -180,14 +180,32 @@ impl RefundServer {
                         })
                     })
                     .collect();
-                json!({
+                // The ledger's signed receipt of a settled refund: proof to keep, verifiable
+                // with the ledger's public key alone (`oncectl receipt verify`).
+                let receipt = match found.state {
+                    State::Confirmed | State::Absent => {
+                        match self.ledger.receipt(&operation_id).await {
+                            Ok(receipt) => Some(receipt),
+                            Err(error) => {
+                                tracing::debug!(%error, "no receipt for the status");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let mut body = json!({
                     "order_id": request.order_id,
                     "operation_id": operation_id,
                     "state": found.state.as_str(),
                     "refund": result,
                     "reason": found.reason,
                     "attempts": attempts,
-                })
+                });
+                if let Some(receipt) = receipt {
+                    body["receipt"] = receipt.into();
+                }
+                body
             }
             Err(ClientError::NotFound) => json!({
                 "order_id": request.order_id,

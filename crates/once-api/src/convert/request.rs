@@ -29,6 +29,8 @@ pub struct BeginInput {
     /// `once_core::continuity`).
     pub seen_position: Option<String>,
     pub operation_position: Option<String>,
+    /// Attach a signed receipt to a REPLAY answer.
+    pub want_receipt: bool,
 }
 
 pub fn begin(
@@ -84,6 +86,7 @@ pub fn begin(
         wait_ms,
         seen_position: (!req.seen_position.is_empty()).then_some(req.seen_position),
         operation_position: (!req.operation_position.is_empty()).then_some(req.operation_position),
+        want_receipt: req.want_receipt,
     })
 }
 
@@ -369,7 +372,9 @@ macro_rules! tenant_read {
 tenant_read!(
     pb::GetOperationRequest,
     pb::GetForensicsRequest,
-    pb::VerifyHistoryRequest
+    pb::VerifyHistoryRequest,
+    pb::GetReceiptRequest,
+    pb::GetHistoryHeadRequest
 );
 
 /// A read that may name the tenant whose operations it reads, or cover every tenant.

@@ -196,6 +196,7 @@ pub fn begin_response(
             provider_ref: provider_ref.unwrap_or_default(),
             confirmed_at: Some(timestamp(confirmed_at)),
             attempt,
+            receipt: String::new(),
         }),
         BeginDecision::InProgress {
             attempt,
@@ -353,6 +354,37 @@ pub fn server_info_response(
             .map(|c| c.roles.iter().map(|r| r.as_str().to_owned()).collect())
             .unwrap_or_default(),
         open: credential.is_none(),
+    }
+}
+
+pub fn history_head(
+    tenant: String,
+    head: Option<once_core::chain::Link>,
+    verified: Option<once_core::chain::Verification>,
+) -> pb::GetHistoryHeadResponse {
+    let head = head.unwrap_or_else(|| once_core::chain::Link {
+        tenant: tenant.clone(),
+        number: 0,
+        after: 0,
+        through: 0,
+        entries: String::new(),
+        previous: String::new(),
+        hash: String::new(),
+        at: 0,
+    });
+    pb::GetHistoryHeadResponse {
+        tenant,
+        head_number: head.number,
+        head_hash: head.hash,
+        head_through: head.through,
+        linked_at: (head.number > 0).then(|| timestamp(head.at)),
+        last_verification: verified.map(|v| pb::HistoryVerification {
+            at: Some(timestamp(v.at)),
+            links: v.links,
+            events: v.events,
+            through: v.through,
+            problem: v.problem.unwrap_or_default(),
+        }),
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use once_client::{
     ClientConfig, ClientError, Decision, Effect, EffectError, LedgerClient, OperationSpec, Outcome,
+    Receipt,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,6 +55,52 @@ async fn run_executes_once_then_replays() {
     };
     assert_eq!(replay.result, br#"{"refund":"re_1"}"#);
     assert_eq!(replay.provider_ref.as_deref(), Some("re_1"));
+    assert_eq!(replay.receipt, None, "a receipt comes only when asked for");
+    // Asked for, the replay carries the ledger's receipt; it verifies with the keys the ledger
+    // serves, and the one GetReceipt signs says the same.
+    // (once the history's chain has linked the event that settled it, within about a second)
+    let replay = eventually(
+        Duration::from_secs(20),
+        "a replay with its receipt",
+        || async {
+            let outcome = client
+                .run(&refund("o-1").with_receipt(), |_| async {
+                    panic!("a replayed operation must not run its effect")
+                })
+                .await
+                .unwrap();
+            let Outcome::Replayed(replay) = outcome else {
+                panic!("{outcome:?}")
+            };
+            replay.receipt.is_some().then_some(replay)
+        },
+    )
+    .await;
+    let keys = client.signing_keys().await.unwrap();
+    assert_eq!(keys.keys.len(), 1);
+    let receipt = Receipt::verify(replay.receipt.as_deref().unwrap(), &keys.keys).unwrap();
+    assert!(receipt.covers_result(&replay.result));
+    assert_eq!(
+        (
+            receipt.state,
+            receipt.ledger.as_str(),
+            receipt.provider_ref.as_deref()
+        ),
+        (
+            once_client::State::Confirmed,
+            keys.ledger.as_str(),
+            Some("re_1")
+        )
+    );
+    let again = Receipt::verify(
+        &client.receipt(&replay.operation_id).await.unwrap(),
+        &keys.keys,
+    )
+    .unwrap();
+    assert_eq!(
+        (again.sequence, again.fencing_token),
+        (receipt.sequence, receipt.fencing_token)
+    );
 
     let conflict = client
         .run(

@@ -270,6 +270,17 @@ where
         Ok(())
     }
 
+    async fn verification(&self, tenant: &str) -> Result<Option<Verification>, StoreError> {
+        let row: Option<VerificationRow> = sqlx::query_as(
+            "SELECT tenant, at, through, links, events, problem FROM chain_verifications \
+             WHERE tenant = $1",
+        )
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(verification))
+    }
+
     async fn verifications(&self) -> Result<Vec<Verification>, StoreError> {
         let rows: Vec<VerificationRow> = sqlx::query_as(
             "SELECT tenant, at, through, links, events, problem FROM chain_verifications \
@@ -277,19 +288,7 @@ where
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(tenant, at, through, links, events, problem)| Verification {
-                    tenant,
-                    at,
-                    through,
-                    links,
-                    events,
-                    problem,
-                },
-            )
-            .collect())
+        Ok(rows.into_iter().map(verification).collect())
     }
 
     async fn delete_links_through(&self, deleted_through: i64) -> Result<u64, StoreError> {
@@ -306,5 +305,16 @@ where
         .await?;
         tx.commit().await?;
         Ok(D::rows_affected(&done))
+    }
+}
+
+fn verification((tenant, at, through, links, events, problem): VerificationRow) -> Verification {
+    Verification {
+        tenant,
+        at,
+        through,
+        links,
+        events,
+        problem,
     }
 }

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use crate::support::*;
 
-on_both_backends!(a_text_search_finds_an_operation_beyond_the_oldest_page);
+on_both_backends!(
+    a_text_search_finds_an_operation_beyond_the_oldest_page,
+    the_overview_shows_the_chains_head_and_what_its_last_verification_found,
+);
 
 /// The queue lists the oldest 500 UNKNOWN operations; a text search looks through all of them
 /// (up to its bound), so the youngest of 520 is found by its id.
@@ -46,4 +49,61 @@ async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) 
     let found = queue("q=search-519").await.unwrap();
     assert!(found.contains(r#"data-operation="search-519""#), "{found}");
     assert!(found.contains(r#"data-count="1""#), "{found}");
+}
+
+/// The overview shows the history's chain: its newest link, and whether the last verification
+/// found everything matching, a rewrite, or has not run.
+async fn the_overview_shows_the_chains_head_and_what_its_last_verification_found(store: Engine) {
+    let db = TestDb::new(store).await;
+    let log = db.scratch_dir().join("onced.log");
+    let ledger = OncedProcess::spawn(&db.url, log, &["--console-listen", "127.0.0.1:0"]).await;
+    let listen = eventually(
+        patient(Duration::from_secs(10)),
+        "the console's address",
+        || std::future::ready(announced_address(&ledger.log(), "console serving")),
+    )
+    .await;
+    let mut client = ledger.client().await;
+    let grant = claim(&mut client, begin("chained-1", ARGS)).await;
+    confirm(&mut client, "chained-1", grant.fencing_token, b"{}")
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let overview = || {
+        let (http, url) = (http.clone(), format!("http://{listen}/overview"));
+        async move {
+            let answer = http.get(url).send().await.ok()?;
+            (answer.status() == 200).then_some(())?;
+            answer.text().await.ok()
+        }
+    };
+    let newest = db.scalar("SELECT max(sequence) FROM events").await;
+    let linked = format!(r#"data-through="{newest}""#);
+    let page = eventually(
+        patient(Duration::from_secs(20)),
+        "the chain's head",
+        || async { overview().await.filter(|page| page.contains(&linked)) },
+    )
+    .await;
+    assert!(page.contains(r#"data-link="1""#), "{page}");
+    assert!(page.contains(r#"data-verified="never""#), "{page}");
+
+    let verify = |mut client: Grpc| async move {
+        client
+            .verify_history(once_api::pb::VerifyHistoryRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    assert!(verify(client.clone()).await.problem.is_none());
+    let page = overview().await.unwrap();
+    assert!(page.contains(r#"data-verified="clean""#), "{page}");
+    assert!(page.contains("everything matched"), "{page}");
+
+    db.execute("UPDATE events SET actor = 'executor:someone-else' WHERE kind = 'CLAIMED'")
+        .await;
+    assert!(verify(client.clone()).await.problem.is_some());
+    let page = overview().await.unwrap();
+    assert!(page.contains(r#"data-verified="problem""#), "{page}");
+    assert!(page.contains("does not match"), "{page}");
 }

@@ -14,6 +14,8 @@
 //!   `tls::an_exposed_listener_needs_tls_and_credentials_or_insecure` (SQLite): about the
 //!   listener, not the store;
 //! - `telemetry::the_shipped_alerts_pass_promtool`: about the rules files, not the store.
+//! - `receipts::where_the_signing_key_comes_from`: a SQLite ledger's default key file and a
+//!   PostgreSQL ledger without one; both backends, each with what differs between them.
 //!
 //! The client's tests are `once-client`'s own (`cargo test -p once-client`), and the store's
 //! conformance and plan suites `once-store`'s (`cargo test -p once-store`).
@@ -33,6 +35,7 @@ mod integrity;
 mod invariants;
 mod leases;
 mod outage;
+mod receipts;
 mod reconcile;
 mod retention;
 mod service;

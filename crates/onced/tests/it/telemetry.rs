@@ -312,6 +312,8 @@ async fn prometheus_scrapes_what_the_run_did(store: Engine) {
         )
         .await;
     prometheus.expect("once_store_up", 1.0).await;
+    // The chain keeps up: every committed event is linked within a round or two.
+    prometheus.expect("once_chain_unlinked", 0.0).await;
     let oldest = prometheus
         .value(r#"once_unknown_oldest_age_seconds{tenant="default"}"#)
         .await
