@@ -340,7 +340,8 @@ pub enum ReceiptCommand {
         /// The receipt's file ("-": standard input).
         file: std::path::PathBuf,
         /// A public key to verify with (base64url), repeatable: the active one and retired ones.
-        #[arg(long = "public-key")]
+        /// (A key may begin with `-`: it is taken as the key.)
+        #[arg(long = "public-key", allow_hyphen_values = true)]
         public_keys: Vec<String>,
         /// Also check that this file holds the result the receipt was signed for, byte for byte.
         #[arg(long)]

@@ -786,9 +786,12 @@ pub fn receipt(
         receipt.operation_id, receipt.tool, receipt.tenant
     );
     out += &format!(
-        "  state         {}: attempt {}, fencing token {}, life {}\n",
-        receipt.state, receipt.attempt, receipt.fencing_token, receipt.life
+        "  state         {} (by {}): attempt {}, fencing token {}, life {}\n",
+        receipt.state, receipt.source, receipt.attempt, receipt.fencing_token, receipt.life
     );
+    if let Some(token) = receipt.confirmed_by {
+        out += &format!("  confirmed by  the attempt of fencing token {token} (superseded)\n");
+    }
     if let Some(hash) = &receipt.result_sha256 {
         out += &format!("  result        sha256 {hash}\n");
     }

@@ -7,6 +7,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use once_api::pb;
+use once_core::receipt::Receipt;
 use once_testkit::*;
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
@@ -1999,6 +2000,22 @@ async fn a_receipt_is_got_and_verified_with_the_public_key_alone(store: Engine) 
         let refused = verify(args(&[tampered, "--public-key", &public])).await;
         says(&refused, 5, &["does not verify"]);
     }
+    // A public key is base64url, and may begin with `-`: it is taken as a key, not a flag.
+    let hyphened = (0u8..=255)
+        .map(|seed| once_core::receipt::SigningKey::from_secret([seed; 32]))
+        .find(|key| key.public().to_string().starts_with('-'))
+        .expect("a key whose text begins with -");
+    let signed = Receipt::unverified(&text).unwrap().sign(&hyphened);
+    let other_file = dir.join("hyphened.receipt");
+    std::fs::write(&other_file, signed).unwrap();
+    let public = hyphened.public().to_string();
+    let verified = verify(args(&[
+        other_file.to_str().unwrap(),
+        "--public-key",
+        &public,
+    ]))
+    .await;
+    assert_eq!(code(&verified), 0, "{}", stderr(&verified));
     // Another key's: named as such.
     let other_key = onced::signing::KeyRing::load_or_create(&dir.join("other.key"))
         .unwrap()

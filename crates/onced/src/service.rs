@@ -87,10 +87,10 @@ impl<B: Backend> LedgerService<B> {
     /// The signed receipt of the tenant's operation `id`, as it stands now and as the
     /// history's chain recorded it.
     async fn receipt(&self, tenant: &str, id: &OperationId) -> Result<String, Status> {
+        let (op, _, events) = self.ledger.get(tenant, id).await.map_err(status::store)?;
         if self.receipts.ring().is_none() {
             return Err(status::no_signing_key());
         }
-        let (op, _, events) = self.ledger.get(tenant, id).await.map_err(status::store)?;
         // A ledger behind what its clients saw may have lost a later attempt of an operation
         // it holds ABSENT: no ABSENT is signed until the loss is accepted.
         if op.state == once_core::State::Absent {

@@ -39,6 +39,13 @@ const RPCS: &[(&str, &[&str])] = &[
     ("WatchOperations", &["reader", "operator"]),
     ("GetForensics", &["reader", "operator"]),
     ("GetStats", &["reader", "operator"]),
+    ("GetReceipt", &["executor", "reader", "operator"]),
+    ("GetHistoryHead", &["reader", "operator"]),
+    ("VerifyHistory", &["reader", "operator"]),
+    (
+        "GetSigningKeys",
+        &["executor", "reader", "operator", "admin"],
+    ),
     ("Reconcile", &["operator"]),
     ("Resolve", &["operator"]),
     ("PutTenant", &["admin"]),
@@ -55,6 +62,7 @@ const NAMES_AN_OPERATION: &[&str] = &[
     "ReportUnknown",
     "Heartbeat",
     "GetOperation",
+    "GetReceipt",
     "Reconcile",
     "Resolve",
 ];
@@ -345,6 +353,32 @@ async fn call(
                 }
             }
         }
+        "GetReceipt" => Answer::of(
+            ledger
+                .get_receipt(with_key(
+                    pb::GetReceiptRequest {
+                        operation_id: id.into(),
+                        ..Default::default()
+                    },
+                    key,
+                ))
+                .await,
+        ),
+        "GetHistoryHead" => Answer::of(
+            ledger
+                .get_history_head(with_key(pb::GetHistoryHeadRequest::default(), key))
+                .await,
+        ),
+        "VerifyHistory" => Answer::of(
+            ledger
+                .verify_history(with_key(pb::VerifyHistoryRequest::default(), key))
+                .await,
+        ),
+        "GetSigningKeys" => Answer::of(
+            ledger
+                .get_signing_keys(with_key(pb::GetSigningKeysRequest {}, key))
+                .await,
+        ),
         "Reconcile" => Answer::of(
             ledger
                 .reconcile(with_key(
@@ -564,6 +598,27 @@ async fn isolation_matrix_leaks_nothing_across_tenants(store: Engine) {
                     assert!(
                         found.operations.is_empty(),
                         "{who:?} counted acme's operations"
+                    );
+                }
+                None if *rpc == "GetHistoryHead" => {
+                    let Answer::Ok(bytes) = &answer else {
+                        panic!("{rpc} as {who:?}: {answer:?}")
+                    };
+                    let head = pb::GetHistoryHeadResponse::decode(&bytes[..]).unwrap();
+                    assert_ne!(head.tenant, "acme", "{who:?} read acme's chain");
+                }
+                None if *rpc == "VerifyHistory" => {
+                    let Answer::Ok(bytes) = &answer else {
+                        panic!("{rpc} as {who:?}: {answer:?}")
+                    };
+                    let verified = pb::VerifyHistoryResponse::decode(&bytes[..]).unwrap();
+                    assert_ne!(verified.tenant, "acme", "{who:?} walked acme's chain");
+                }
+                None if *rpc == "GetSigningKeys" => {
+                    // Public keys, the same for every caller: nothing of a tenant's.
+                    assert!(
+                        matches!(answer, Answer::Ok(_)),
+                        "{rpc} as {who:?}: {answer:?}"
                     );
                 }
                 None if *rpc == "GetForensics" => {

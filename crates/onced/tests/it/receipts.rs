@@ -146,6 +146,38 @@ async fn a_receipt_says_what_the_ledger_recorded_and_verifies_with_the_public_ke
         (State::Absent, None, grant.fencing_token)
     );
 
+    // A superseded attempt's late confirm, after every later attempt said it did nothing: the
+    // receipt names the latest attempt, and the one whose confirm proved the effect.
+    let first = claim(&mut client, begin("receipt-5", ARGS)).await;
+    report_absent(&mut client, "receipt-5", first.fencing_token)
+        .await
+        .unwrap();
+    let second = claim(&mut client, begin("receipt-5", ARGS)).await;
+    report_absent(&mut client, "receipt-5", second.fencing_token)
+        .await
+        .unwrap();
+    let lost = confirm(&mut client, "receipt-5", first.fencing_token, RESULT).await;
+    assert!(
+        lost.is_err(),
+        "a superseded attempt's right is lost: {lost:?}"
+    );
+    let late = Receipt::verify(&linked_receipt(&mut client, "receipt-5").await, &keys).unwrap();
+    assert_eq!(
+        (
+            late.state,
+            late.attempt,
+            late.fencing_token,
+            late.confirmed_by
+        ),
+        (
+            State::Confirmed,
+            2,
+            second.fencing_token,
+            Some(first.fencing_token)
+        )
+    );
+    assert!(late.covers_result(RESULT));
+
     // Not settled, or not there: no receipt.
     claim(&mut client, begin("receipt-3", ARGS)).await;
     let refused = receipt_of(&mut client, "receipt-3").await.unwrap_err();
