@@ -47,6 +47,8 @@ mod transport;
 mod view;
 mod wire;
 
+#[cfg(feature = "local")]
+pub mod local;
 #[cfg(feature = "rmcp")]
 pub mod mcp;
 

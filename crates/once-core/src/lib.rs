@@ -16,6 +16,7 @@ pub mod forensics;
 pub mod identity;
 pub mod jcs;
 pub mod limits;
+pub mod local;
 pub mod machine;
 pub mod model;
 pub mod once_id;

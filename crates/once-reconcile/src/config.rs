@@ -101,6 +101,8 @@ struct ReconcilerFile {
     result_pointer: Option<String>,
     miss_is_authoritative: Option<bool>,
     dedupes_by_provider_key: Option<bool>,
+    // The `sql` kind's: the marker table (default `once_effects`).
+    table: Option<String>,
 }
 
 /// Where a reconciler's credential comes from: one variable (for one tenant), or one per tenant.
@@ -351,10 +353,20 @@ fn build(
             GrpcReconciler::new(&r.endpoint, api_key, timeout)
                 .map_err(|e| invalid(field("endpoint"), e.to_string()))?,
         ),
+        // The credential is the database user's password; the endpoint names the rest.
+        "sql" => Arc::new(
+            crate::sql::SqlReconciler::new(
+                &r.endpoint,
+                api_key,
+                r.table.as_deref().unwrap_or("once_effects"),
+                timeout,
+            )
+            .map_err(|e| invalid(field("endpoint"), e))?,
+        ),
         other => {
             return Err(invalid(
                 field("kind"),
-                format!("unknown kind {other:?}; known: stripe, http, grpc"),
+                format!("unknown kind {other:?}; known: stripe, http, grpc, sql"),
             ))
         }
     };
@@ -449,6 +461,32 @@ mod tests {
         served.sort();
         assert_eq!(served, [("acme", "payments"), ("globex", "payments")]);
         assert!(parsed.registry.get(DEFAULT_TENANT, "payments").is_none());
+    }
+
+    #[test]
+    fn the_sql_kind_reads_its_marker_table_with_each_tenants_password() {
+        let text = r#"
+            [[reconciler]]
+            name = "bookings"
+            kind = "sql"
+            endpoint = "postgres://bookings@127.0.0.1:5432/bookings"
+            table = "booking_effects"
+            api_key_env = { acme = "ACME_DB_PASSWORD" }
+        "#;
+        let parsed = parse(text, |_| Some("secret".to_owned())).unwrap();
+        let found = parsed.registry.get("acme", "bookings").unwrap();
+        let capabilities = found.reconciler.capabilities();
+        assert!(capabilities.miss_is_authoritative && capabilities.dedupes_by_provider_key);
+        let unplain = text.replace("booking_effects", "effects; DROP TABLE x");
+        let refused = parse(&unplain, |_| Some("secret".to_owned())).unwrap_err();
+        assert!(refused.to_string().contains("marker table"), "{refused}");
+        let not_a_database =
+            text.replace("postgres://bookings@127.0.0.1:5432/bookings", "http://x");
+        let refused = parse(&not_a_database, |_| Some("secret".to_owned())).unwrap_err();
+        assert!(
+            refused.to_string().contains("postgres:// or sqlite:"),
+            "{refused}"
+        );
     }
 
     #[test]

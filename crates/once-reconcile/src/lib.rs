@@ -16,6 +16,7 @@ pub mod config;
 pub mod dashboard;
 pub mod grpc;
 pub mod http;
+pub mod sql;
 pub mod stripe;
 
 use std::collections::HashMap;

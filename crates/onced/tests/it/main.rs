@@ -34,6 +34,7 @@ mod forensics;
 mod integrity;
 mod invariants;
 mod leases;
+mod local;
 mod outage;
 mod receipts;
 mod reconcile;

@@ -963,3 +963,76 @@ async fn a_lookup_finding_another_object_of_a_confirmed_operation_records_double
     );
     setup.ledger.stop().await;
 }
+
+on_both_backends!(the_sql_kind_settles_a_local_effect_from_its_marker);
+
+/// An effect that is a write to the executor's own database: its marker committed with it is
+/// CONFIRMED with the result stored beside it; no marker is ABSENT, and the attempt is fenced
+/// so that its marker can no longer be written.
+async fn the_sql_kind_settles_a_local_effect_from_its_marker(store: Engine) {
+    let db = TestDb::new(store).await;
+    // The executor's own database, of the same kind.
+    let app = TestDb::new(store).await;
+    if let Some(file) = app.url.strip_prefix("sqlite://") {
+        std::fs::File::create(file).unwrap();
+    }
+    app.execute("CREATE TABLE bookings (slot TEXT PRIMARY KEY, who TEXT NOT NULL)")
+        .await;
+    app.execute(&once_reconcile::sql::create_table(
+        "once_effects",
+        store == Engine::Postgres,
+    ))
+    .await;
+    let config = config_file(
+        &db,
+        format!(
+            "[reconciliation]\ninterval = \"50ms\"\n\n[[reconciler]]\nname = \"bookings\"\nkind = \"sql\"\n\
+             endpoint = \"{}\"\ntable = \"once_effects\"\n",
+            app.url
+        ),
+    );
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
+    let mut grpc = ledger.client().await;
+    let mut grants = Vec::new();
+    for id in ["booked", "rolled-back"] {
+        let mut request = begin(id, ARGS);
+        request.lease_ttl = Some(ms(200));
+        request.tool = "book_slot".into();
+        request.provider = "bookings".into();
+        grants.push(claim(&mut grpc, request).await);
+    }
+    // The booking and its marker committed; the answer lost.
+    let blob = match store {
+        Engine::Postgres => "'\\x7b22736c6f74223a226d6f6e2d39227d'::bytea",
+        Engine::Sqlite => "X'7b22736c6f74223a226d6f6e2d39227d'",
+    };
+    app.execute("INSERT INTO bookings (slot, who) VALUES ('mon-9', 'booked')")
+        .await;
+    app.execute(&format!(
+        "INSERT INTO once_effects (provider_key, operation_id, fencing_token, state, result, provider_ref, at) \
+         VALUES ('{}', 'booked', {}, 'done', {blob}, 'booking-mon-9', 0)",
+        grants[0].provider_key, grants[0].fencing_token
+    ))
+    .await;
+    // The other's transaction rolled back: nothing of it is there.
+    for (id, grant) in ["booked", "rolled-back"].iter().zip(&grants) {
+        report_unknown(&mut grpc, id, grant.fencing_token)
+            .await
+            .unwrap();
+    }
+    wait_for_state(&grpc, "booked", pb::OperationState::Confirmed).await;
+    wait_for_state(&grpc, "rolled-back", pb::OperationState::Absent).await;
+    let booked = get(&mut grpc, "booked").await.operation.unwrap();
+    assert_eq!(booked.provider_ref, "booking-mon-9");
+    assert_eq!(booked.result, br#"{"slot":"mon-9"}"#);
+    // The lookup fenced the attempt that did nothing: its marker can no longer be written.
+    let fenced = app
+        .scalar(&format!(
+            "SELECT count(*) FROM once_effects WHERE provider_key = '{}' AND state = 'absent' \
+             AND fencing_token = {}",
+            grants[1].provider_key, grants[1].fencing_token
+        ))
+        .await;
+    assert_eq!(fenced, 1);
+    ledger.stop().await;
+}
