@@ -154,3 +154,149 @@ fn first_id(outcome: &Outcome) -> &str {
         other => panic!("{other:?}"),
     }
 }
+
+/// A relay between the application and PostgreSQL that cuts the connection at the
+/// transaction's COMMIT: `forward` decides whether the COMMIT reaches the server first (it
+/// commits, and its answer is lost) or not (it never commits). Counts the COMMITs it cut.
+struct CommitCutter {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CommitCutter {
+    async fn start(server: std::net::SocketAddr, forward: bool) -> Self {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+                    let (mut from_client, mut to_client) = client.into_split();
+                    let (mut from_server, mut to_server) = upstream.into_split();
+                    let answers = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                    });
+                    // The client's messages, framed: the startup ones untyped (an SSL request
+                    // first, perhaps), then each a type byte and a length.
+                    let mut started = false;
+                    loop {
+                        let mut head = vec![0u8; if started { 5 } else { 4 }];
+                        if from_client.read_exact(&mut head).await.is_err() {
+                            break;
+                        }
+                        let len_at = usize::from(started);
+                        let len = u32::from_be_bytes(head[len_at..len_at + 4].try_into().unwrap())
+                            as usize;
+                        let mut body = vec![0u8; len - 4];
+                        from_client.read_exact(&mut body).await.unwrap();
+                        if !started {
+                            // 80877103 asks for SSL, which the server declines: the startup
+                            // message follows.
+                            started =
+                                u32::from_be_bytes(body[..4].try_into().unwrap()) != 80_877_103;
+                        }
+                        let commit = started && head[0] == b'Q' && body.starts_with(b"COMMIT");
+                        if commit && !forward {
+                            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            break;
+                        }
+                        to_server.write_all(&head).await.unwrap();
+                        to_server.write_all(&body).await.unwrap();
+                        if commit {
+                            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            // Its answer never reaches the client.
+                            answers.abort();
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, cut }
+    }
+}
+
+/// The connection lost during COMMIT, on PostgreSQL: the application cannot tell whether the
+/// booking committed, and says UNKNOWN; the marker tells. Committed (the COMMIT reached the
+/// server, its answer did not): CONFIRMED with the stored result. Not committed (the COMMIT
+/// never reached it): ABSENT, and the booking is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_during_commit_is_unknown_then_the_marker_tells() {
+    let db = TestDb::new(Engine::Postgres).await;
+    let app = TestDb::new(Engine::Postgres).await;
+    let config = config_file(
+        &db,
+        format!(
+            "[reconciliation]\ninterval = \"50ms\"\n\n[[reconciler]]\nname = \"bookings\"\nkind = \"sql\"\n\
+             endpoint = \"{}\"\n",
+            app.url
+        ),
+    );
+    let ledger = TestLedger::spawn_with(&db, &["--config", config.as_str()]).await;
+    let client =
+        LedgerClient::connect(ClientConfig::new(format!("http://{}", ledger.addr))).unwrap();
+    let grpc = ledger.client().await;
+    let direct = sqlx::PgPool::connect(&app.url).await.unwrap();
+    sqlx::query("CREATE TABLE bookings (slot TEXT PRIMARY KEY)")
+        .execute(&direct)
+        .await
+        .unwrap();
+    sqlx::query(&create_table("once_effects", true))
+        .execute(&direct)
+        .await
+        .unwrap();
+    let options: sqlx::postgres::PgConnectOptions = app.url.parse().unwrap();
+    let server: std::net::SocketAddr = format!("{}:{}", options.get_host(), options.get_port())
+        .parse()
+        .unwrap();
+    for (slot, forward, settled) in [
+        ("thu-1", true, pb::OperationState::Confirmed),
+        ("thu-2", false, pb::OperationState::Absent),
+    ] {
+        let cutter = CommitCutter::start(server, forward).await;
+        let through = options
+            .clone()
+            .host("127.0.0.1")
+            .port(cutter.addr.port())
+            .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(through)
+            .await
+            .unwrap();
+        let outcome = client
+            .run_local(&booking(slot), &pool, "once_effects", |conn, _context| {
+                async move {
+                    sqlx::query("INSERT INTO bookings (slot) VALUES ($1)")
+                        .bind(slot)
+                        .execute(conn)
+                        .await
+                        .map_err(|e| EffectError::NotPerformed(e.to_string()))?;
+                    Ok(Effect::new(format!(r#"{{"slot":"{slot}"}}"#).into_bytes()))
+                }
+                .boxed()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            cutter.cut.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the COMMIT was cut"
+        );
+        let Outcome::Ambiguous { operation_id, .. } = &outcome else {
+            panic!("{outcome:?}")
+        };
+        wait_for_state(&grpc, operation_id, settled).await;
+        let booked: i64 = sqlx::query_scalar("SELECT count(*) FROM bookings WHERE slot = $1")
+            .bind(slot)
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+        assert_eq!(booked, i64::from(forward), "{slot}");
+    }
+    ledger.stop().await;
+}

@@ -14,6 +14,8 @@
 //!   `tls::an_exposed_listener_needs_tls_and_credentials_or_insecure` (SQLite): about the
 //!   listener, not the store;
 //! - `telemetry::the_shipped_alerts_pass_promtool`: about the rules files, not the store.
+//! - `local::a_connection_lost_during_commit_is_unknown_then_the_marker_tells` (PostgreSQL): a
+//!   connection cut at its COMMIT, which SQLite, in process, has not;
 //! - `receipts::where_the_signing_key_comes_from`: a SQLite ledger's default key file and a
 //!   PostgreSQL ledger without one; both backends, each with what differs between them.
 //!
