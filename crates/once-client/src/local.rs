@@ -41,7 +41,8 @@ impl RowsWritten for sqlx::sqlite::SqliteQueryResult {
 pub enum Marked {
     /// The marker is this attempt's: commit.
     Written,
-    /// A lookup fenced this attempt (it was judged not to have run): roll back.
+    /// The key is taken: a lookup fenced this attempt (it was judged not to have run), or an
+    /// earlier attempt's marker is there already. Roll back.
     Fenced,
 }
 
@@ -91,9 +92,10 @@ impl LedgerClient {
     /// `table` (see [`create_table`]): EXECUTE runs it, REPLAY and the rest return without it.
     ///
     /// What is reported: the transaction committed, CONFIRMED with the effect's result; the
-    /// effect failed or was fenced, the transaction is rolled back and ABSENT (nothing of it
-    /// committed); the COMMIT's outcome is unknown (the connection lost during it), UNKNOWN, for
-    /// the `sql` reconciler to read the marker.
+    /// effect failed, the transaction is rolled back and ABSENT (nothing of it committed); the
+    /// marker's key taken (fenced, or done by an earlier attempt), rolled back and UNKNOWN; the
+    /// COMMIT's outcome is unknown (the connection lost during it), UNKNOWN. The `sql`
+    /// reconciler settles an UNKNOWN from the marker.
     pub async fn run_local<DB, F>(
         &self,
         spec: &OperationSpec,
@@ -191,10 +193,13 @@ where
     };
     match mark(&mut tx, table, attempt, &done).await {
         Ok(Marked::Written) => {}
+        // Rolled back, and UNKNOWN, not ABSENT: whether the key was fenced (the lookup then
+        // reads ABSENT) or an earlier attempt's effect is done under it (the lookup reads
+        // CONFIRMED), the marker tells.
         Ok(Marked::Fenced) => {
             let _ = tx.rollback().await;
-            return Err(rolled_back(
-                "a lookup found this attempt had not run, and fenced it: rolled back".into(),
+            return Err(EffectError::Ambiguous(
+                "the marker's key is taken (fenced by a lookup, or done by an earlier attempt): rolled back; the sql reconciler reads which".into(),
             ));
         }
         Err(error) => {

@@ -4,19 +4,23 @@
 
 /// The upsert with which an executor's transaction records its effect. Binds: provider key,
 /// operation id, fencing token, result, provider reference, time (ms). `{table}` is the marker
-/// table. One row written: the marker is this attempt's; none: roll back.
+/// table. One row written: the marker is this attempt's; none (a fence of this attempt or a
+/// later one, or a marker already done): roll back.
 pub const MARK_DONE: &str = "INSERT INTO {table} (provider_key, operation_id, fencing_token, state, result, provider_ref, at) \
      VALUES ($1, $2, $3, 'done', $4, $5, $6) \
      ON CONFLICT (provider_key) DO UPDATE SET operation_id = excluded.operation_id, \
      fencing_token = excluded.fencing_token, state = 'done', result = excluded.result, \
      provider_ref = excluded.provider_ref, at = excluded.at \
-     WHERE {table}.state = 'absent' AND {table}.fencing_token < excluded.fencing_token";
+     WHERE {table}.state = 'absent' AND {table}.fencing_token < excluded.fencing_token \
+     AND {table}.operation_id = excluded.operation_id";
 
-/// The fence a lookup writes. Binds: provider key, operation id, fencing token, time (ms).
+/// The fence a lookup writes, or raises to its token. Binds: provider key, operation id,
+/// fencing token, time (ms).
 pub const FENCE: &str = "INSERT INTO {table} (provider_key, operation_id, fencing_token, state, result, at) \
      VALUES ($1, $2, $3, 'absent', NULL, $4) \
      ON CONFLICT (provider_key) DO UPDATE SET fencing_token = excluded.fencing_token, at = excluded.at \
-     WHERE {table}.state = 'absent' AND {table}.fencing_token < excluded.fencing_token";
+     WHERE {table}.state = 'absent' AND {table}.fencing_token < excluded.fencing_token \
+     AND {table}.operation_id = excluded.operation_id";
 
 /// The marker table's DDL, on PostgreSQL (`postgres`) or on SQLite.
 pub fn create_table(table: &str, postgres: bool) -> String {

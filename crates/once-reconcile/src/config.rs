@@ -475,6 +475,11 @@ mod tests {
         "#;
         let parsed = parse(text, |_| Some("secret".to_owned())).unwrap();
         let found = parsed.registry.get("acme", "bookings").unwrap();
+        let shown = format!("{:?}", found.reconciler);
+        assert!(
+            !shown.contains("secret") && shown.contains("bookings@127.0.0.1:5432/bookings"),
+            "{shown}"
+        );
         let capabilities = found.reconciler.capabilities();
         assert!(capabilities.miss_is_authoritative && capabilities.dedupes_by_provider_key);
         let unplain = text.replace("booking_effects", "effects; DROP TABLE x");

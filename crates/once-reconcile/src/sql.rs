@@ -53,14 +53,13 @@ enum Pool {
 }
 
 /// Where the executor's database is, until the first lookup connects to it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Target {
     Postgres(PgConnectOptions),
     Sqlite(SqliteConnectOptions),
 }
 
 /// Looks effects up in the executor's own database by their marker.
-#[derive(Debug)]
 pub struct SqlReconciler {
     target: Target,
     pool: std::sync::OnceLock<Pool>,
@@ -68,6 +67,28 @@ pub struct SqlReconciler {
     read: String,
     /// How long a lookup waits for a transaction that may write the marker.
     wait: Duration,
+}
+
+impl std::fmt::Debug for SqlReconciler {
+    // Never the password: where the database is, and who connects.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let database = match &self.target {
+            Target::Postgres(options) => format!(
+                "postgres://{}@{}:{}/{}",
+                options.get_username(),
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or_default()
+            ),
+            Target::Sqlite(options) => {
+                format!("sqlite:{}", options.get_filename().display())
+            }
+        };
+        f.debug_struct("SqlReconciler")
+            .field("database", &database)
+            .field("read", &self.read)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SqlReconciler {
@@ -80,13 +101,19 @@ impl SqlReconciler {
         wait: Duration,
     ) -> Result<Self, String> {
         let table = table_name(table)?;
+        if wait < Duration::from_millis(2) {
+            return Err("the sql kind's timeout must be at least 2ms".into());
+        }
+        // The database's own waits end before the lookup's timeout does, so a lookup that
+        // waited too long for an open transaction ends in a statement error, not a cancel.
+        let wait = wait / 2;
         let target = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let mut options: PgConnectOptions = url
                 .parse()
                 .map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
-            if let Some(password) = password {
-                options = options.password(&password);
-            }
+            // The one configured, or an empty one: never onced's own from PGPASSWORD or
+            // ~/.pgpass, which are for the ledger's database, not the executor's.
+            options = options.password(password.as_deref().unwrap_or_default());
             Target::Postgres(options.log_statements(tracing::log::LevelFilter::Trace))
         } else if url.starts_with("sqlite:") {
             let options: SqliteConnectOptions =
@@ -104,7 +131,7 @@ impl SqlReconciler {
             pool: std::sync::OnceLock::new(),
             fence: FENCE.replace("{table}", &table),
             read: format!(
-                "SELECT state, result, provider_ref FROM {table} WHERE provider_key = $1"
+                "SELECT state, result, provider_ref, operation_id FROM {table} WHERE provider_key = $1"
             ),
             wait,
         })
@@ -149,7 +176,12 @@ impl SqlReconciler {
                     .fetch_one(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)
+                (
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                )
             }
             Pool::Sqlite(pool) => {
                 // The write lock first: it waits for a transaction writing the marker to end.
@@ -167,15 +199,20 @@ impl SqlReconciler {
                     .fetch_one(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)
+                (
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                )
             }
         };
         Ok(row)
     }
 }
 
-/// A marker as a lookup reads it: its state, result and provider reference.
-type Marker = (String, Option<Vec<u8>>, Option<String>);
+/// A marker as a lookup reads it: its state, result, provider reference and operation.
+type Marker = (String, Option<Vec<u8>>, Option<String>, String);
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -199,7 +236,16 @@ impl Reconciler for SqlReconciler {
 
     async fn lookup(&self, request: &LookupRequest) -> Verdict {
         match self.look(request).await {
-            Ok((state, result, provider_ref)) if state == "done" => Verdict::Confirmed {
+            // A marker of another operation under this key is no proof of this one.
+            Ok((_, _, _, operation_id)) if operation_id != request.operation_id => {
+                Verdict::Unknown {
+                    why: format!(
+                        "the marker of {} names operation {operation_id}, not {}",
+                        request.provider_key, request.operation_id
+                    ),
+                }
+            }
+            Ok((state, result, provider_ref, _)) if state == "done" => Verdict::Confirmed {
                 provider_ref: provider_ref.unwrap_or_else(|| request.provider_key.clone()),
                 result: result.unwrap_or_default(),
                 evidence: serde_json::json!({
@@ -210,7 +256,7 @@ impl Reconciler for SqlReconciler {
             },
             // No transaction wrote the marker and none can any more: the lookup fenced every
             // attempt up to the one looked up.
-            Ok((state, _, _)) if state == "absent" => Verdict::Absent {
+            Ok((state, _, _, _)) if state == "absent" => Verdict::Absent {
                 evidence: serde_json::json!({
                     "marker": "absent",
                     "provider_key": request.provider_key,
@@ -218,7 +264,7 @@ impl Reconciler for SqlReconciler {
                 })
                 .to_string(),
             },
-            Ok((state, _, _)) => Verdict::Unknown {
+            Ok((state, _, _, _)) => Verdict::Unknown {
                 why: format!("the marker's state is {state:?}, neither done nor absent"),
             },
             // A transaction that may write the marker is still open (lock or busy timeout), or
