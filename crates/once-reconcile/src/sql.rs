@@ -159,53 +159,40 @@ impl SqlReconciler {
     async fn look(&self, request: &LookupRequest) -> Result<Marker, sqlx::Error> {
         let token = i64::try_from(request.fencing_token).unwrap_or(i64::MAX);
         let now = now_ms();
+        // The fence, then the row, in the transaction `$tx` (one sqlx began, so a lookup given
+        // up on is rolled back); the same statements on either database.
+        macro_rules! fence_and_read {
+            ($tx:expr) => {{
+                let mut tx = $tx;
+                sqlx::query(&self.fence)
+                    .bind(&request.provider_key)
+                    .bind(&request.operation_id)
+                    .bind(token)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                let row = sqlx::query(&self.read)
+                    .bind(&request.provider_key)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                (
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                )
+            }};
+        }
         let row = match self.pool() {
             Pool::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
                 let wait = format!("SET LOCAL lock_timeout = '{}ms'", self.wait.as_millis());
                 sqlx::query(&wait).execute(&mut *tx).await?;
-                sqlx::query(&self.fence)
-                    .bind(&request.provider_key)
-                    .bind(&request.operation_id)
-                    .bind(token)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                let row = sqlx::query(&self.read)
-                    .bind(&request.provider_key)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                (
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                )
+                fence_and_read!(tx)
             }
-            Pool::Sqlite(pool) => {
-                // The write lock first: it waits for a transaction writing the marker to end.
-                // A transaction sqlx began, so a lookup given up on is rolled back.
-                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                sqlx::query(&self.fence)
-                    .bind(&request.provider_key)
-                    .bind(&request.operation_id)
-                    .bind(token)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                let row = sqlx::query(&self.read)
-                    .bind(&request.provider_key)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                (
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                )
-            }
+            // The write lock first: it waits for a transaction writing the marker to end.
+            Pool::Sqlite(pool) => fence_and_read!(pool.begin_with("BEGIN IMMEDIATE").await?),
         };
         Ok(row)
     }

@@ -10,12 +10,9 @@ on_both_backends!(
     the_overview_shows_the_chains_head_and_what_its_last_verification_found,
 );
 
-/// The queue lists the oldest 500 UNKNOWN operations; a text search looks through all of them
-/// (up to its bound), so the youngest of 520 is found by its id.
-async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) {
-    let db = TestDb::new(store).await;
-    // On port 0, learning the port from the log: a port picked in advance could be taken
-    // meanwhile.
+/// An `onced` serving its console, and the console's address. Both on port 0, the ports learnt
+/// from the log: a port picked in advance could be taken meanwhile.
+async fn with_console(db: &TestDb) -> (OncedProcess, std::net::SocketAddr) {
     let log = db.scratch_dir().join("onced.log");
     let ledger = OncedProcess::spawn(&db.url, log, &["--console-listen", "127.0.0.1:0"]).await;
     let listen = eventually(
@@ -24,6 +21,14 @@ async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) 
         || std::future::ready(announced_address(&ledger.log(), "console serving")),
     )
     .await;
+    (ledger, listen)
+}
+
+/// The queue lists the oldest 500 UNKNOWN operations; a text search looks through all of them
+/// (up to its bound), so the youngest of 520 is found by its id.
+async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) {
+    let db = TestDb::new(store).await;
+    let (ledger, listen) = with_console(&db).await;
     let mut client = ledger.client().await;
     for i in 0..520 {
         let id = format!("search-{i:03}");
@@ -55,14 +60,7 @@ async fn a_text_search_finds_an_operation_beyond_the_oldest_page(store: Engine) 
 /// found everything matching, a rewrite, or has not run.
 async fn the_overview_shows_the_chains_head_and_what_its_last_verification_found(store: Engine) {
     let db = TestDb::new(store).await;
-    let log = db.scratch_dir().join("onced.log");
-    let ledger = OncedProcess::spawn(&db.url, log, &["--console-listen", "127.0.0.1:0"]).await;
-    let listen = eventually(
-        patient(Duration::from_secs(10)),
-        "the console's address",
-        || std::future::ready(announced_address(&ledger.log(), "console serving")),
-    )
-    .await;
+    let (ledger, listen) = with_console(&db).await;
     let mut client = ledger.client().await;
     let grant = claim(&mut client, begin("chained-1", ARGS)).await;
     confirm(&mut client, "chained-1", grant.fencing_token, b"{}")
